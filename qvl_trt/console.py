@@ -1,0 +1,163 @@
+"""Rich rendering of the objects commands return. Library code never prints; the CLI hands
+results to these functions."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+
+from .doctor import Report
+from .plan import GIB, Plan
+from .profiles import GpuProfile
+from .typed_config import to_jsonable
+
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+
+def setup_logging(verbose: int) -> None:
+    """Stage progress at INFO by default; -v adds DEBUG from qvl_trt, -vv from everything."""
+    level = logging.DEBUG if verbose else logging.INFO
+    handler = RichHandler(
+        console=err,
+        show_path=verbose > 0,
+        show_time=verbose > 0,
+        markup=False,
+        rich_tracebacks=False,
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if verbose > 1 else logging.WARNING)
+    logging.getLogger("qvl_trt").setLevel(level)
+
+
+def print_json(value: Any) -> None:
+    out.print_json(json.dumps(to_jsonable(value)))
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def plan_table(plan: Plan, profile: GpuProfile) -> Table:
+    lim = profile.limits
+    t = Table(
+        title=f"plan: {plan.variant} checkpoint on {profile.name} "
+        f"({profile.gpu.description}, {profile.gpu.memory_gib:g} GiB)"
+    )
+    t.add_column("item")
+    t.add_column("value", justify="right")
+    t.add_column("basis")
+    rows = [
+        ("vision weights (fp16)", _gib(plan.vision_weight_bytes), "parameters x 2 bytes"),
+        (
+            "LLM weights (fp16)",
+            _gib(plan.llm_weight_bytes),
+            "parameters x 2 bytes, lm_head kept apart from the embedding",
+        ),
+        (
+            "vision activations",
+            _gib(plan.vision_activation_bytes),
+            f"estimate at {lim.vision_max_pixels} pixels per image",
+        ),
+        (
+            "LLM activations",
+            _gib(plan.llm_activation_bytes),
+            f"estimate at max_num_tokens {lim.max_num_tokens}",
+        ),
+        ("runtime overhead", _gib(plan.runtime_overhead_bytes), "CUDA context, workspaces"),
+        (
+            "prompt table",
+            _gib(plan.prompt_table_bytes),
+            f"{plan.prompt_table_rows} rows = batch {lim.max_batch_size} x (1+DeepStack) x "
+            f"{lim.max_visual_tokens} visual tokens",
+        ),
+        (
+            "MRoPE tables",
+            _gib(plan.mrope_table_bytes),
+            f"{plan.mrope_table_bytes_per_request / 2**20:.1f} MiB per request x batch",
+        ),
+        (
+            "KV bytes per token",
+            f"{plan.kv_bytes_per_token:,}",
+            "2 x layers x kv_heads x head_dim x 2 bytes",
+        ),
+        (
+            "KV cache",
+            _gib(plan.kv_cache_bytes),
+            f"{lim.kv_cache_free_gpu_mem_fraction:g} of what is left",
+        ),
+        ("KV capacity", f"{plan.kv_capacity_tokens:,} tokens", f"blocks of {lim.tokens_per_block}"),
+        (
+            "typical requests at once",
+            str(plan.concurrent_typical_requests),
+            f"{plan.typical_request.image} image ({plan.typical_request.image_tokens} tokens) + "
+            f"{plan.typical_request.text_tokens} text + {plan.typical_request.output_tokens} out",
+        ),
+    ]
+    for row in rows:
+        t.add_row(*row)
+    return t
+
+
+def gpus_table(profiles: list[GpuProfile]) -> Table:
+    t = Table(title="GPU profiles")
+    for col in (
+        "name",
+        "GPU",
+        "CC",
+        "GiB",
+        "GB/s",
+        "fp16 TFLOPs",
+        "vision edition",
+        "batch",
+        "max_seq_len",
+        "max pixels",
+        "images",
+    ):
+        t.add_column(col)
+    for p in profiles:
+        g, lim = p.gpu, p.limits
+        t.add_row(
+            p.name,
+            g.description,
+            g.compute_capability,
+            f"{g.memory_gib:g}",
+            f"{g.memory_bandwidth_gbs:g}",
+            f"{g.fp16_tensor_tflops:g}",
+            g.trt_edition.value,
+            str(lim.max_batch_size),
+            str(lim.max_seq_len),
+            str(lim.vision_max_pixels),
+            str(lim.max_images_per_request),
+        )
+    return t
+
+
+def doctor_tables(report: Report) -> list[Table]:
+    env = Table(title=f"qvl-trt {report.qvl_trt} on Python {report.python}, {report.platform}")
+    env.add_column("component")
+    env.add_column("version / location")
+    for key, version in report.packages.items():
+        env.add_row(key, version or "[dim]not installed[/dim]")
+    env.add_row("tritonserver", report.tritonserver or "[dim]not found[/dim]")
+    if report.gpus:
+        for i, g in enumerate(report.gpus):
+            env.add_row(
+                f"GPU {i}",
+                f"{g.name}, compute capability {g.compute_capability}, "
+                f"{g.memory_mib} MiB, driver {g.driver}",
+            )
+    else:
+        env.add_row("GPU", "[dim]none found (nvidia-smi)[/dim]")
+    support = Table(title="what this machine can build")
+    for col in ("profile", "vision engine", "LLM engine"):
+        support.add_column(col)
+    for row in report.profiles:
+        support.add_row(row.profile, row.vision_engine, row.llm_engine)
+    return [env, support]

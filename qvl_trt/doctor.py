@@ -1,0 +1,128 @@
+"""`qvl-trt doctor`: what this machine has and which GPU profiles it can build for.
+
+Versions come from package metadata, so nothing heavy is imported."""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+from dataclasses import dataclass
+from importlib import metadata
+
+from . import __version__
+from .profiles import TrtEdition, load_profile, profile_names
+from .triton.locate import find_tritonserver
+
+# distribution names, first match wins (TensorRT-RTX ships per CUDA major)
+PACKAGES: dict[str, tuple[str, ...]] = {
+    "torch": ("torch",),
+    "transformers": ("transformers",),
+    "onnx": ("onnx",),
+    "onnxruntime": ("onnxruntime", "onnxruntime-gpu"),
+    "tensorrt": ("tensorrt", "tensorrt-cu13", "tensorrt-cu12"),
+    "tensorrt_rtx": ("tensorrt-rtx-cu13-bindings", "tensorrt-rtx-cu12-bindings", "tensorrt-rtx"),
+    "tensorrt_llm": ("tensorrt-llm", "tensorrt_llm"),
+    "tritonclient": ("tritonclient",),
+    "nvidia-pytriton": ("nvidia-pytriton",),
+}
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    compute_capability: str
+    memory_mib: int
+    driver: str
+
+
+@dataclass(frozen=True)
+class ProfileSupport:
+    profile: str
+    vision_engine: str  # "yes" or the reason it cannot be built here
+    llm_engine: str
+
+
+@dataclass(frozen=True)
+class Report:
+    qvl_trt: str
+    python: str
+    platform: str
+    packages: dict[str, str | None]
+    gpus: tuple[Gpu, ...]
+    tritonserver: str | None
+    profiles: tuple[ProfileSupport, ...]
+
+
+def package_version(key: str) -> str | None:
+    for dist in PACKAGES[key]:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def detect_gpus() -> tuple[Gpu, ...]:
+    """GPUs as nvidia-smi reports them (none when it is absent or fails)."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return ()
+    try:
+        out = subprocess.run(
+            [
+                smi,
+                "--query-gpu=name,compute_cap,memory.total,driver_version",
+                "--format=csv,noheader,nounits",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
+    except (subprocess.SubprocessError, OSError):
+        return ()
+    gpus = []
+    for line in out.strip().splitlines():
+        name, cc, mem, driver = (part.strip() for part in line.split(","))
+        gpus.append(Gpu(name, cc, int(float(mem)), driver))
+    return tuple(gpus)
+
+
+def profile_support(
+    packages: dict[str, str | None], gpus: tuple[Gpu, ...]
+) -> tuple[ProfileSupport, ...]:
+    ccs = {g.compute_capability for g in gpus}
+    rows = []
+    for name in profile_names():
+        p = load_profile(name)
+        cc = p.gpu.compute_capability
+        gpu_here = cc in ccs
+        if p.gpu.trt_edition is TrtEdition.TENSORRT_RTX:
+            vision = "yes" if packages["tensorrt_rtx"] else "no: install qvl-trt[rtx]"
+        elif not packages["tensorrt"]:
+            vision = "no: needs full TensorRT (NGC container)"
+        else:
+            vision = "yes" if gpu_here else f"no: needs a GPU of compute capability {cc}"
+        if not packages["tensorrt_llm"]:
+            llm = "checkpoint only: engine needs TensorRT-LLM (NGC container)"
+        else:
+            llm = "yes" if gpu_here else f"checkpoint only: engine needs a {cc} GPU"
+        rows.append(ProfileSupport(name, vision, llm))
+    return tuple(rows)
+
+
+def environment_report() -> Report:
+    packages = {key: package_version(key) for key in PACKAGES}
+    gpus = detect_gpus()
+    triton = find_tritonserver()
+    triton_desc = f"{triton.binary} ({triton.origin}, {triton.version})" if triton else None
+    return Report(
+        qvl_trt=__version__,
+        python=platform.python_version(),
+        platform=f"{platform.system()} {platform.machine()}",
+        packages=packages,
+        gpus=gpus,
+        tritonserver=triton_desc,
+        profiles=profile_support(packages, gpus),
+    )

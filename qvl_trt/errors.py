@@ -1,0 +1,39 @@
+"""The error hierarchy. A QvlError is the user's to fix: the CLI prints it on one line and
+exits non-zero. Anything else is a bug and keeps its traceback."""
+
+
+class QvlError(Exception):
+    """A problem with the user's input or environment, with the fix in the message."""
+
+    exit_code = 1
+
+
+class DependencyError(QvlError):
+    """An optional package needed for this step is not installed."""
+
+
+class ConfigError(QvlError):
+    """A GPU profile, option or build configuration is invalid."""
+
+
+class CheckpointError(QvlError):
+    """The model checkpoint is missing, corrupt or not a dense Qwen3-VL."""
+
+
+class PlanError(QvlError):
+    """The checkpoint does not fit the GPU profile's limits."""
+
+
+class InputError(QvlError):
+    """A request is malformed: corrupt or oversized image, prompt too long, bad options."""
+
+
+class BuildError(QvlError):
+    """A build stage failed or cannot run here."""
+
+
+class StageUnavailable(BuildError):
+    """A stage stopped because this machine lacks what it needs; the build can be resumed
+    elsewhere."""
+
+    exit_code = 3

@@ -1,0 +1,193 @@
+"""GPU profiles: `build_configs/<name>.toml` (or a user's file) -> validated GpuProfile."""
+
+from __future__ import annotations
+
+import enum
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ConfigError
+from .resources import data_dir
+from .typed_config import load_dataclass
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+# One merged image token covers (patch 16 x merge 2)^2 pixels.
+PIXELS_PER_IMAGE_TOKEN = 32 * 32
+
+
+class TrtEdition(str, enum.Enum):
+    """The TensorRT edition that builds and runs the vision engine on a card."""
+
+    TENSORRT = "tensorrt"  # data-center cards; engines are built on the target GPU
+    TENSORRT_RTX = "tensorrt_rtx"  # GeForce/RTX cards; builds ahead of time without a GPU
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    description: str
+    compute_capability: str
+    memory_gib: float
+    memory_bandwidth_gbs: float
+    fp16_tensor_tflops: float
+    trt_edition: TrtEdition
+
+
+@dataclass(frozen=True)
+class BuildLimits:
+    max_batch_size: int
+    max_input_len: int
+    max_seq_len: int
+    max_num_tokens: int
+    tokens_per_block: int
+    kv_cache_free_gpu_mem_fraction: float
+    vision_min_pixels: int
+    vision_max_pixels: int
+    max_images_per_request: int
+
+    @property
+    def max_image_tokens(self) -> int:
+        """Merged visual tokens of the largest image the profile admits."""
+        return self.vision_max_pixels // PIXELS_PER_IMAGE_TOKEN
+
+    @property
+    def max_visual_tokens(self) -> int:
+        """Visual tokens of the largest request (every image at the pixel cap)."""
+        return self.max_image_tokens * self.max_images_per_request
+
+
+@dataclass(frozen=True)
+class VisionBuild:
+    builder_optimization_level: int
+    workspace_gib: float
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    name: str
+    source: str
+    gpu: GpuFacts
+    limits: BuildLimits
+    vision_build: VisionBuild
+
+    @property
+    def sm(self) -> int:
+        """Compute capability as an integer, e.g. 89 for "8.9"."""
+        major, minor = self.gpu.compute_capability.split(".")
+        return int(major) * 10 + int(minor)
+
+
+@dataclass(frozen=True)
+class _ProfileFile:
+    gpu: GpuFacts
+    limits: BuildLimits
+    vision_build: VisionBuild
+
+
+def profile_names() -> list[str]:
+    """Names of the shipped profiles, sorted."""
+    return sorted(p.stem for p in data_dir("build_configs").glob("*.toml"))
+
+
+def resolve_profile_path(gpu: str) -> Path:
+    """`gpu` is a shipped profile name (`4090d`) or a path to a TOML file."""
+    if gpu.endswith(".toml") or "/" in gpu or "\\" in gpu:
+        path = Path(gpu)
+        if not path.is_file():
+            raise ConfigError(f"GPU profile file {gpu} does not exist")
+        return path
+    path = data_dir("build_configs") / f"{gpu.lower()}.toml"
+    if not path.is_file():
+        raise ConfigError(
+            f"unknown GPU profile {gpu!r}; shipped profiles: {', '.join(profile_names())} "
+            "(or pass a path to your own .toml)"
+        )
+    return path
+
+
+def load_profile(gpu: str) -> GpuProfile:
+    """Load and validate a GPU profile by name or path."""
+    path = resolve_profile_path(gpu)
+    where = f"profile {path.name}"
+    try:
+        data = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{where}: not valid TOML ({exc})") from None
+    parsed = load_dataclass(_ProfileFile, data, where)
+    profile = GpuProfile(
+        name=path.stem,
+        source=str(path),
+        gpu=parsed.gpu,
+        limits=parsed.limits,
+        vision_build=parsed.vision_build,
+    )
+    _check(profile, where)
+    return profile
+
+
+def _check(p: GpuProfile, where: str) -> None:
+    """Reject values that no build could use, naming the key and the fix."""
+    if not re.fullmatch(r"\d+\.\d", p.gpu.compute_capability):
+        raise ConfigError(
+            f'{where}: gpu.compute_capability must look like "8.9", '
+            f"got {p.gpu.compute_capability!r}"
+        )
+    lim = p.limits
+    positive = {
+        "gpu.memory_gib": p.gpu.memory_gib,
+        "gpu.memory_bandwidth_gbs": p.gpu.memory_bandwidth_gbs,
+        "gpu.fp16_tensor_tflops": p.gpu.fp16_tensor_tflops,
+        "limits.max_batch_size": lim.max_batch_size,
+        "limits.max_input_len": lim.max_input_len,
+        "limits.max_seq_len": lim.max_seq_len,
+        "limits.max_num_tokens": lim.max_num_tokens,
+        "limits.tokens_per_block": lim.tokens_per_block,
+        "limits.vision_min_pixels": lim.vision_min_pixels,
+        "limits.vision_max_pixels": lim.vision_max_pixels,
+        "limits.max_images_per_request": lim.max_images_per_request,
+        "vision_build.workspace_gib": p.vision_build.workspace_gib,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{where}: {key} must be positive, got {value}")
+    if not 0 < lim.kv_cache_free_gpu_mem_fraction < 1:
+        raise ConfigError(
+            f"{where}: limits.kv_cache_free_gpu_mem_fraction must be between 0 and 1, "
+            f"got {lim.kv_cache_free_gpu_mem_fraction}"
+        )
+    if lim.tokens_per_block & (lim.tokens_per_block - 1):
+        raise ConfigError(
+            f"{where}: limits.tokens_per_block must be a power of two, got {lim.tokens_per_block}"
+        )
+    if lim.max_seq_len <= lim.max_input_len:
+        raise ConfigError(
+            f"{where}: limits.max_seq_len ({lim.max_seq_len}) must exceed limits.max_input_len "
+            f"({lim.max_input_len}) to leave room for output tokens"
+        )
+    if lim.vision_min_pixels > lim.vision_max_pixels:
+        raise ConfigError(
+            f"{where}: limits.vision_min_pixels ({lim.vision_min_pixels}) exceeds "
+            f"limits.vision_max_pixels ({lim.vision_max_pixels})"
+        )
+    if lim.vision_max_pixels < PIXELS_PER_IMAGE_TOKEN * 4:
+        raise ConfigError(
+            f"{where}: limits.vision_max_pixels ({lim.vision_max_pixels}) is below one 64x64 "
+            "image; raise it"
+        )
+    if lim.max_visual_tokens >= lim.max_input_len:
+        raise ConfigError(
+            f"{where}: {lim.max_images_per_request} images of {lim.vision_max_pixels} pixels "
+            f"make {lim.max_visual_tokens} visual tokens, which leaves no room for text in "
+            f"limits.max_input_len ({lim.max_input_len}); lower limits.vision_max_pixels or "
+            "limits.max_images_per_request, or raise limits.max_input_len"
+        )
+    if not 0 <= p.vision_build.builder_optimization_level <= 5:
+        raise ConfigError(
+            f"{where}: vision_build.builder_optimization_level must be 0..5, "
+            f"got {p.vision_build.builder_optimization_level}"
+        )

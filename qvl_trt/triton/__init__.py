@@ -1,0 +1,1 @@
+"""Triton: repository emitter, validator, server launcher, clients and benchmarks."""

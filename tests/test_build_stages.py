@@ -1,0 +1,72 @@
+"""The build's stage structure: staging + rename, manifest records, skipping, refusals."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from qvl_trt.build import BuildOptions, Stage, run_build
+from qvl_trt.cli import app
+from qvl_trt.errors import BuildError
+from qvl_trt.tiny_checkpoint import write_config_only
+
+
+def test_inspect_and_plan_build_then_skip(tiny_ckpt, tmp_path):
+    out = tmp_path / "b"
+    args = ["build", "-m", str(tiny_ckpt), "-g", "4090d", "-o", str(out), "--only", "plan"]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    assert "built inspect, plan" in first.output
+    plan = json.loads((out / "plan" / "plan.json").read_text())
+    assert plan["profile"] == "4090d" and plan["problems"] == []
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert set(manifest["stages"]) == {"inspect", "plan"}
+    assert manifest["stages"]["plan"]["outputs"].keys() == {"plan.json", "profile.json"}
+    assert manifest["options"]["model"] == str(tiny_ckpt.resolve())
+
+    second = CliRunner().invoke(app, args)
+    assert second.exit_code == 0 and "built nothing; skipped inspect, plan" in second.output
+
+
+def test_a_failing_stage_leaves_nothing_half_written(tmp_path):
+    model = write_config_only(tmp_path / "8b", "8b")
+    out = tmp_path / "b"
+    result = CliRunner().invoke(app, ["build", "-m", str(model), "-g", "4090d", "-o", str(out)])
+    assert result.exit_code == 1 and "does not fit profile 4090d" in result.output
+    assert not (out / "plan").exists()
+    assert not list(out.glob(".staging-*"))
+    assert set(json.loads((out / "manifest.json").read_text())["stages"]) == {"inspect"}
+
+
+def test_out_folder_of_another_model_is_refused(tiny_ckpt, tmp_path):
+    out = tmp_path / "b"
+    run_build(BuildOptions(str(tiny_ckpt), "4090d"), out, only=(Stage.PLAN,))
+    other = write_config_only(tmp_path / "2b", "2b")
+    with pytest.raises(BuildError, match="holds a build of .* pick another --out"):
+        run_build(BuildOptions(str(other), "4090d"), out, only=(Stage.PLAN,))
+
+
+def test_a_held_lock_refuses_a_second_build(tiny_ckpt, tmp_path):
+    out = tmp_path / "b"
+    out.mkdir()
+    with (out / ".lock").open("a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(BuildError, match="another qvl-trt build .* is writing"):
+            run_build(BuildOptions(str(tiny_ckpt), "4090d"), out, only=(Stage.PLAN,))
+
+
+def test_bad_options_are_one_line_errors(tiny_ckpt, tmp_path):
+    runner = CliRunner()
+    cases = [
+        (["build", "-m", str(tiny_ckpt)], "build needs --model and --gpu"),
+        (["build", "-m", str(tiny_ckpt), "-g", "4090d", "--only", "vision,bogus"], "--only"),
+        (["build", "--resume", str(tmp_path)], "holds no build manifest"),
+        (["build", "--resume", str(tmp_path), "-g", "4090d"], "--resume takes its options"),
+    ]
+    for args, message in cases:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 1, (args, result.output)
+        assert message in result.output

@@ -1,0 +1,55 @@
+"""The CLI as users meet it: help without heavy packages, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import pytest
+from cli_harness import HEAVY, run_cli
+
+from qvl_trt.cli import app
+from qvl_trt.deps import require
+from qvl_trt.errors import DependencyError
+
+
+def _command_names() -> list[str]:
+    return sorted(c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands)
+
+
+def test_foundation_commands_exist():
+    assert {"gpus", "inspect", "plan", "doctor", "build"} <= set(_command_names())
+
+
+def test_every_help_works_without_heavy_packages():
+    top = run_cli("--help", block=HEAVY)
+    assert top.returncode == 0, top.stderr
+    for name in _command_names():
+        assert name in top.stdout
+        sub = run_cli(name, "--help", block=HEAVY)
+        assert sub.returncode == 0, f"{name} --help failed: {sub.stderr}"
+        assert "Usage: qvl-trt " + name in " ".join(sub.stdout.split())
+
+
+def test_user_error_is_one_line_without_traceback(tmp_path):
+    result = run_cli("inspect", "--model", str(tmp_path / "missing"))
+    assert result.returncode == 1
+    assert result.stderr.strip().count("\n") == 0
+    assert result.stderr.startswith("error: checkpoint directory") and "Traceback" not in result.stderr
+
+
+def test_light_commands_run_without_heavy_packages(tiny_ckpt):
+    for args in (["gpus"], ["doctor"], ["inspect", "-m", str(tiny_ckpt)],
+                 ["plan", "-m", str(tiny_ckpt), "-g", "4090d"]):
+        result = run_cli(*args, block=HEAVY)
+        assert result.returncode == 0, f"{args}: {result.stderr}"
+
+
+def test_require_names_the_extra():
+    with pytest.raises(DependencyError, match=r"pip install 'qvl-trt\[rtx\]'") as err:
+        require("no_such_module_qvl", extra="rtx", why="build the vision engine")
+    assert "build the vision engine" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_version():
+    from qvl_trt import __version__
+
+    result = run_cli("--version", block=HEAVY)
+    assert result.returncode == 0 and result.stdout.strip() == f"qvl-trt {__version__}"

@@ -1,0 +1,80 @@
+"""GPU profiles: the shipped ones load; a bad user file is rejected naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from qvl_trt.errors import ConfigError
+from qvl_trt.profiles import TrtEdition, load_profile, profile_names
+
+REQUIRED = {"4090d", "4090", "3090", "a10g", "l4", "l40s", "a100-40g", "a100-80g", "h100", "h200"}
+GOOD = (Path(__file__).parent.parent / "build_configs" / "4090d.toml").read_text()
+
+
+def test_every_required_profile_ships_and_loads():
+    assert REQUIRED <= set(profile_names())
+    for name in profile_names():
+        p = load_profile(name)
+        assert p.name == name
+        assert p.limits.max_visual_tokens < p.limits.max_input_len < p.limits.max_seq_len
+
+
+def test_editions_follow_the_card_class():
+    assert load_profile("4090d").gpu.trt_edition is TrtEdition.TENSORRT_RTX
+    # TensorRT-RTX refuses compute capability 9.0.
+    for name in ("h100", "h200"):
+        p = load_profile(name)
+        assert p.sm == 90 and p.gpu.trt_edition is TrtEdition.TENSORRT
+
+
+def test_user_file_by_path(tmp_path):
+    path = tmp_path / "my.toml"
+    path.write_text(GOOD.replace("max_batch_size = 16", "max_batch_size = 4"))
+    p = load_profile(str(path))
+    assert p.name == "my" and p.limits.max_batch_size == 4
+
+
+def _write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("max_batch_size = 16\n", "", "missing key 'max_batch_size'"),
+        ("max_batch_size = 16", "max_batch_size = 16\nmax_batchsize = 8", "unknown key 'max_batchsize'"),
+        ("max_batch_size = 16", 'max_batch_size = "16"', "max_batch_size: expected an integer, got '16'"),
+        ("max_batch_size = 16", "max_batch_size = true", "max_batch_size: expected an integer"),
+        ("max_batch_size = 16", "max_batch_size = 16.5", "max_batch_size: expected an integer"),
+        ('trt_edition = "tensorrt_rtx"', 'trt_edition = "tensorrt-rtx"', "trt_edition: 'tensorrt-rtx' is not one of"),
+        ('compute_capability = "8.9"', "compute_capability = 8.9", "compute_capability: expected a string"),
+        ('compute_capability = "8.9"', 'compute_capability = "sm89"', 'must look like "8.9"'),
+        ("kv_cache_free_gpu_mem_fraction = 0.9", "kv_cache_free_gpu_mem_fraction = 1.5", "between 0 and 1"),
+        ("tokens_per_block = 64", "tokens_per_block = 48", "power of two"),
+        ("max_seq_len = 8192", "max_seq_len = 4096", "must exceed limits.max_input_len"),
+        ("max_images_per_request = 2", "max_images_per_request = 3", "leaves no room for text"),
+        ("max_batch_size = 16", "max_batch_size = 0", "max_batch_size must be positive"),
+        ("[vision_build]", "[vision]", "unknown key 'vision'"),
+    ],
+)
+def test_bad_profile_names_the_key(tmp_path, old, new, message):
+    assert old in GOOD
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")) as err:
+        load_profile(_write(tmp_path, GOOD.replace(old, new, 1)))
+    assert "\n" not in str(err.value)
+
+
+def test_unknown_profile_name_lists_the_shipped_ones():
+    with pytest.raises(ConfigError, match="unknown GPU profile 'rtx9999'.*4090d"):
+        load_profile("rtx9999")
+
+
+def test_missing_file_and_bad_toml(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_profile(str(tmp_path / "nope.toml"))
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_profile(_write(tmp_path, "[gpu\nname="))
