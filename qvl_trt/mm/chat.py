@@ -1,0 +1,127 @@
+"""Chat messages -> prompt token ids through the checkpoint's tokenizer and chat template.
+
+Messages are OpenAI-style: `{"role": ..., "content": str | [part, ...]}` with parts
+`{"type": "text", "text": ...}` and `{"type": "image"}` / `{"type": "image_url", ...}`; the
+images themselves travel separately, in order of appearance. The template writes
+`<|vision_start|><|image_pad|><|vision_end|>` per image; each pad becomes as many pad tokens
+as the image has merged patches, as the HF processor does (it expands the text before
+tokenising; special tokens split the text, so expanding the ids after is the same).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..checkpoint import TokenIds
+from ..deps import require
+from ..errors import CheckpointError, InputError
+
+ROLES = ("system", "user", "assistant", "tool")
+IMAGE_PART_TYPES = ("image", "image_url")
+
+
+def user_message(prompt: str, image_count: int) -> list[dict[str, Any]]:
+    """One user turn: the images first, then the text (Qwen's own examples' order)."""
+    parts: list[dict[str, Any]] = [{"type": "image"} for _ in range(image_count)]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": prompt}]}]
+
+
+class PromptBuilder:
+    """The checkpoint's tokenizer and chat template, loaded once."""
+
+    def __init__(self, tokenizer: Any, token_ids: TokenIds) -> None:
+        self.tokenizer = tokenizer
+        self.token_ids = token_ids
+
+    @classmethod
+    def from_checkpoint(cls, path: Path, token_ids: TokenIds) -> PromptBuilder:
+        transformers = require("transformers", extra="serve", why="tokenize prompts")
+        try:
+            # tokenizer.json as shipped; AutoTokenizer would import torch (via its config
+            # classes), which the preprocessing model does without.
+            tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(str(path))
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{path}: cannot load the tokenizer ({exc}); the checkpoint "
+                                  "needs tokenizer.json and tokenizer_config.json") from None
+        # transformers 5 reads the processor's chat_template.json/.jinja into the tokenizer;
+        # 4.x only tokenizer_config.json's.
+        tokenizer.chat_template = tokenizer.chat_template or _template_file(Path(path))
+        if not tokenizer.chat_template:
+            raise CheckpointError(f"{path} has no chat template (chat_template.jinja, "
+                                  "chat_template.json or tokenizer_config.json); re-download "
+                                  "the checkpoint")
+        return cls(tokenizer, token_ids)
+
+    def render(self, messages: Sequence[Mapping[str, Any]]) -> tuple[str, int]:
+        """The prompt text with the generation prompt appended, and its image count."""
+        clean, images = _template_messages(messages)
+        text = self.tokenizer.apply_chat_template(clean, tokenize=False,
+                                                  add_generation_prompt=True)
+        return text, images
+
+    def tokenize(self, text: str, image_token_counts: Sequence[int]) -> np.ndarray:
+        """Tokenise rendered text and expand image pad i to image_token_counts[i] pads."""
+        ids = np.asarray(self.tokenizer(text)["input_ids"], dtype=np.int32)
+        pads = np.flatnonzero(ids == self.token_ids.image)
+        if np.any(ids == self.token_ids.video):
+            raise InputError("the prompt holds a video placeholder; video input is not "
+                             "supported, send frames as images")
+        if len(pads) != len(image_token_counts):
+            raise InputError(
+                f"the prompt holds {len(pads)} image placeholders for "
+                f"{len(image_token_counts)} images; put each image as an image part of a user "
+                "message and keep <|image_pad|> out of the text")
+        repeats = np.ones(ids.size, np.int64)
+        repeats[pads] = image_token_counts
+        return np.repeat(ids, repeats)
+
+
+def _template_file(path: Path) -> str | None:
+    jinja = path / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    try:
+        return json.loads((path / "chat_template.json").read_text(encoding="utf-8"))[
+            "chat_template"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _template_messages(messages: Sequence[Mapping[str, Any]]) \
+        -> tuple[list[dict[str, Any]], int]:
+    """Messages reduced to what the template reads (image data stays out of it), validated."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
+        raise InputError("messages must be a non-empty list of {role, content} objects")
+    clean, images = [], 0
+    for n, message in enumerate(messages, 1):
+        if not isinstance(message, Mapping):
+            raise InputError(f"message {n} is a {type(message).__name__}, not an object "
+                             "with role and content")
+        role, content = message.get("role"), message.get("content")
+        if role not in ROLES:
+            raise InputError(f"message {n} has role {role!r}; use one of {', '.join(ROLES)}")
+        if isinstance(content, str):
+            clean.append({"role": role, "content": content})
+            continue
+        if not isinstance(content, Sequence) or isinstance(content, bytes):
+            raise InputError(f"message {n}: content must be a string or a list of parts")
+        parts = []
+        for part in content:
+            kind = part.get("type") if isinstance(part, Mapping) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                parts.append({"type": "text", "text": part["text"]})
+            elif kind in IMAGE_PART_TYPES:
+                if role != "user":
+                    raise InputError(f"message {n}: images go in user messages, not {role}")
+                parts.append({"type": "image"})
+                images += 1
+            else:
+                raise InputError(f"message {n}: content part {repr(part)[:60]} is neither "
+                                 "{type: text, text: ...} nor {type: image}")
+        clean.append({"role": role, "content": parts})
+    return clean, images

@@ -1,0 +1,86 @@
+"""Image intake: encoded bytes or a PIL image -> an RGB PIL image, or a one-line InputError.
+
+The RGB conversion is Hugging Face's (`convert_to_rgb`: anything with alpha or a transparency
+key is composited on white, other modes are converted), so pixels equal what the HF processor
+sees; EXIF orientation is applied first, as HF's `load_image` does for files.
+"""
+
+from __future__ import annotations
+
+import io
+
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from ..errors import InputError
+
+ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
+# Declared pixel count above which an image is refused before decoding (8192 x 8192).
+DEFAULT_MAX_DECODED_PIXELS = 8192 * 8192
+_EXIF_ORIENTATION = 0x0112
+_ACCEPTED = "JPEG, PNG, WebP, GIF or BMP"
+
+
+def load_rgb(image: bytes | bytearray | memoryview | Image.Image, *,
+             max_decoded_pixels: int = DEFAULT_MAX_DECODED_PIXELS) -> Image.Image:
+    """Decode `image` (an encoded file's bytes, or a PIL image) to RGB.
+
+    Bytes are identified from their header and refused before decoding when the declared
+    size exceeds `max_decoded_pixels`; animated GIF/WebP give their first frame.
+    """
+    if isinstance(image, Image.Image):
+        opened = image
+    elif isinstance(image, (bytes, bytearray, memoryview)):
+        if len(image) == 0:
+            raise InputError(f"image is empty (0 bytes); send the whole {_ACCEPTED} file")
+        opened = _open(bytes(image))
+    else:
+        raise InputError(f"got a {type(image).__name__} where an image was expected; pass the "
+                         f"encoded file's bytes ({_ACCEPTED}) or a PIL image")
+    _check_declared_size(opened, max_decoded_pixels)
+    try:
+        opened.load()
+        return _to_rgb(opened)
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise InputError(f"{opened.format or opened.mode} image could not be decoded ({exc}); "
+                         "the file is truncated or corrupt, send it again") from None
+
+
+def _open(data: bytes) -> Image.Image:
+    """Read the header only (PIL decodes lazily)."""
+    try:
+        return Image.open(io.BytesIO(data), formats=ACCEPTED_FORMATS)
+    except Image.DecompressionBombError as exc:
+        raise InputError(f"image refused before decoding: {exc}; downscale it") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
+        pass
+    fmt = _identify_any(data)
+    if fmt is not None:
+        raise InputError(f"image format {fmt} is not accepted; convert it to {_ACCEPTED}")
+    raise InputError(f"image data ({len(data)} bytes) is not a readable {_ACCEPTED} file; "
+                     "it is corrupt or not an image")
+
+
+def _identify_any(data: bytes) -> str | None:
+    """The format name if some other PIL plugin recognises the data, for a better message."""
+    try:
+        with Image.open(io.BytesIO(data)) as other:
+            return other.format
+    except Exception:  # any failure just means "not an image we can name"
+        return None
+
+
+def _check_declared_size(image: Image.Image, limit: int) -> None:
+    width, height = image.size
+    if width * height > limit:
+        raise InputError(f"image of {width}x{height} = {width * height} pixels exceeds the "
+                         f"limit of {limit} decoded pixels; downscale it before sending")
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    if image.getexif().get(_EXIF_ORIENTATION, 1) != 1:
+        image = ImageOps.exif_transpose(image)
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return image if image.mode == "RGB" else image.convert("RGB")

@@ -1,0 +1,184 @@
+"""RGB image -> the vision tower's `pixel_values` rows and `grid_thw`, equal to the Hugging Face
+Qwen2-VL/Qwen3-VL image processor (PIL backend) to the last bit.
+
+HF resizes the uint8 image with PIL, then rescales in float64, casts to float32 and normalises
+in float32; every output value is therefore a function of one uint8 and its channel, so a
+256-entry table per channel reproduces it exactly. Rows are patches ordered so that each
+merge^2 consecutive rows form one merge block (blocks in raster order); within a row the
+order is (channel, temporal copy, y, x), the image repeated over the temporal patch.
+
+After the resize, the channels are reordered and looked up in parallel threads, and the
+content digest is computed alongside (numpy's take and hashlib release the GIL).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from ..errors import CheckpointError, InputError
+from .geometry import smart_resize
+
+# The HF processor's values where a preprocessor_config.json leaves them out.
+_HF_DEFAULT_RESCALE = 1 / 255
+
+
+@dataclass(frozen=True)
+class PixelConfig:
+    """The image processor settings of a checkpoint, with the deployment's pixel bounds."""
+
+    min_pixels: int
+    max_pixels: int
+    patch_size: int
+    temporal_patch_size: int
+    merge_size: int
+    image_mean: tuple[float, ...]
+    image_std: tuple[float, ...]
+    rescale_factor: float = _HF_DEFAULT_RESCALE
+    do_rescale: bool = True
+    do_normalize: bool = True
+    resample: int = int(Image.Resampling.BICUBIC)
+    # uint8 value -> output value, one 256-entry row per channel, flattened.
+    lut: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if len(self.image_mean) != len(self.image_std):
+            raise CheckpointError(f"image_mean {list(self.image_mean)} and image_std "
+                                  f"{list(self.image_std)} differ in length")
+        if not 0 <= self.min_pixels <= self.max_pixels:
+            raise CheckpointError(f"pixel bounds [{self.min_pixels}, {self.max_pixels}] are "
+                                  "empty; min_pixels must not exceed max_pixels")
+        values = np.arange(256, dtype=np.float64)
+        if self.do_rescale:
+            values = values * self.rescale_factor
+        rows = np.broadcast_to(values.astype(np.float32), (self.channels, 256))
+        if self.do_normalize:
+            mean = np.asarray(self.image_mean, dtype=np.float32)[:, None]
+            std = np.asarray(self.image_std, dtype=np.float32)[:, None]
+            rows = (rows - mean) / std
+        object.__setattr__(self, "lut", np.ascontiguousarray(rows, dtype=np.float32).ravel())
+
+    @property
+    def channels(self) -> int:
+        return len(self.image_mean)
+
+    @property
+    def factor(self) -> int:
+        """Resized sides are multiples of this: one merge block of patches."""
+        return self.patch_size * self.merge_size
+
+    @property
+    def patch_dim(self) -> int:
+        return self.channels * self.temporal_patch_size * self.patch_size**2
+
+    @classmethod
+    def from_preprocessor_config(cls, config: dict[str, Any], where: str) -> PixelConfig:
+        """Read a checkpoint's preprocessor_config.json (`size` holds min/max PIXEL counts as
+        shortest_edge/longest_edge; older files use min_pixels/max_pixels)."""
+        size = dict(config.get("size") or {})
+        try:
+            min_pixels = int(config.get("min_pixels") or size["shortest_edge"])
+            max_pixels = int(config.get("max_pixels") or size["longest_edge"])
+            return cls(
+                min_pixels=min_pixels, max_pixels=max_pixels,
+                patch_size=int(config["patch_size"]),
+                temporal_patch_size=int(config["temporal_patch_size"]),
+                merge_size=int(config["merge_size"]),
+                image_mean=tuple(float(v) for v in config["image_mean"]),
+                image_std=tuple(float(v) for v in config["image_std"]),
+                rescale_factor=float(config.get("rescale_factor", _HF_DEFAULT_RESCALE)),
+                do_rescale=bool(config.get("do_rescale", True)),
+                do_normalize=bool(config.get("do_normalize", True)),
+                resample=int(config.get("resample", Image.Resampling.BICUBIC)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{where} lacks or mangles an image processor field ({exc!r}); "
+                                  "re-download the checkpoint's preprocessor_config.json") from None
+
+    def with_bounds(self, min_pixels: int, max_pixels: int) -> PixelConfig:
+        """The same processor with other pixel bounds (a deployment's cap)."""
+        return replace(self, min_pixels=min_pixels, max_pixels=max_pixels)
+
+
+@dataclass(frozen=True)
+class ImagePatches:
+    """One image as the vision tower takes it."""
+
+    pixel_values: np.ndarray  # [h*w, patch_dim] float32, merge-block row order
+    grid_thw: tuple[int, int, int]  # patches along (time, height, width)
+    digest: bytes  # 16-byte hash of the resized pixels and their geometry
+
+    @property
+    def num_patches(self) -> int:
+        return self.pixel_values.shape[0]
+
+    @property
+    def hash64(self) -> int:
+        """The digest's first 8 bytes: the image's id in prompt_table_extra_ids."""
+        return int.from_bytes(self.digest[:8], "little")
+
+
+def resized_size(width: int, height: int, config: PixelConfig) -> tuple[int, int]:
+    """(height, width) the image is resized to, refusing one below a single merge block."""
+    h, w = smart_resize(height, width, min_pixels=config.min_pixels,
+                        max_pixels=config.max_pixels, factor=config.factor)
+    if h < config.factor or w < config.factor:
+        raise InputError(
+            f"image of {width}x{height} resizes to {w}x{h}, smaller than one {config.factor}x"
+            f"{config.factor} merge block (min_pixels {config.min_pixels}); send a larger image "
+            "or raise the minimum pixel count")
+    return h, w
+
+
+def image_patches(image: Image.Image, config: PixelConfig) -> ImagePatches:
+    """Resize an RGB image (`load_rgb`'s output), normalise and cut it into patch rows."""
+    if image.mode != "RGB" or config.channels != 3:
+        raise InputError(f"image_patches takes RGB images for a 3-channel processor, got mode "
+                         f"{image.mode!r} and {config.channels} channels; decode with load_rgb")
+    h, w = resized_size(image.width, image.height, config)
+    resized = image.resize((w, h), resample=config.resample)
+    gh, gw = h // config.patch_size, w // config.patch_size
+    rows = np.empty((gh * gw, config.channels, config.temporal_patch_size, config.patch_size**2),
+                    np.float32)
+    workers = _workers()
+    digest = workers.submit(_digest, resized)
+    planes = resized.split()
+    list(workers.map(lambda c: _channel_rows(planes[c], c, rows, config), range(len(planes))))
+    return ImagePatches(pixel_values=rows.reshape(gh * gw, config.patch_dim),
+                        grid_thw=(1, gh, gw), digest=digest.result())
+
+
+def _channel_rows(plane: Image.Image, channel: int, rows: np.ndarray,
+                  config: PixelConfig) -> None:
+    """Write one resized channel's values into rows[:, channel] (every temporal copy)."""
+    p, m = config.patch_size, config.merge_size
+    pixels = np.asarray(plane)
+    h, w = pixels.shape
+    # (H, W) -> (block row, block col, row in block, col in block, y, x)
+    blocks = pixels.reshape(h // (m * p), m, p, w // (m * p), m, p).transpose(0, 3, 1, 4, 2, 5)
+    lut = config.lut[channel * 256:(channel + 1) * 256]
+    rows[:, channel] = np.take(lut, blocks.reshape(rows.shape[0], 1, p * p))
+
+
+def _digest(resized: Image.Image) -> bytes:
+    digest = hashlib.sha256(resized.tobytes())
+    digest.update(np.array([resized.height, resized.width], np.uint32).tobytes())
+    return digest.digest()[:16]
+
+
+_WORKERS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _workers() -> ThreadPoolExecutor:
+    """Threads for the per-channel work and the digest. One pool per process: a forked child
+    inherits the pool object but not its threads."""
+    pid = os.getpid()
+    if pid not in _WORKERS:
+        _WORKERS[pid] = ThreadPoolExecutor(max_workers=4, thread_name_prefix="qvl-pixels")
+    return _WORKERS[pid]

@@ -1,0 +1,219 @@
+"""One request -> every tensor the engines need. The single entry point shared by the Triton
+preprocessing model, the reference pipeline and `qvl-trt preprocess`.
+
+Light on purpose (numpy, PIL and the transformers tokenizer; no torch): the Triton
+preprocessing model runs it per request.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from ..checkpoint import Checkpoint, open_checkpoint
+from ..errors import ConfigError, InputError
+from ..profiles import GpuProfile, load_profile
+from .chat import PromptBuilder, user_message
+from .image_input import DEFAULT_MAX_DECODED_PIXELS, load_rgb
+from .pixels import ImagePatches, PixelConfig, image_patches
+from .prompt_table import fake_token_ids, prompt_table_extra_ids
+from .rope import mrope_cos_sin_table, rope_index
+from .vision_index import VisionIndex, vision_index_tensors
+
+ImageInput = bytes | bytearray | memoryview | Image.Image
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What a deployment admits per request. `min_pixels` replaces the checkpoint's minimum,
+    `max_pixels` caps its maximum; None keeps the checkpoint's value."""
+
+    max_images: int
+    max_input_len: int
+    max_positions: int  # the engine's max_position_embeddings (= the profile's max_seq_len)
+    min_pixels: int | None = None
+    max_pixels: int | None = None
+    max_decoded_pixels: int = DEFAULT_MAX_DECODED_PIXELS
+
+    @classmethod
+    def from_profile(cls, profile: GpuProfile) -> RequestLimits:
+        lim = profile.limits
+        return cls(max_images=lim.max_images_per_request, max_input_len=lim.max_input_len,
+                   max_positions=lim.max_seq_len, min_pixels=lim.vision_min_pixels,
+                   max_pixels=lim.vision_max_pixels)
+
+    @classmethod
+    def of_checkpoint(cls, checkpoint: Checkpoint) -> RequestLimits:
+        """No deployment caps: the model's own context length, any number of images."""
+        positions = checkpoint.text.max_position_embeddings
+        return cls(max_images=2**31 - 1, max_input_len=positions, max_positions=positions)
+
+
+@dataclass(frozen=True)
+class PreparedImage:
+    """One image as the vision engine takes it (one call per image)."""
+
+    patches: ImagePatches  # pixel_values, grid_thw, content digest
+    index: VisionIndex  # the export-friendly tower's host index inputs
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """Every tensor of one request; `tensors()` names them as the README documents."""
+
+    text: str  # the rendered prompt, one pad per image
+    images: tuple[PreparedImage, ...]
+    image_token_counts: tuple[int, ...]  # merged visual tokens per image
+    input_ids: np.ndarray  # [seq] int32, visual tokens = the image pad id
+    engine_input_ids: np.ndarray  # [seq] int32, visual token i = vocab_size + (1+K)i
+    position_ids: np.ndarray  # [3, seq] int64
+    mrope_position_delta: int
+    mrope_rotary_cos_sin: np.ndarray  # [max_positions * head_dim] float32
+    prompt_table_extra_ids: np.ndarray  # [seq] uint64
+    prompt_vocab_size: int  # prompt-table rows: (1+K) * visual tokens
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.size)
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        """All tensors by their stable names (images concatenated in prompt order)."""
+        def cat(parts: list[np.ndarray], empty: tuple[int, ...], dtype) -> np.ndarray:
+            return np.concatenate(parts) if parts else np.zeros(empty, dtype)
+
+        patches = [image.patches for image in self.images]
+        idx = [image.index for image in self.images]
+        patch_dim = patches[0].pixel_values.shape[1] if patches else 0
+        return {
+            "input_ids": self.input_ids,
+            "engine_input_ids": self.engine_input_ids,
+            "position_ids": self.position_ids,
+            "mrope_position_deltas": np.array([self.mrope_position_delta], np.int64),
+            "mrope_rotary_cos_sin": self.mrope_rotary_cos_sin,
+            "prompt_table_extra_ids": self.prompt_table_extra_ids,
+            "prompt_vocab_size": np.array([self.prompt_vocab_size], np.int32),
+            "pixel_values": cat([p.pixel_values for p in patches], (0, patch_dim), np.float32),
+            "image_grid_thw": np.array([p.grid_thw for p in patches], np.int64).reshape(-1, 3),
+            "image_hashes": np.array([p.hash64 for p in patches], np.uint64),
+            "pos_interp_indices": cat([i.pos_interp_indices for i in idx], (0, 4), np.int32),
+            "pos_interp_weights": cat([i.pos_interp_weights for i in idx], (0, 4), np.float32),
+            "rope_position_ids": cat([i.rope_position_ids for i in idx], (0, 2), np.int32),
+        }
+
+    def save_npz(self, path: Path) -> Path:
+        """Write `tensors()` (uncompressed) through a temporary file and a rename."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **self.tensors())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+
+class RequestPreprocessor:
+    """Loads the tokenizer and image processor settings once; `prepare` runs per request."""
+
+    def __init__(self, checkpoint: Checkpoint, prompts: PromptBuilder, pixels: PixelConfig,
+                 limits: RequestLimits) -> None:
+        self.checkpoint = checkpoint
+        self.prompts = prompts
+        self.pixels = pixels
+        self.limits = limits
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, limits: RequestLimits | None = None) \
+            -> RequestPreprocessor:
+        checkpoint = open_checkpoint(path, validate=False)
+        limits = limits or RequestLimits.of_checkpoint(checkpoint)
+        pixels = PixelConfig.from_preprocessor_config(
+            checkpoint.preprocessor_config, f"{checkpoint.path}/preprocessor_config.json")
+        min_pixels = pixels.min_pixels if limits.min_pixels is None else limits.min_pixels
+        max_pixels = min(pixels.max_pixels, limits.max_pixels or pixels.max_pixels)
+        if min_pixels > max_pixels:
+            raise ConfigError(f"the deployment's minimum of {min_pixels} pixels per image exceeds "
+                              f"the maximum of {max_pixels} (checkpoint and profile caps); lower "
+                              "limits.vision_min_pixels")
+        if limits.max_input_len > limits.max_positions:
+            raise ConfigError(f"max_input_len {limits.max_input_len} exceeds the "
+                              f"{limits.max_positions} positions of the MRoPE table")
+        vision = checkpoint.vision
+        if (pixels.patch_size, pixels.merge_size, pixels.temporal_patch_size) != (
+                vision.patch_size, vision.spatial_merge_size, vision.temporal_patch_size):
+            raise ConfigError(f"{checkpoint.path}: preprocessor_config.json patch/merge/temporal "
+                              "sizes disagree with config.json's vision_config")
+        prompts = PromptBuilder.from_checkpoint(checkpoint.path, checkpoint.token_ids)
+        return cls(checkpoint, prompts, pixels.with_bounds(min_pixels, max_pixels), limits)
+
+    def prepare(self, *, messages: Sequence[Mapping[str, Any]],
+                images: Sequence[ImageInput] = ()) -> PreparedRequest:
+        """Images are the messages' image parts, in order of appearance."""
+        lim, ckpt = self.limits, self.checkpoint
+        if len(images) > lim.max_images:
+            raise InputError(f"request has {len(images)} images, the engine allows "
+                             f"{lim.max_images}; send fewer images")
+        text, placeholders = self.prompts.render(messages)
+        if placeholders != len(images):
+            raise InputError(f"messages hold {placeholders} image parts but {len(images)} images "
+                             "were sent; send one image per image part")
+        prepared = tuple(self._image(n, image) for n, image in enumerate(images, 1))
+        merge = ckpt.vision.spatial_merge_size ** 2
+        counts = tuple(image.patches.num_patches // merge for image in prepared)
+        input_ids = self.prompts.tokenize(text, counts)
+        if input_ids.size > lim.max_input_len:
+            raise InputError(
+                f"prompt has {input_ids.size} tokens ({sum(counts)} of them for "
+                f"{len(images)} images), the engine allows {lim.max_input_len}: shorten the "
+                "text or send fewer or smaller images")
+        image_id, deepstack = ckpt.token_ids.image, ckpt.vision.deepstack_count
+        rope = rope_index(input_ids, [image.patches.grid_thw for image in prepared],
+                          image_token_id=image_id,
+                          spatial_merge_size=ckpt.vision.spatial_merge_size)
+        return PreparedRequest(
+            text=text, images=prepared, image_token_counts=counts, input_ids=input_ids,
+            engine_input_ids=fake_token_ids(input_ids, image_token_id=image_id,
+                                            vocab_size=ckpt.text.vocab_size,
+                                            deepstack_count=deepstack),
+            position_ids=rope.position_ids, mrope_position_delta=rope.delta,
+            mrope_rotary_cos_sin=mrope_cos_sin_table(rope.position_ids, ckpt.text,
+                                                     lim.max_positions),
+            prompt_table_extra_ids=prompt_table_extra_ids(
+                input_ids, image_token_id=image_id,
+                image_hashes=[image.patches.hash64 for image in prepared],
+                image_token_counts=counts),
+            prompt_vocab_size=(1 + deepstack) * sum(counts),
+        )
+
+    def _image(self, number: int, image: ImageInput) -> PreparedImage:
+        try:
+            rgb = load_rgb(image, max_decoded_pixels=self.limits.max_decoded_pixels)
+            patches = image_patches(rgb, self.pixels)
+        except InputError as exc:
+            raise InputError(f"image {number}: {exc}") from None
+        return PreparedImage(patches, vision_index_tensors(patches.grid_thw,
+                                                           self.checkpoint.vision))
+
+
+def prepare_files(model: str | Path, images: Sequence[Path], prompt: str, *,
+                  gpu: str | None = None) -> PreparedRequest:
+    """`qvl-trt preprocess`: one user turn (the images, then `prompt`) with a profile's limits
+    (`gpu`) or the checkpoint's own."""
+    data = []
+    for path in images:
+        if not Path(path).is_file():
+            raise InputError(f"--image {path}: no such file")
+        data.append(Path(path).read_bytes())
+    limits = RequestLimits.from_profile(load_profile(gpu)) if gpu else None
+    preprocessor = RequestPreprocessor.from_checkpoint(model, limits)
+    return preprocessor.prepare(messages=user_message(prompt, len(data)), images=data)

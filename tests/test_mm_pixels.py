@@ -1,0 +1,198 @@
+"""Image intake and pixel pipeline: equal to the Hugging Face Qwen3-VL image processor (PIL
+backend, configured from the tiny checkpoint's preprocessor_config.json), and every bad input
+refused with its message."""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from qvl_trt.errors import InputError
+from qvl_trt.mm.image_input import load_rgb
+from qvl_trt.mm.pixels import PixelConfig, image_patches
+
+TOL = 1e-6
+
+
+def _content(width: int, height: int, seed: int) -> np.ndarray:
+    """Gradients plus noise: smooth areas and edges both reach the bicubic filter."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    base = np.stack([x / max(width, 1), y / max(height, 1), ((x + y) % 97) / 97], -1) * 230
+    return np.clip(base + rng.normal(0, 20, base.shape), 0, 255).astype(np.uint8)
+
+
+def _encoded(image: Image.Image, fmt: str, **save) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt, **save)
+    return buffer.getvalue()
+
+
+def _exif_rotated_jpeg(orientation: int) -> bytes:
+    image = Image.fromarray(_content(640, 480, 7))
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return _encoded(image, "JPEG", quality=92, exif=exif)
+
+
+def _cases() -> list[tuple[str, object]]:
+    """(id, input) pairs: PIL images of many sizes and modes, and encoded files."""
+    sizes = [(32, 32), (33, 2000), (2000, 33), (4000, 3000), (1920, 1080), (1080, 1920),
+             (640, 480), (511, 513), (17, 17), (1, 1), (5, 900), (64, 64), (255, 257),
+             (300, 200), (1000, 10), (123, 457), (1023, 767), (1280, 720), (96, 4000),
+             (2048, 2048), (399, 401)]
+    cases: list[tuple[str, object]] = [
+        (f"rgb-{w}x{h}", Image.fromarray(_content(w, h, i))) for i, (w, h) in enumerate(sizes)]
+    rgb = Image.fromarray(_content(320, 240, 99))
+    alpha = Image.fromarray(_content(300, 200, 5)[..., 0])
+    rgba = Image.fromarray(_content(300, 200, 3)).convert("RGBA")
+    rgba.putalpha(alpha)
+    palette_transparent = rgb.convert("P", palette=Image.Palette.ADAPTIVE, colors=64)
+    palette_transparent.info["transparency"] = 3
+    cases += [
+        ("grayscale-L", rgb.convert("L")),
+        ("rgba", rgba),
+        ("la", rgba.convert("LA")),
+        ("palette", rgb.convert("P", palette=Image.Palette.ADAPTIVE, colors=32)),
+        ("palette-transparent", palette_transparent),
+        ("bilevel-1", rgb.convert("1")),
+        ("cmyk", rgb.convert("CMYK")),
+        ("jpeg-bytes", _encoded(rgb, "JPEG", quality=90)),
+        ("png-rgba-bytes", _encoded(rgba, "PNG")),
+        ("webp-bytes", _encoded(rgb, "WEBP", lossless=True)),
+        ("gif-bytes", _encoded(palette_transparent, "GIF")),
+        ("bmp-bytes", _encoded(rgb, "BMP")),
+        ("cmyk-jpeg-bytes", _encoded(rgb.convert("CMYK"), "JPEG", quality=90)),
+        ("exif-rotated-jpeg-6", _exif_rotated_jpeg(6)),
+        ("exif-rotated-jpeg-3", _exif_rotated_jpeg(3)),
+    ]
+    return cases
+
+
+CASES = _cases()
+
+
+@pytest.fixture(scope="module")
+def hf_processor(tiny_ckpt):
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoImageProcessor.from_pretrained(str(tiny_ckpt), backend="pil")
+
+
+@pytest.fixture(scope="module")
+def pixel_config(tiny_ckpt) -> PixelConfig:
+    from qvl_trt.checkpoint import open_checkpoint
+
+    return PixelConfig.from_preprocessor_config(open_checkpoint(tiny_ckpt).preprocessor_config,
+                                                "tiny preprocessor_config.json")
+
+
+def _hf_view(case: object) -> Image.Image:
+    """What HF's processor is handed: files go through load_image's EXIF transpose."""
+    from PIL import ImageOps
+
+    if isinstance(case, bytes):
+        return ImageOps.exif_transpose(Image.open(io.BytesIO(case)))
+    return case
+
+
+def test_case_count():
+    assert len(CASES) >= 30
+
+
+@pytest.mark.parametrize("case", [c for _, c in CASES], ids=[name for name, _ in CASES])
+def test_pixels_equal_hf(case, hf_processor, pixel_config):
+    ours = image_patches(load_rgb(case), pixel_config)
+    hf = hf_processor(_hf_view(case), return_tensors="np")
+    assert list(ours.grid_thw) == hf["image_grid_thw"][0].tolist()
+    assert ours.pixel_values.dtype == np.float32
+    assert ours.pixel_values.shape == hf["pixel_values"].shape
+    assert float(np.abs(ours.pixel_values - hf["pixel_values"]).max()) <= TOL
+
+
+def test_pixels_equal_hf_with_a_profile_cap(hf_processor, pixel_config):
+    """A deployment's pixel cap (4090 profile: 2 Mpx) resizes like HF told the same bounds."""
+    capped = pixel_config.with_bounds(65536, 2_097_152)
+    image = Image.fromarray(_content(2400, 1800, 11))
+    ours = image_patches(image, capped)
+    hf = hf_processor(image, size={"shortest_edge": 65536, "longest_edge": 2_097_152},
+                      return_tensors="np")
+    assert ours.pixel_values.shape == hf["pixel_values"].shape == (8112, 1536)
+    assert float(np.abs(ours.pixel_values - hf["pixel_values"]).max()) <= TOL
+
+
+def test_exif_orientation_is_applied():
+    upright = load_rgb(_exif_rotated_jpeg(6))
+    assert upright.size == (480, 640)  # orientation 6: stored landscape, shown portrait
+
+
+def test_alpha_is_composited_on_white():
+    clear = Image.new("RGBA", (40, 40), (10, 20, 30, 0))
+    assert load_rgb(clear).getpixel((5, 5)) == (255, 255, 255)
+
+
+def test_content_digest_tracks_pixels(pixel_config):
+    a = Image.fromarray(_content(300, 200, 1))
+    b = Image.fromarray(_content(300, 200, 2))
+    digest = image_patches(a, pixel_config).digest
+    assert digest == image_patches(a.copy(), pixel_config).digest
+    assert digest != image_patches(b, pixel_config).digest
+    assert len(digest) == 16
+
+
+# ---- bad input -------------------------------------------------------------------------------
+
+
+def _png_header_only(width: int, height: int) -> bytes:
+    """A PNG that declares width x height and holds no pixel data."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
+
+
+def _tiff() -> bytes:
+    return _encoded(Image.new("RGB", (8, 8)), "TIFF")
+
+
+def _truncated_jpeg() -> bytes:
+    data = _encoded(Image.fromarray(_content(200, 200, 4)), "JPEG")
+    return data[: len(data) // 3]
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"", "image is empty (0 bytes)"),
+    (b"\x00\x01garbage" * 50, "is not a readable JPEG, PNG, WebP, GIF or BMP file"),
+    (_truncated_jpeg(), "JPEG image could not be decoded"),
+    (_tiff(), "image format TIFF is not accepted"),
+    (_png_header_only(9000, 9000), "image of 9000x9000 = 81000000 pixels exceeds the limit"),
+    (_png_header_only(30000, 30000), "image refused before decoding"),
+    ("photo.jpg", "got a str where an image was expected"),
+], ids=["empty", "corrupt", "truncated", "unsupported", "bomb", "pil-bomb", "wrong-type"])
+def test_bad_images_are_refused_with_their_message(data, message):
+    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_rgb(data)
+
+
+def test_bomb_is_refused_before_decoding():
+    # The header declares 9000x9000; the file has no pixel data, so decoding would fail with
+    # another message: the size message proves the check ran first.
+    with pytest.raises(InputError, match="exceeds the limit of 100 decoded pixels"):
+        load_rgb(_png_header_only(20, 20), max_decoded_pixels=100)
+
+
+def test_image_below_one_merge_block_is_refused(pixel_config):
+    no_minimum = pixel_config.with_bounds(0, pixel_config.max_pixels)
+    with pytest.raises(InputError, match="smaller than one 32x32 merge block"):
+        image_patches(Image.new("RGB", (5, 5)), no_minimum)
+
+
+def test_extreme_aspect_ratio_is_refused(pixel_config):
+    with pytest.raises(InputError, match="aspect ratio above 200:1"):
+        image_patches(Image.new("RGB", (2010, 10)), pixel_config)

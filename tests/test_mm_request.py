@@ -1,0 +1,211 @@
+"""The request entry point: prompt ids as HF's processor builds them, the profile's limits,
+the DeepStack prompt-table layout, and `qvl-trt preprocess` end to end (without torch)."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from cli_harness import run_cli
+from PIL import Image
+
+from qvl_trt.errors import InputError
+from qvl_trt.mm.chat import user_message
+from qvl_trt.mm.prompt_table import (
+    assemble_prompt_table,
+    fake_token_ids,
+    prompt_table_extra_ids,
+    split_prompt_table,
+    visual_token_positions,
+)
+from qvl_trt.mm.request import RequestLimits, RequestPreprocessor
+from qvl_trt.profiles import load_profile
+
+TENSOR_NAMES = {
+    "input_ids", "engine_input_ids", "position_ids", "mrope_position_deltas",
+    "mrope_rotary_cos_sin", "prompt_table_extra_ids", "prompt_vocab_size", "pixel_values",
+    "image_grid_thw", "image_hashes", "pos_interp_indices", "pos_interp_weights",
+    "rope_position_ids",
+}
+
+
+def _png(width: int, height: int, seed: int) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def limits() -> RequestLimits:
+    return RequestLimits.from_profile(load_profile("4090"))
+
+
+@pytest.fixture(scope="module")
+def pre(tiny_ckpt, limits) -> RequestPreprocessor:
+    return RequestPreprocessor.from_checkpoint(tiny_ckpt, limits)
+
+
+def test_prompt_ids_equal_hf_processor_expansion(pre, tiny_ckpt):
+    """HF's Qwen3VLProcessor repeats each <|image_pad|> in the text, then tokenises."""
+    transformers = pytest.importorskip("transformers")
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(tiny_ckpt))
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": [
+            {"type": "text", "text": "Compare 1234 apples, naïve café, 你好:"},
+            {"type": "image"}, {"type": "text", "text": "and"},
+            {"type": "image_url", "image_url": {"url": "data:..."}}]},
+        {"role": "assistant", "content": "Which one?"},
+        {"role": "user", "content": "Both."},
+    ]
+    request = pre.prepare(messages=messages, images=[_png(200, 120, 1), _png(64, 300, 2)])
+    text = hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text == request.text
+    for count in request.image_token_counts:
+        text = text.replace("<|image_pad|>", "<|placeholder|>" * count, 1)
+    text = text.replace("<|placeholder|>", "<|image_pad|>")
+    assert request.input_ids.tolist() == hf_tokenizer(text)["input_ids"]
+    assert request.input_ids.dtype == np.int32
+
+
+def test_request_tensors_fit_together(pre, tiny_ckpt):
+    from qvl_trt.checkpoint import open_checkpoint
+
+    ckpt = open_checkpoint(tiny_ckpt)
+    images = [_png(300, 200, 3), _png(120, 90, 4)]
+    request = pre.prepare(messages=user_message("What is shown?", 2), images=images)
+    tensors = request.tensors()
+    assert set(tensors) == TENSOR_NAMES
+    seq, patches = request.num_tokens, tensors["pixel_values"].shape[0]
+    grids = tensors["image_grid_thw"]
+    assert patches == int(grids.prod(axis=1).sum()) == tensors["pos_interp_indices"].shape[0]
+    assert tensors["position_ids"].shape == (3, seq)
+    assert tensors["mrope_rotary_cos_sin"].shape == (8192 * ckpt.text.head_dim,)  # max_seq_len
+    visual = request.input_ids == ckpt.token_ids.image
+    assert int(visual.sum()) == patches // 4 == sum(request.image_token_counts)
+    assert tensors["prompt_vocab_size"][0] == (1 + ckpt.vision.deepstack_count) * patches // 4
+    assert np.array_equal(tensors["engine_input_ids"][~visual], request.input_ids[~visual])
+    assert np.all(tensors["engine_input_ids"][visual] >= ckpt.text.vocab_size)
+    hashes = tensors["image_hashes"]
+    assert hashes[0] != hashes[1]
+    extra = tensors["prompt_table_extra_ids"]
+    assert set(extra[visual].tolist()) == set(hashes.tolist()) and not extra[~visual].any()
+    again = pre.prepare(messages=user_message("What is shown?", 2), images=images)
+    assert np.array_equal(again.tensors()["image_hashes"], hashes)
+
+
+def test_prompt_table_round_trip():
+    rng = np.random.default_rng(0)
+    vocab, image_id, k, hidden = 1000, 7, 3, 16
+    ids = np.array([1, 2, image_id, image_id, image_id, 3, image_id, image_id, 4], np.int32)
+    fake = fake_token_ids(ids, image_token_id=image_id, vocab_size=vocab, deepstack_count=k)
+    assert fake[ids != image_id].tolist() == ids[ids != image_id].tolist()
+    assert fake[ids == image_id].tolist() == [vocab + 4 * i for i in range(5)]
+    positions, visual_index = visual_token_positions(fake, vocab_size=vocab, deepstack_count=k)
+    assert positions.tolist() == np.flatnonzero(ids == image_id).tolist()
+    assert visual_index.tolist() == list(range(5))
+
+    main = rng.normal(size=(5, hidden)).astype(np.float16)
+    deepstack = [rng.normal(size=(5, hidden)).astype(np.float16) for _ in range(k)]
+    table = assemble_prompt_table(main, deepstack)
+    assert table.shape == (5 * (1 + k), hidden)
+    rows = fake[positions] - vocab  # what the engine's prompt-tuning lookup reads
+    assert np.array_equal(table[rows], main)
+    for j in range(k):
+        assert np.array_equal(table[rows + 1 + j], deepstack[j])
+    back_main, back_deepstack = split_prompt_table(table, k)
+    assert np.array_equal(back_main, main)
+    assert all(np.array_equal(a, b) for a, b in zip(back_deepstack, deepstack, strict=True))
+
+
+def test_prompt_table_errors():
+    with pytest.raises(InputError, match="not 4 rows per visual token"):
+        split_prompt_table(np.zeros((6, 8)), 3)
+    with pytest.raises(InputError, match="deepstack feature 1 has shape"):
+        assemble_prompt_table(np.zeros((2, 8)), [np.zeros((2, 8)), np.zeros((3, 8))])
+    with pytest.raises(InputError, match="not vocab_size \\+ 4 \\* i"):
+        visual_token_positions(np.array([1, 1001]), vocab_size=1000, deepstack_count=3)
+    with pytest.raises(InputError, match="holds 2 image tokens, the images 3"):
+        prompt_table_extra_ids(np.array([5, 5]), image_token_id=5, image_hashes=[9],
+                               image_token_counts=[3])
+
+
+@pytest.mark.parametrize("messages, images, message", [
+    (user_message("hi", 3), [b"x", b"y", b"z"], "request has 3 images, the engine allows 2"),
+    (user_message("hi", 1), [], "messages hold 1 image parts but 0 images were sent"),
+    (user_message("hi <|image_pad|>", 0), [], "holds 1 image placeholders for 0 images"),
+    (user_message("hi", 1), [b""], "image 1: image is empty"),
+    (user_message("hi", 1), [_png(64, 64, 0)[:300]], "image 1: PNG image could not be decoded"),
+    ([{"role": "user", "content": [{"type": "video"}]}], [], "neither {type: text"),
+    ([{"role": "robot", "content": "hi"}], [], "has role 'robot'"),
+    ("hello", [], "messages must be a non-empty list"),
+    ([{"role": "assistant", "content": [{"type": "image"}]}], [b"x"],
+     "images go in user messages"),
+], ids=["too-many-images", "missing-image", "pad-in-text", "empty-image", "truncated-image",
+        "video", "bad-role", "not-a-list", "image-in-assistant"])
+def test_bad_requests_are_refused(pre, messages, images, message):
+    with pytest.raises(InputError, match=message.replace("+", r"\+").replace("{", r"\{")):
+        pre.prepare(messages=messages, images=images)
+
+
+def test_prompt_longer_than_the_engine_allows(tiny_ckpt, limits):
+    from dataclasses import replace
+
+    short = RequestPreprocessor.from_checkpoint(tiny_ckpt, replace(limits, max_input_len=64))
+    with pytest.raises(InputError, match=r"prompt has \d+ tokens \(\d+ of them for 1 images\), "
+                                         "the engine allows 64"):
+        short.prepare(messages=user_message("Describe.", 1), images=[_png(256, 256, 5)])
+
+
+def test_preprocess_cli_round_trip(tiny_ckpt, pre, tmp_path):
+    """The CLI's .npz equals prepare() called directly."""
+    paths = []
+    for n, (w, h) in enumerate([(300, 200), (96, 500)]):
+        paths.append(tmp_path / f"image{n}.png")
+        paths[-1].write_bytes(_png(w, h, 10 + n))
+    out = tmp_path / "out" / "tensors.npz"
+    result = run_cli("preprocess", "--model", str(tiny_ckpt), "--image", str(paths[0]),
+                     "--image", str(paths[1]), "--prompt", "Which is larger?", "--gpu", "4090",
+                     "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "prompt tokens" in result.stdout and str(out) in result.stdout.replace("\n", "")
+    assert sorted(p.name for p in out.parent.iterdir()) == ["tensors.npz"]  # no temp file left
+    saved = np.load(out)
+    direct = pre.prepare(messages=user_message("Which is larger?", 2),
+                         images=[p.read_bytes() for p in paths]).tensors()
+    assert set(saved.files) == TENSOR_NAMES
+    for name in TENSOR_NAMES:
+        assert saved[name].dtype == direct[name].dtype, name
+        assert np.array_equal(saved[name], direct[name]), name
+
+
+def test_preprocess_cli_bad_image_is_one_line(tiny_ckpt, tmp_path):
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"\xff\xd8\xff" + b"\x00" * 64)
+    result = run_cli("preprocess", "--model", str(tiny_ckpt), "--image", str(bad), "--prompt",
+                     "x", "--out", str(tmp_path / "t.npz"))
+    assert result.returncode == 1
+    assert result.stderr.strip().startswith("error: image 1:")
+    assert "Traceback" not in result.stderr and not (tmp_path / "t.npz").exists()
+
+
+def test_preprocessing_never_imports_torch(tiny_ckpt):
+    """The Triton preprocessing model stays light: numpy, PIL and the tokenizer only."""
+    script = (
+        "import sys\n"
+        "from qvl_trt.mm.chat import user_message\n"
+        "from qvl_trt.mm.request import RequestLimits, RequestPreprocessor\n"
+        "from qvl_trt.profiles import load_profile\n"
+        f"pre = RequestPreprocessor.from_checkpoint({str(tiny_ckpt)!r}, "
+        "RequestLimits.from_profile(load_profile('4090')))\n"
+        f"pre.prepare(messages=user_message('hi', 1), images=[{_png(64, 64, 1)!r}])\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
