@@ -1,0 +1,302 @@
+"""Build the vision engine from its ONNX graph with either TensorRT edition.
+
+One builder for both: `tensorrt` (data-center cards; builds for the GPU it runs on) and
+TensorRT-RTX (GeForce/RTX cards; builds ahead of time for listed compute capabilities, no GPU
+needed). Networks are strongly typed: precision comes from the graph, so neither edition
+gets a precision flag.
+
+The build runs in a child process (`python -m qvl_trt.vision.engine build_config.json`), so
+a crash or an out-of-memory kill becomes a BuildError and the memory is returned. Beside the
+engine it leaves `build_config.json` (the resolved settings), `build.log` (TensorRT's log,
+routed through Python logging) and `reproduce.sh` (re-runs that same child command), and
+`config.json`, which the runner reads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import shlex
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..deps import available, require
+from ..errors import BuildError, ConfigError, QvlError, StageUnavailable
+from ..manifest import FileHasher, write_json_atomic
+from ..profiles import TrtEdition
+from ..typed_config import load_dataclass, to_jsonable
+from .spec import GraphSpec, PatchRange, TensorSpec
+
+# Fixed names: the child runs this module as __main__.
+log = logging.getLogger("qvl_trt.vision.engine")
+trt_log = logging.getLogger("qvl_trt.vision.tensorrt")
+
+ENGINE_NAME = "model.engine"
+CONFIG_NAME = "config.json"
+BUILD_CONFIG_NAME = "build_config.json"
+BUILD_LOG_NAME = "build.log"
+REPRODUCE_NAME = "reproduce.sh"
+_EXIT_UNAVAILABLE = 3  # the child's exit code for StageUnavailable
+EDITION_NAMES = {TrtEdition.TENSORRT: "TensorRT", TrtEdition.TENSORRT_RTX: "TensorRT-RTX"}
+
+
+@dataclass(frozen=True)
+class EngineBuildConfig:
+    """Everything an engine build reads besides the ONNX graph (build_config.json)."""
+
+    edition: TrtEdition
+    dtype: str
+    onnx: str  # relative to the folder holding build_config.json
+    compute_capabilities: tuple[str, ...]  # e.g. ("8.9",)
+    patches: PatchRange
+    builder_optimization_level: int
+    workspace_gib: float
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    sources: dict[str, Any]  # what the ONNX was made from (hashes), copied to config.json
+
+
+def trt_module(edition: TrtEdition):
+    """The TensorRT Python module of `edition`. TensorRT-RTX installs from PyPI as
+    `tensorrt_rtx_bindings`; NVIDIA's documentation imports it as `tensorrt_rtx`."""
+    if edition is TrtEdition.TENSORRT:
+        return require("tensorrt", extra="trtllm",
+                       why="build or run the vision engine with full TensorRT (data-center "
+                       "GPUs; NGC TensorRT-LLM container)")
+    if available("tensorrt_rtx"):
+        return require("tensorrt_rtx", extra="rtx", why="build or run the vision engine")
+    return require("tensorrt_rtx_bindings", extra="rtx",
+                   why="build or run the vision engine with TensorRT-RTX")
+
+
+def check_edition_here(edition: TrtEdition, compute_capabilities: tuple[str, ...],
+                       resume_hint: str) -> None:
+    """Raise unless this machine can build for `edition` and these compute capabilities
+    (checked before the export, so no work is wasted)."""
+    if edition is TrtEdition.TENSORRT_RTX:
+        trt = trt_module(edition)
+        for cc in compute_capabilities:
+            if not hasattr(trt.ComputeCapability, _sm(cc)):
+                supported = ", ".join(f"{int(m.value) // 10}.{int(m.value) % 10}"
+                                      for n, m in trt.ComputeCapability.__members__.items()
+                                      if n.startswith("SM"))
+                raise ConfigError(
+                    f"TensorRT-RTX {trt.__version__} cannot build for compute capability {cc} "
+                    f"(it supports {supported}); use --trt-edition tensorrt for this GPU")
+        return
+    from ..doctor import detect_gpus
+
+    if not available("tensorrt"):
+        raise StageUnavailable(
+            "the vision engine for this profile needs full TensorRT (data-center edition), "
+            f"which is not installed here; finish the build in the NGC TensorRT-LLM container "
+            f"on a GPU of compute capability {'/'.join(compute_capabilities)}: {resume_hint}")
+    ccs = {g.compute_capability for g in detect_gpus()}
+    if not ccs & set(compute_capabilities):
+        raise StageUnavailable(
+            "full TensorRT builds the vision engine on the target GPU, and this machine has "
+            f"no GPU of compute capability {'/'.join(compute_capabilities)} (found: "
+            f"{', '.join(sorted(ccs)) or 'none'}); finish on such a machine: {resume_hint}")
+
+
+def build_vision_engine(folder: Path, config: EngineBuildConfig) -> dict[str, Any]:
+    """Build `folder/model.engine` from `folder/<config.onnx>` in a child process; write the
+    build files beside it; return the engine's config.json."""
+    folder = Path(folder)
+    write_json_atomic(folder / BUILD_CONFIG_NAME, to_jsonable(config))
+    script = folder / REPRODUCE_NAME
+    script.write_text(
+        "#!/bin/sh\n"
+        f"# Rebuild {ENGINE_NAME} from {config.onnx} with the settings in {BUILD_CONFIG_NAME}\n"
+        "# (TensorRT's log goes to build.log). Needs qvl-trt and the TensorRT edition named in\n"
+        "# it; PYTHON picks the interpreter.\n"
+        "set -e\n"
+        'cd "$(dirname "$0")"\n'
+        f'exec "${{PYTHON:-python3}}" -m qvl_trt.vision.engine {BUILD_CONFIG_NAME}\n')
+    script.chmod(0o755)
+    command = [sys.executable, "-m", "qvl_trt.vision.engine", str(folder / BUILD_CONFIG_NAME)]
+    log.info("building the vision engine (%s, %s, compute capability %s) in a child process",
+             config.edition.value, config.dtype, "/".join(config.compute_capabilities))
+    started = time.perf_counter()
+    tail: deque[str] = deque(maxlen=12)
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, errors="replace")
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.strip():
+            tail.append(_relay(line.rstrip()))
+    code = proc.wait()
+    if code == _EXIT_UNAVAILABLE:
+        raise StageUnavailable(" | ".join(tail))
+    if code != 0:
+        # A child that failed cleanly logged its reason last; after a crash, show the tail.
+        why = (f"killed by signal {-code}" + (" (out of memory?)" if -code == 9 else "")
+               if code < 0 else f"exit code {code}")
+        detail = tail[-1] if code == 1 and tail else " | ".join(tail) or "no output"
+        raise BuildError(
+            f"vision engine build failed ({why}): {detail}. "
+            f"Full log: {folder / BUILD_LOG_NAME}; reproduce with: sh "
+            f"{shlex.quote(str(script))}")
+    log.info("vision engine built in %.1f s", time.perf_counter() - started)
+    return read_engine_config(folder)
+
+
+def read_engine_config(folder: Path) -> dict[str, Any]:
+    path = Path(folder) / CONFIG_NAME
+    if not path.is_file() or not (Path(folder) / ENGINE_NAME).is_file():
+        raise BuildError(f"{folder} holds no vision engine ({ENGINE_NAME} + {CONFIG_NAME}); "
+                         "build it with `qvl-trt build --only vision`")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise BuildError(f"{path} is corrupt ({exc}); rebuild with `qvl-trt build --only "
+                         "vision --force`") from None
+
+
+# ---- the child process ---------------------------------------------------------------------
+
+def _relay(line: str) -> str:
+    """Log a line of the child's stderr ("LEVEL message") at its level; return the message."""
+    level, _, message = line.partition(" ")
+    if level in ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG"):
+        log.log(logging.getLevelName(level), "%s", message)
+        return message
+    log.warning("%s", line)  # native code writing to stderr directly, or a traceback
+    return line
+
+
+def make_trt_logger(trt):
+    """A TensorRT ILogger that hands every message to Python logging."""
+    levels = {trt.ILogger.Severity.INTERNAL_ERROR: logging.CRITICAL,
+              trt.ILogger.Severity.ERROR: logging.ERROR,
+              trt.ILogger.Severity.WARNING: logging.WARNING,
+              trt.ILogger.Severity.INFO: logging.INFO,
+              trt.ILogger.Severity.VERBOSE: logging.DEBUG}
+
+    class Logger(trt.ILogger):
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+            self.errors: list[str] = []
+
+        def log(self, severity, msg: str) -> None:
+            level = levels.get(severity, logging.INFO)
+            if level >= logging.ERROR:
+                self.errors.append(msg)
+            if trt_log.isEnabledFor(level):
+                trt_log.log(level, "%s", msg)
+
+    return Logger()
+
+
+def _sm(cc: str) -> str:
+    major, minor = cc.split(".")
+    return f"SM{major}{minor}"
+
+
+def _build_in_this_process(folder: Path, config: EngineBuildConfig) -> None:
+    trt = trt_module(config.edition)
+    name = f"{EDITION_NAMES[config.edition]} {trt.__version__}"
+    started = time.perf_counter()
+    if config.edition is TrtEdition.TENSORRT:
+        _check_current_gpu(config.compute_capabilities)
+    logger = make_trt_logger(trt)
+    builder = trt.Builder(logger)
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    parser = trt.OnnxParser(network, logger)
+    onnx_path = folder / config.onnx
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(min(parser.num_errors, 5)))
+        raise BuildError(f"{name} cannot parse {onnx_path}: {errors}")
+    builder_config = builder.create_builder_config()
+    builder_config.builder_optimization_level = config.builder_optimization_level
+    builder_config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE,
+                                         int(config.workspace_gib * 2**30))
+    if config.edition is TrtEdition.TENSORRT_RTX:
+        builder_config.num_compute_capabilities = len(config.compute_capabilities)
+        for i, cc in enumerate(config.compute_capabilities):
+            if not builder_config.set_compute_capability(getattr(trt.ComputeCapability,
+                                                                 _sm(cc)), i):
+                raise BuildError(f"TensorRT-RTX refused compute capability {cc}")
+    profile = builder.create_optimization_profile()
+    shapes = config.patches.input_shapes(GraphSpec(config.inputs, config.outputs))
+    for name, (lo, opt, hi) in shapes.items():
+        profile.set_shape(name, lo, opt, hi)
+    builder_config.add_optimization_profile(profile)
+    log.info("building: %s, optimisation level %d, workspace %.1f GiB, patches %d..%d (opt %d)",
+             config.dtype, config.builder_optimization_level, config.workspace_gib,
+             config.patches.min, config.patches.max, config.patches.opt)
+    plan = builder.build_serialized_network(network, builder_config)
+    if plan is None:
+        raise BuildError(f"{name} could not build the engine: "
+                         f"{' | '.join(logger.errors[-3:]) or 'no error logged'}")
+    engine = folder / ENGINE_NAME
+    tmp = engine.with_name(engine.name + ".partial")
+    with tmp.open("wb") as f:
+        f.write(plan)
+    os.replace(tmp, engine)
+    seconds = time.perf_counter() - started
+    write_json_atomic(folder / CONFIG_NAME, {
+        "edition": config.edition.value, "trt_version": trt.__version__,
+        "compute_capabilities": list(config.compute_capabilities), "dtype": config.dtype,
+        "inputs": to_jsonable(config.inputs), "outputs": to_jsonable(config.outputs),
+        "patches": to_jsonable(config.patches), "shapes": to_jsonable(shapes),
+        "builder_optimization_level": config.builder_optimization_level,
+        "workspace_gib": config.workspace_gib,
+        "sources": {**config.sources, "onnx": FileHasher().hash(onnx_path)},
+        "engine_bytes": engine.stat().st_size,
+        "build": {"seconds": round(seconds, 3),
+                  "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                                        / 1024, 1)},
+    })
+    log.info("wrote %s (%.1f MiB) in %.1f s", engine, engine.stat().st_size / 2**20, seconds)
+
+
+def _check_current_gpu(compute_capabilities: tuple[str, ...]) -> None:
+    """Full TensorRT builds for the GPU it runs on: that GPU must be the target."""
+    torch = require("torch", extra="export", why="read the GPU's compute capability")
+    if not torch.cuda.is_available():
+        raise StageUnavailable("full TensorRT needs the target GPU to build the vision engine "
+                               "and CUDA sees none here")
+    major, minor = torch.cuda.get_device_capability()
+    if f"{major}.{minor}" not in compute_capabilities:
+        raise StageUnavailable(
+            f"this GPU ({torch.cuda.get_device_name()}) has compute capability "
+            f"{major}.{minor}, the profile targets {'/'.join(compute_capabilities)}; build on "
+            "a matching GPU (or pick it with CUDA_VISIBLE_DEVICES)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Child entry point: build the engine described by a build_config.json."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print(f"usage: python -m qvl_trt.vision.engine {BUILD_CONFIG_NAME}", file=sys.stderr)
+        return 2
+    path = Path(args[0]).resolve()
+    folder = path.parent
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    file_handler = logging.FileHandler(folder / BUILD_LOG_NAME, mode="w", encoding="utf-8")
+    file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: "
+                                                "%(message)s"))
+    relay = logging.StreamHandler(sys.stderr)
+    relay.setLevel(logging.WARNING)
+    relay.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    root.handlers[:] = [file_handler, relay]
+    try:
+        config = load_dataclass(EngineBuildConfig, json.loads(path.read_text()), str(path))
+        _build_in_this_process(folder, config)
+    except QvlError as exc:
+        log.error("%s", exc)
+        return _EXIT_UNAVAILABLE if isinstance(exc, StageUnavailable) else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""The vision graph's input/output contract: one spec drives the ONNX dynamic axes, the
+TensorRT optimisation profile and the Triton dims. Light (no torch, no TensorRT), so the
+Triton repository emitter and the request pipeline import it freely."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..checkpoint import VisionDims
+from ..errors import ConfigError
+from ..mm.geometry import smart_resize
+from ..profiles import BuildLimits
+
+# Precisions the vision graph can be exported in. The engine takes float16 (default) or
+# bfloat16; float32 is the reference graph the export is validated with.
+VISION_DTYPES = ("float32", "float16", "bfloat16")
+ENGINE_DTYPES = ("float16", "bfloat16")
+
+# Named dynamic axes.
+PATCHES = "num_patches"
+TOKENS = "num_tokens"  # merged tokens: num_patches / spatial_merge_size^2
+MERGE_BLOCKS = "num_blocks"  # = num_tokens; the export's free variable
+# The graph takes at least 2 merge blocks (torch.export specialises size-1 axes).
+MIN_BLOCKS = 2
+
+# The image size the optimisation profile is tuned for (the planner's typical request).
+OPT_IMAGE = (1080, 1920)  # height, width
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # "float32" | "float16" | "bfloat16" | "int32"
+    shape: tuple[int | str, ...]  # a str is a named dynamic axis
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        """Shape with -1 for dynamic axes (ONNX / TensorRT / Triton convention)."""
+        return tuple(-1 if isinstance(d, str) else d for d in self.shape)
+
+    def concrete(self, axes: dict[str, int]) -> tuple[int, ...]:
+        return tuple(axes[d] if isinstance(d, str) else d for d in self.shape)
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.inputs)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.outputs)
+
+    def tensor(self, name: str) -> TensorSpec:
+        return next(t for t in self.inputs + self.outputs if t.name == name)
+
+    def dynamic_axes(self) -> dict[str, dict[int, str]]:
+        """name -> {axis index: axis name}, as torch.onnx takes it."""
+        return {t.name: {i: d for i, d in enumerate(t.shape) if isinstance(d, str)}
+                for t in self.inputs + self.outputs}
+
+
+@dataclass(frozen=True)
+class PatchRange:
+    """Patch counts of the TensorRT optimisation profile (each a multiple of the merge
+    block)."""
+
+    min: int
+    opt: int
+    max: int
+
+    def input_shapes(self, spec: GraphSpec) -> dict[str, tuple[tuple[int, ...], ...]]:
+        """Input name -> (min, opt, max) shapes."""
+        return {t.name: tuple(t.concrete({PATCHES: n}) for n in (self.min, self.opt, self.max))
+                for t in spec.inputs}
+
+
+def vision_graph_spec(vision: VisionDims, dtype: str) -> GraphSpec:
+    """The vision graph of a checkpoint in precision `dtype`: inputs are always float32 /
+    int32 (what the host computes); outputs are in the graph's precision."""
+    if dtype not in VISION_DTYPES:
+        raise ConfigError(f"vision dtype {dtype!r} is not one of {', '.join(VISION_DTYPES)}")
+    inputs = (
+        TensorSpec("pixel_values", "float32", (PATCHES, vision.patch_dim)),
+        TensorSpec("pos_interp_indices", "int32", (PATCHES, 4)),
+        TensorSpec("pos_interp_weights", "float32", (PATCHES, 4)),
+        TensorSpec("rope_position_ids", "int32", (PATCHES, 2)),
+    )
+    names = ["image_embeds"] + [f"deepstack_{k}" for k in range(vision.deepstack_count)]
+    outputs = tuple(TensorSpec(n, dtype, (TOKENS, vision.out_hidden_size)) for n in names)
+    return GraphSpec(inputs, outputs)
+
+
+def patch_range(vision: VisionDims, limits: BuildLimits) -> PatchRange:
+    """Patch counts an image admitted by the profile's pixel limits can have."""
+    block_pixels = (vision.patch_size * vision.spatial_merge_size) ** 2
+    block = vision.spatial_merge_size ** 2
+    hi_blocks = limits.vision_max_pixels // block_pixels
+    lo_blocks = min(max(MIN_BLOCKS, -(-limits.vision_min_pixels // block_pixels)), hi_blocks)
+    h, w = smart_resize(*OPT_IMAGE, min_pixels=limits.vision_min_pixels,
+                        max_pixels=limits.vision_max_pixels,
+                        factor=vision.patch_size * vision.spatial_merge_size)
+    opt = (h // vision.patch_size) * (w // vision.patch_size)
+    return PatchRange(lo_blocks * block, min(max(opt, lo_blocks * block), hi_blocks * block),
+                      hi_blocks * block)

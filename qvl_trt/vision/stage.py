@@ -1,0 +1,133 @@
+"""The `vision` build stage: export (or reuse) the ONNX graph, validate it against Hugging
+Face, build the engine with the profile's edition.
+
+Stage folder: `onnx/` (the export + validation.txt), `model.engine`, `config.json`,
+`build_config.json`, `build.log`, `reproduce.sh`. A failed engine build is kept as
+`<out>/vision.failed/`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..doctor import package_version
+from ..errors import BuildError, ConfigError, StageUnavailable
+from ..profiles import TrtEdition
+from ..typed_config import to_jsonable
+from .engine import EngineBuildConfig, build_vision_engine, check_edition_here
+from .export import ONNX_NAME, export_and_validate, export_inputs, read_export_meta
+from .spec import ENGINE_DTYPES, patch_range, vision_graph_spec
+
+if TYPE_CHECKING:
+    from ..build import BuildContext
+
+log = logging.getLogger(__name__)
+
+ONNX_DIR = "onnx"
+FAILED_DIR = "vision.failed"  # the last failed engine build, beside the stage folders
+
+
+def vision_stage_inputs(ctx: BuildContext) -> dict[str, Any]:
+    """What the vision stage's output depends on: the export's inputs and the engine's."""
+    profile = ctx.profile
+    edition = ctx.trt_edition
+    return {
+        "export": export_inputs(ctx.checkpoint, ctx.options.vision_dtype, edition,
+                                ctx.hasher.hash),
+        "engine": {
+            "edition": edition.value,
+            "trt_version": package_version("tensorrt_rtx" if edition is
+                                           TrtEdition.TENSORRT_RTX else "tensorrt"),
+            "compute_capabilities": [profile.gpu.compute_capability],
+            "patches": to_jsonable(patch_range(ctx.checkpoint.vision, profile.limits)),
+            "builder_optimization_level": profile.vision_build.builder_optimization_level,
+            "workspace_gib": profile.vision_build.workspace_gib,
+        },
+    }
+
+
+def run_vision_stage(ctx: BuildContext, work: Path) -> dict[str, Any]:
+    from ..build import Stage
+
+    dtype = ctx.options.vision_dtype
+    if dtype not in ENGINE_DTYPES:
+        raise ConfigError(f"--vision-dtype {dtype}: the engine takes {' or '.join(ENGINE_DTYPES)}")
+    inputs = vision_stage_inputs(ctx)
+    engine = inputs["engine"]
+    ccs = tuple(engine["compute_capabilities"])
+    check_edition_here(ctx.trt_edition, ccs, _finish_elsewhere(ctx))
+
+    onnx_dir = work / ONNX_DIR
+    previous = ctx.stage_dir(Stage.VISION) / ONNX_DIR
+    reused = _reuse_export(previous, onnx_dir, inputs["export"],
+                           ctx.stage_outputs(Stage.VISION), ctx.hasher)
+    if not reused:
+        _, validation = export_and_validate(ctx.checkpoint, onnx_dir, dtype=dtype,
+                                            edition=ctx.trt_edition, inputs=inputs["export"])
+        log.info("validation vs Hugging Face (%s):", validation.graph)
+        for line in validation.lines():
+            log.info("  %s", line)
+        validation.raise_if_failed()
+
+    spec = vision_graph_spec(ctx.checkpoint.vision, dtype)
+    config = EngineBuildConfig(
+        edition=ctx.trt_edition, dtype=dtype, onnx=f"{ONNX_DIR}/{ONNX_NAME}",
+        compute_capabilities=ccs, patches=patch_range(ctx.checkpoint.vision, ctx.profile.limits),
+        builder_optimization_level=engine["builder_optimization_level"],
+        workspace_gib=engine["workspace_gib"], inputs=spec.inputs, outputs=spec.outputs,
+        sources={"weights": inputs["export"]["weights"]})
+    failed = ctx.out / FAILED_DIR
+    try:
+        built = build_vision_engine(work, config)
+    except StageUnavailable:
+        raise
+    except BuildError as exc:
+        # The staging folder is deleted when the stage fails: keep it, so that the log and
+        # reproduce.sh the message names still exist.
+        shutil.rmtree(failed, ignore_errors=True)
+        os.replace(work, failed)
+        raise BuildError(str(exc).replace(str(work), str(failed))) from None
+    shutil.rmtree(failed, ignore_errors=True)
+    return {"edition": built["edition"], "trt_version": built["trt_version"], "dtype": dtype,
+            "compute_capabilities": built["compute_capabilities"],
+            "patches": built["patches"], "engine_mib": round(built["engine_bytes"] / 2**20, 1),
+            "onnx": "reused" if reused else "exported"}
+
+
+def _finish_elsewhere(ctx: BuildContext) -> str:
+    """The command that resumes this build where full TensorRT and the target GPU are: the
+    TensorRT-LLM container has both."""
+    from ..llm.engine import container_command
+
+    own_profile = ctx.options.gpu.endswith(".toml")  # shipped ones come with qvl-trt
+    inputs = [Path(ctx.options.model)] + ([Path(ctx.profile.source)] if own_profile else [])
+    return container_command(ctx.out, inputs)
+
+
+def _reuse_export(previous: Path, dest: Path, export: dict[str, Any],
+                  recorded: dict[str, str], hasher) -> bool:
+    """Link the previous build's export into `dest` when it was made from the same inputs
+    and its files are the ones the manifest recorded: a profile change rebuilds the engine
+    without re-exporting."""
+    meta = read_export_meta(previous)
+    if meta is None or meta.get("inputs") != export:
+        return False
+    files = sorted(p for p in previous.iterdir() if p.is_file())
+    for path in files:
+        key = f"{ONNX_DIR}/{path.name}"
+        if key not in recorded or recorded[key] != hasher.hash(path):
+            log.info("previous ONNX export differs from the manifest (%s); exporting again",
+                     path.name)
+            return False
+    dest.mkdir()
+    for path in files:
+        try:
+            os.link(path, dest / path.name)
+        except OSError:  # another filesystem, or links unsupported
+            shutil.copy2(path, dest / path.name)
+    log.info("reusing the ONNX export in %s (same weights, dtype and edition)", previous)
+    return True

@@ -1,0 +1,190 @@
+"""Validate an exported vision graph against the Hugging Face vision tower.
+
+For each image size, the HF tower (fp32, from the checkpoint's own config and weights) gets
+pixel_values + grid_thw; the ONNX graph (onnxruntime) gets the same pixels + the host index
+tensors. Per output, the worst `max|diff| / max|reference|` over the sizes must stay within
+the dtype's tolerance. A shape mismatch is always an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..checkpoint import VISION_PREFIX, Checkpoint
+from ..deps import require
+from ..errors import BuildError
+from .export import check_onnx_io
+from .spec import vision_graph_spec
+
+log = logging.getLogger(__name__)
+
+# max|diff| / max|reference| per output, vs the fp32 HF tower.
+TOLERANCES = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 5e-2}
+# Patch grids (1, h, w) checked: square, wide, tall, odd block counts; none is the traced
+# 16x16 grid except one, so a graph frozen at the traced size fails.
+DEFAULT_GRIDS = ((1, 16, 16), (1, 8, 12), (1, 30, 4), (1, 14, 22), (1, 2, 26), (1, 36, 36))
+# After an export (build stage, export-vision) fewer, smaller sizes: the reference runs on
+# the build machine's CPU.
+QUICK_GRIDS = ((1, 16, 16), (1, 10, 14))
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    name: str
+    max_abs_diff: float
+    max_abs_ref: float
+    tolerance: float
+    worst_grid: tuple[int, int, int]
+
+    @property
+    def relative(self) -> float:
+        return self.max_abs_diff / max(self.max_abs_ref, 1e-30)
+
+    @property
+    def passed(self) -> bool:
+        return self.relative <= self.tolerance
+
+    def line(self) -> str:
+        mark = "PASS" if self.passed else "FAIL"
+        h, w = self.worst_grid[1:]
+        return (f"{self.name:<13} max|diff| {self.max_abs_diff:.3e}  max|ref| "
+                f"{self.max_abs_ref:.3e}  ratio {self.relative:.2e} <= {self.tolerance:.0e}  "
+                f"{mark} (worst at {h}x{w} patches)")
+
+
+@dataclass(frozen=True)
+class VisionValidation:
+    graph: str  # what was checked, e.g. "model.onnx (float16, onnxruntime)"
+    grids: tuple[tuple[int, int, int], ...]
+    checks: tuple[OutputCheck, ...]
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    def lines(self) -> list[str]:
+        return [c.line() for c in self.checks]
+
+    def raise_if_failed(self) -> None:
+        if not self.passed:
+            failed = ", ".join(c.name for c in self.checks if not c.passed)
+            raise BuildError(
+                f"{self.graph} differs from the Hugging Face vision tower beyond tolerance "
+                f"({failed}): " + "; ".join(self.lines()) + ". With bfloat16 weights that "
+                "overflow fp16, export with --vision-dtype bfloat16")
+
+
+Runner = Callable[[tuple], Sequence[np.ndarray]]
+
+
+def validate_vision_onnx(onnx_path: Path, ckpt: Checkpoint, *, dtype: str,
+                         grids: Sequence[tuple[int, int, int]] = DEFAULT_GRIDS,
+                         reference=None) -> VisionValidation:
+    """Compare the ONNX graph at `onnx_path` (exported in `dtype`) with the HF vision tower
+    `reference` (default: built from the checkpoint). bfloat16 graphs cannot run on
+    onnxruntime's CPU kernels; for them the PyTorch module that was exported is compared
+    instead."""
+    check_onnx_io(Path(onnx_path), vision_graph_spec(ckpt.vision, dtype))
+    if dtype == "bfloat16":
+        run, what = _torch_runner(ckpt, dtype), f"{Path(onnx_path).name} (bfloat16, PyTorch)"
+    else:
+        run, what = _onnx_runner(onnx_path), f"{Path(onnx_path).name} ({dtype}, onnxruntime)"
+    return compare_with_hf(run, ckpt, dtype=dtype, graph=what, grids=grids,
+                           reference=reference)
+
+
+def compare_with_hf(run: Runner, ckpt: Checkpoint, *, dtype: str, graph: str,
+                    grids: Sequence[tuple[int, int, int]], reference=None) -> VisionValidation:
+    """Run `run(inputs)` (inputs as the spec orders them, torch CPU tensors; returns the
+    spec's outputs) and the HF tower on each grid, and check every output."""
+    torch = require("torch", extra="export", why="validate the vision export")
+    from .tower import example_inputs
+
+    reference = reference if reference is not None else hf_vision_tower(ckpt)
+    spec = vision_graph_spec(ckpt.vision, dtype)
+    worst: dict[str, tuple[float, float, float, tuple[int, int, int]]] = {}
+    for grid in grids:
+        inputs = example_inputs(ckpt, tuple(grid), seed=sum(grid))
+        with torch.no_grad():
+            hf = reference(inputs[0], grid_thw=torch.tensor([grid]))
+        refs = [hf.pooler_output, *hf.deepstack_features]
+        outs = run(inputs)
+        if len(outs) != len(refs):
+            raise BuildError(f"{graph} returned {len(outs)} outputs, the HF tower "
+                             f"{len(refs)}; re-export with this qvl-trt version")
+        for tensor, out, ref in zip(spec.outputs, outs, refs, strict=True):
+            ref = ref.float().numpy()
+            out = np.asarray(out, dtype=np.float32)
+            if out.shape != ref.shape:
+                raise BuildError(f"{graph}: {tensor.name} has shape {out.shape} for grid "
+                                 f"{grid}, the HF tower {ref.shape}")
+            diff, peak = float(np.abs(out - ref).max()), float(np.abs(ref).max())
+            if tensor.name not in worst or diff / peak > worst[tensor.name][0]:
+                worst[tensor.name] = (diff / peak, diff, peak, tuple(grid))
+    checks = tuple(OutputCheck(t.name, worst[t.name][1], worst[t.name][2], TOLERANCES[dtype],
+                               worst[t.name][3]) for t in spec.outputs)
+    result = VisionValidation(graph, tuple(tuple(g) for g in grids), checks)
+    for line in result.lines():
+        log.debug("validate %s: %s", graph, line)
+    return result
+
+
+def hf_vision_tower(ckpt: Checkpoint):
+    """The transformers vision tower (`Qwen3VLVisionModel`, fp32) with the checkpoint's
+    vision weights, loaded without the language model."""
+    require("torch", extra="export", why="validate the vision export")
+    transformers = require("transformers", extra="export", why="validate the vision export")
+    # deepcopy: the config class rewrites the nested dicts it is given.
+    config = transformers.Qwen3VLConfig(**copy.deepcopy(ckpt.config)).vision_config
+    with _skip_random_init():
+        model = transformers.Qwen3VLVisionModel._from_config(config).float()
+    state = {name[len(VISION_PREFIX):]: ckpt.load(name).float()
+             for name in ckpt.tensors if name.startswith(VISION_PREFIX)}
+    model.load_state_dict(state, strict=True)
+    return model.eval().requires_grad_(False)
+
+
+def _skip_random_init():
+    """transformers' no_init_weights (5.x: transformers.initialization, 4.57:
+    transformers.modeling_utils): the weights are loaded right after, and initialising the
+    2B tower at random first takes ~15 s of CPU."""
+    for module in ("transformers.initialization", "transformers.modeling_utils"):
+        try:
+            return importlib.import_module(module).no_init_weights()
+        except (ImportError, AttributeError):
+            continue
+    return contextlib.nullcontext()
+
+
+def _onnx_runner(onnx_path: Path) -> Runner:
+    ort = require("onnxruntime", extra="export", why="validate the vision export")
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # fp16 graphs make onnxruntime warn about inserted casts
+    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+
+    def run(inputs: tuple) -> Sequence[np.ndarray]:
+        return session.run(None, {n: t.numpy() for n, t in zip(names, inputs, strict=True)})
+
+    return run
+
+
+def _torch_runner(ckpt: Checkpoint, dtype: str) -> Runner:
+    torch = require("torch", extra="export", why="validate the vision export")
+    from .tower import load_vision_tower
+
+    tower = load_vision_tower(ckpt, dtype)
+
+    def run(inputs: tuple) -> Sequence[np.ndarray]:
+        with torch.no_grad():
+            return [o.float().numpy() for o in tower(*inputs)]
+
+    return run

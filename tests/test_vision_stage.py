@@ -1,0 +1,137 @@
+"""The vision build stage and `qvl-trt export-vision`, end to end on the tiny checkpoint:
+export, validation against HF, a TensorRT-RTX engine built without a GPU; a profile change
+rebuilds the engine but reuses the ONNX; full TensorRT stops the stage before exporting."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cli_harness import run_cli
+
+from qvl_trt.build import BuildOptions, Stage, run_build
+from qvl_trt.deps import available
+from qvl_trt.errors import StageUnavailable
+from qvl_trt.manifest import FileHasher, Manifest
+
+pytestmark = pytest.mark.skipif(
+    not (available("tensorrt_rtx") or available("tensorrt_rtx_bindings")),
+    reason="needs TensorRT-RTX: pip install 'qvl-trt[rtx]'")
+
+
+@pytest.fixture(scope="module")
+def vision_build(tmp_path_factory, tiny_ckpt) -> Path:
+    """`qvl-trt build --only vision` for the 4090d profile (TensorRT-RTX, SM 8.9)."""
+    out = tmp_path_factory.mktemp("build") / "4090d"
+    done = run_cli("build", "--model", str(tiny_ckpt), "--gpu", "4090d", "--out", str(out),
+                   "--only", "vision")
+    assert done.returncode == 0, done.stderr
+    assert "built inspect, plan, vision" in done.stdout
+    # The validation lines are part of the stage's log.
+    assert "validation vs Hugging Face" in done.stderr and "PASS" in done.stderr
+    return out
+
+
+def test_stage_writes_engine_onnx_and_build_files(vision_build: Path) -> None:
+    vision = vision_build / "vision"
+    names = {str(p.relative_to(vision)) for p in vision.rglob("*") if p.is_file()}
+    assert names == {"model.engine", "config.json", "build_config.json", "build.log",
+                     "reproduce.sh", "onnx/model.onnx", "onnx/model.onnx.data",
+                     "onnx/onnx.json", "onnx/validation.txt"}
+    config = json.loads((vision / "config.json").read_text())
+    assert config["edition"] == "tensorrt_rtx" and config["compute_capabilities"] == ["8.9"]
+    assert config["dtype"] == "float16"
+    validation = (vision / "onnx" / "validation.txt").read_text().splitlines()
+    assert len(validation) == 4 and all(line.split()[-5] == "PASS" for line in validation)
+    record = Manifest.load(vision_build).stages["vision"]
+    assert record["summary"]["onnx"] == "exported"
+    assert record["outputs"]["model.engine"] == FileHasher().hash(vision / "model.engine")
+
+
+def test_unchanged_stage_is_skipped(vision_build: Path, tiny_ckpt) -> None:
+    result = run_build(BuildOptions(model=str(tiny_ckpt), gpu="4090d"), vision_build,
+                       only=(Stage.VISION,))
+    assert {r.stage: r.status for r in result.stages}[Stage.VISION] == "skipped"
+
+
+def test_profile_change_rebuilds_the_engine_but_reuses_the_onnx(tmp_path, vision_build: Path,
+                                                                 tiny_ckpt) -> None:
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(vision_build, out)
+    onnx = out / "vision" / "onnx" / "model.onnx.data"
+    inode = onnx.stat().st_ino
+    result = run_build(BuildOptions(model=str(tiny_ckpt), gpu="3090"), out,
+                       only=(Stage.VISION,))
+    vision = {r.stage: r for r in result.stages}[Stage.VISION]
+    assert vision.status == "built" and vision.summary["onnx"] == "reused"
+    assert vision.summary["compute_capabilities"] == ["8.6"]
+    assert onnx.stat().st_ino == inode  # linked, not exported again
+    config = json.loads((out / "vision" / "config.json").read_text())
+    assert config["compute_capabilities"] == ["8.6"]
+
+
+def test_reuse_needs_equal_inputs_and_intact_files(vision_build: Path, tmp_path) -> None:
+    from qvl_trt.vision.export import read_export_meta
+    from qvl_trt.vision.stage import _reuse_export
+
+    onnx = vision_build / "vision" / "onnx"
+    inputs = read_export_meta(onnx)["inputs"]
+    recorded = Manifest.load(vision_build).stages["vision"]["outputs"]
+    hasher = FileHasher()
+    assert not _reuse_export(onnx, tmp_path / "a", {**inputs, "dtype": "bfloat16"}, recorded,
+                             hasher)
+    assert not _reuse_export(onnx, tmp_path / "e", {**inputs, "opset": 18}, recorded, hasher)
+    tampered = {**recorded, "onnx/model.onnx.data": "0" * 64}
+    assert not _reuse_export(onnx, tmp_path / "b", inputs, tampered, hasher)
+    assert _reuse_export(onnx, tmp_path / "c", inputs, recorded, hasher)
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == sorted(
+        p.name for p in onnx.iterdir())
+
+
+@pytest.mark.skipif(available("tensorrt"), reason="full TensorRT is installed here")
+def test_full_tensorrt_profile_stops_before_exporting(tmp_path, tiny_ckpt) -> None:
+    with pytest.raises(StageUnavailable, match="needs full TensorRT.*docker run"):
+        run_build(BuildOptions(model=str(tiny_ckpt), gpu="h100"), tmp_path / "h100",
+                  only=(Stage.VISION,))
+    assert not (tmp_path / "h100" / "vision").exists()
+
+
+def test_export_vision_command(tmp_path, tiny_ckpt) -> None:
+    out = tmp_path / "onnx32"
+    done = run_cli("export-vision", "--model", str(tiny_ckpt), "--dtype", "float32",
+                   "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if "max|diff|" in line]
+    assert [line.split()[0] for line in lines] == ["image_embeds", "deepstack_0", "deepstack_1",
+                                                   "deepstack_2"]
+    assert all("PASS" in line and "<= 1e-05" in line for line in lines)
+    assert sorted(p.name for p in out.iterdir()) == ["model.onnx", "model.onnx.data",
+                                                     "onnx.json", "validation.txt"]
+    bad = run_cli("export-vision", "--model", str(tiny_ckpt), "--dtype", "int8",
+                  "--out", str(tmp_path / "x"))
+    assert bad.returncode == 1 and "vision dtype 'int8'" in bad.stderr
+
+
+def test_failed_engine_build_keeps_its_folder(tmp_path, tiny_ckpt) -> None:
+    """A real build failure (TensorRT-RTX cannot compile bf16 for Turing): the stage fails
+    with the builder's reason, and the files its message names are kept."""
+    from qvl_trt.errors import BuildError
+    from qvl_trt.profiles import resolve_profile_path
+
+    profile = tmp_path / "turing.toml"
+    profile.write_text(resolve_profile_path("4090d").read_text().replace(
+        'compute_capability = "8.9"', 'compute_capability = "7.5"'))
+    out = tmp_path / "out"
+    with pytest.raises(BuildError) as info:
+        run_build(BuildOptions(model=str(tiny_ckpt), gpu=str(profile),
+                               vision_dtype="bfloat16"), out, only=(Stage.VISION,))
+    message = str(info.value)
+    assert "sm75" in message and "b16" in message
+    failed = out / "vision.failed"
+    assert f"sh {failed / 'reproduce.sh'}" in message
+    assert (failed / "reproduce.sh").is_file() and (failed / "onnx" / "model.onnx").is_file()
+    assert "sm75" in (failed / "build.log").read_text()
+    assert not (out / "vision").exists()
