@@ -1,0 +1,182 @@
+"""HF Qwen3-VL text weights -> TensorRT-LLM checkpoint (config.json + rank{N}.safetensors).
+
+Streaming: each weight is read from the HF shards (memory-mapped, one tensor at a time), cast,
+cut for every rank and appended to the rank files, so peak memory is about the largest
+weight, not the model. The output folder is written under a temporary name and renamed when
+complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..checkpoint import Checkpoint, open_checkpoint
+from ..deps import require
+from ..errors import CheckpointError, ConfigError
+from ..typed_config import to_jsonable
+from .layout import CONFIG_NAME, DTYPES, LlmConfig, llm_config, rank_shape, shard, weight_sources
+from .safetensors_stream import SafetensorsStream
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    out: Path
+    config: LlmConfig
+    rank_files: tuple[str, ...]
+    total_bytes: int
+    seconds: float
+
+
+def rank_file(rank: int) -> str:
+    return f"rank{rank}.safetensors"
+
+
+def convert_checkpoint(
+    model: str | Path | Checkpoint,
+    out: str | Path,
+    *,
+    max_seq_len: int,
+    dtype: str = "float16",
+    tp_size: int = 1,
+    force: bool = False,
+) -> ConvertResult:
+    """Convert the language model of an HF Qwen3-VL checkpoint into a TensorRT-LLM checkpoint
+    at `out` for `tp_size` ranks. `max_seq_len` (the engine's) becomes
+    max_position_embeddings, which sizes the per-request MRoPE table. `out` must not exist
+    unless `force`, which replaces it once the new checkpoint is complete."""
+    started = time.perf_counter()
+    require("torch", extra="export", why="convert the checkpoint")
+    ckpt = model if isinstance(model, Checkpoint) else open_checkpoint(model)
+    out = Path(out)
+    config = _config_for(ckpt, dtype=dtype, tp_size=tp_size, max_seq_len=max_seq_len)
+    _check_out(out, ckpt, force)
+    sources = weight_sources(ckpt.text)
+    _check_sources(ckpt, sources)
+    shapes = {name: rank_shape(name, [ckpt.tensors[s].shape for s in srcs], config)
+              for name, srcs in sources.items()}
+    log.info("converting %s -> %s (%s, TP %d, max_position_embeddings %d)", ckpt.path, out,
+             dtype, tp_size, config.max_position_embeddings)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
+    try:
+        _write_ranks(ckpt, staging, config, sources, shapes)
+        (staging / CONFIG_NAME).write_text(json.dumps(to_jsonable(config), indent=2) + "\n")
+        staging.chmod(0o755)  # mkdtemp's 0700 would surprise users sharing the folder
+        _install(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    files = tuple(rank_file(r) for r in range(tp_size))
+    total = sum((out / f).stat().st_size for f in files)
+    seconds = time.perf_counter() - started
+    return ConvertResult(out, config, files, total, seconds)
+
+
+def resolve_max_seq_len(gpu: str | None, max_seq_len: int | None) -> int:
+    """The engine's max_seq_len: from the GPU profile, or given directly (not both)."""
+    if (gpu is None) == (max_seq_len is None):
+        raise ConfigError("give exactly one of --gpu (the profile's limits.max_seq_len) and "
+                          "--max-seq-len")
+    if gpu is not None:
+        from ..profiles import load_profile
+
+        return load_profile(gpu).limits.max_seq_len
+    return max_seq_len
+
+
+def _config_for(ckpt: Checkpoint, *, dtype: str, tp_size: int, max_seq_len: int) -> LlmConfig:
+    text = ckpt.text
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
+        raise ConfigError(f"tensor-parallel size must be a positive integer, got {tp_size!r}")
+    for what, count in (("attention heads", text.num_heads), ("KV heads", text.num_kv_heads),
+                        ("intermediate size", text.intermediate_size)):
+        if count % tp_size:
+            fits = [n for n in (1, 2, 4, 8) if text.num_heads % n == 0
+                    and text.num_kv_heads % n == 0 and text.intermediate_size % n == 0]
+            raise ConfigError(f"tensor-parallel size {tp_size} does not divide the model's "
+                              f"{count} {what}; use one of {fits}")
+    if not 0 < max_seq_len <= text.max_position_embeddings:
+        raise ConfigError(f"max_seq_len {max_seq_len} must be between 1 and the model's "
+                          f"max_position_embeddings ({text.max_position_embeddings})")
+    if not ckpt.has_weights:
+        raise CheckpointError(f"{ckpt.path} holds a config only, no weights; point --model at "
+                              "a checkpoint with its safetensors files")
+    return llm_config(text, ckpt.vision.deepstack_count, dtype=dtype, tp_size=tp_size,
+                      max_position_embeddings=max_seq_len)
+
+
+def _check_out(out: Path, ckpt: Checkpoint, force: bool) -> None:
+    if not out.exists() and not out.is_symlink():
+        return
+    if not force:
+        raise ConfigError(f"output folder {out} already exists; pass --force to replace it or "
+                          "choose another --out")
+    if out.resolve() == ckpt.path.resolve() or ckpt.path.resolve().is_relative_to(
+            out.resolve()):
+        raise ConfigError(f"output folder {out} holds the source checkpoint; choose another "
+                          "--out")
+    if not out.is_dir():
+        raise ConfigError(f"output path {out} exists and is not a folder; remove it or choose "
+                          "another --out")
+
+
+def _check_sources(ckpt: Checkpoint, sources: dict[str, tuple[str, ...]]) -> None:
+    """Every tensor the conversion reads exists with the shape config.json implies (the
+    checkpoint may have been opened without validation)."""
+    for names in sources.values():
+        for name in names:
+            info = ckpt.tensor_info(name)
+            expected = ckpt.expected[name]
+            if info.shape != expected:
+                raise CheckpointError(
+                    f"{ckpt.path}: tensor {name} has shape {list(info.shape)} but config.json "
+                    f"implies {list(expected)}; the config does not belong to these weights")
+
+
+def _write_ranks(ckpt: Checkpoint, folder: Path, config: LlmConfig,
+                 sources: dict[str, tuple[str, ...]],
+                 shapes: dict[str, tuple[int, ...]]) -> None:
+    torch = require("torch", extra="export", why="convert the checkpoint")
+    target = getattr(torch, config.dtype)
+    with contextlib.ExitStack() as stack:
+        streams = [stack.enter_context(SafetensorsStream(folder / rank_file(r), config.dtype,
+                                                         shapes))
+                   for r in range(config.tp_size)]
+        for name, names in sources.items():
+            tensors = [_cast(ckpt.load(s), target, s) for s in names]
+            for rank, stream in enumerate(streams):
+                stream.write(name, shard(name, tensors, config, rank))
+            log.debug("wrote %s", name)
+            del tensors
+
+
+def _cast(tensor, target, name: str):
+    torch = require("torch", extra="export", why="convert the checkpoint")
+    cast = tensor.to(target)
+    # Checked in slices: a bool mask of a whole embedding would cost half its size again.
+    if not all(bool(torch.isfinite(part).all()) for part in cast.reshape(-1).split(1 << 24)):
+        hint = "; convert with --dtype bfloat16" if target == torch.float16 else ""
+        raise CheckpointError(f"tensor {name} holds values that are not finite in "
+                              f"{str(target).removeprefix('torch.')}{hint}")
+    return cast
+
+
+def _install(staging: Path, out: Path) -> None:
+    """Move the finished folder to `out`, replacing an older one only now."""
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    if out.exists():
+        os.replace(out, old)
+    os.replace(staging, out)
+    shutil.rmtree(old, ignore_errors=True)

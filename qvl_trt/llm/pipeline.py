@@ -1,0 +1,211 @@
+"""The in-process reference pipeline: messages + images -> text, without Triton.
+
+qvl_trt.mm preprocessing (the Triton preprocessing model's code) -> the export-friendly vision
+tower (the vision engine's PyTorch twin) -> the (1+K)-row prompt table -> the reference
+decoder on a converted TensorRT-LLM checkpoint -> detokenization. Every tensor between the
+steps is the one the engines receive.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..checkpoint import Checkpoint, open_checkpoint
+from ..deps import require
+from ..errors import CheckpointError, ConfigError, InputError
+from ..mm.chat import user_message
+from ..mm.prompt_table import assemble_prompt_table
+from ..mm.request import ImageInput, PreparedRequest, RequestLimits, RequestPreprocessor
+from .layout import DTYPES, LlmConfig, read_llm_config
+from .sampling import DecodeRequest, FinishReason, SamplingParams
+
+# The checkpoint's own sampling defaults (generation_config.json) that SamplingParams takes.
+_GENERATION_KEYS = ("temperature", "top_k", "top_p")
+
+
+@dataclass(frozen=True)
+class GenerationOutput:
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason
+    prompt_tokens: int
+    image_tokens: int
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """One streamed token and the text it completes (empty while a character is split)."""
+
+    token_id: int
+    text: str
+
+
+def generation_defaults(model: Path) -> dict[str, Any]:
+    """Sampling defaults and stop ids from the checkpoint's generation_config.json."""
+    path = Path(model) / "generation_config.json"
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path} is not valid JSON ({exc}); re-download it") from None
+    eos = data.get("eos_token_id", [])
+    defaults = {key: data[key] for key in _GENERATION_KEYS if key in data}
+    defaults["stop_token_ids"] = tuple(eos if isinstance(eos, list) else [eos])
+    return defaults
+
+
+def sampling_params(model: str | Path, *, max_tokens: int, greedy: bool = False,
+                    temperature: float | None = None, top_k: int | None = None,
+                    top_p: float | None = None, seed: int | None = None) -> SamplingParams:
+    """Greedy, or sampling with the options given and the checkpoint's generation_config
+    for the others."""
+    given = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
+    if greedy:
+        if any(v is not None for v in given.values()):
+            raise InputError("--greedy takes no --temperature, --top-k or --top-p")
+        return SamplingParams(max_tokens=max_tokens, greedy=True, seed=seed)
+    defaults = generation_defaults(Path(model))
+    chosen = {k: v if v is not None else defaults.get(k) for k, v in given.items()}
+    return SamplingParams(max_tokens=max_tokens, seed=seed,
+                          **{k: v for k, v in chosen.items() if v is not None})
+
+
+class ReferencePipeline:
+    """Loaded once; `generate` runs one request."""
+
+    def __init__(self, checkpoint: Checkpoint, preprocessor: RequestPreprocessor, vision,
+                 decoder, stop_token_ids: tuple[int, ...]) -> None:
+        self.checkpoint = checkpoint
+        self.preprocessor = preprocessor
+        self.vision = vision
+        self.decoder = decoder
+        self.stop_token_ids = stop_token_ids
+
+    @classmethod
+    def load(cls, model: str | Path, *, checkpoint: str | Path | None = None,
+             device: str = "cpu", dtype: str | None = None,
+             max_seq_len: int = 8192) -> ReferencePipeline:
+        """`checkpoint`: a folder written by `qvl-trt convert` from `model`; without it the
+        model is converted into a temporary folder (in its own dtype: lossless) with
+        max_position_embeddings = `max_seq_len`. `dtype` is the compute precision: float32
+        on a CPU by default, the checkpoint's on CUDA."""
+        require("torch", extra="export", why="run the reference pipeline")
+        from ..vision.tower import load_vision_tower
+        from .reference import ReferenceDecoder
+
+        ckpt = open_checkpoint(model)
+        if dtype is not None and dtype not in DTYPES:
+            raise ConfigError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+        compute = dtype or ("float32" if device == "cpu" else None)
+        if checkpoint is None:
+            decoder = _decoder_of_temporary_conversion(ckpt, max_seq_len, device, compute)
+        else:
+            _check_converted_from(read_llm_config(Path(checkpoint)), ckpt, Path(checkpoint))
+            decoder = ReferenceDecoder.load(checkpoint, device=device, dtype=compute)
+        positions = decoder.config.max_position_embeddings
+        limits = dataclasses.replace(RequestLimits.of_checkpoint(ckpt), max_positions=positions,
+                                     max_input_len=positions - 1)
+        preprocessor = RequestPreprocessor.from_checkpoint(ckpt.path, limits)
+        vision_dtype = str(decoder.dtype).removeprefix("torch.")
+        vision = load_vision_tower(ckpt, vision_dtype).to(decoder.device)
+        stop = generation_defaults(ckpt.path)["stop_token_ids"]
+        return cls(ckpt, preprocessor, vision, decoder, stop)
+
+    def prepare(self, messages: Sequence[Mapping[str, Any]],
+                images: Sequence[ImageInput] = (), *,
+                sampling: SamplingParams | None = None) -> tuple[PreparedRequest,
+                                                                      DecodeRequest]:
+        """The engine inputs of one request: preprocessing, then the vision tower."""
+        prepared = self.preprocessor.prepare(messages=messages, images=images)
+        sampling = sampling or SamplingParams()
+        if not sampling.stop_token_ids:
+            sampling = dataclasses.replace(sampling, stop_token_ids=self.stop_token_ids)
+        request = DecodeRequest(
+            input_ids=prepared.engine_input_ids, prompt_table=self._prompt_table(prepared),
+            mrope_rotary_cos_sin=prepared.mrope_rotary_cos_sin,
+            mrope_position_delta=prepared.mrope_position_delta, sampling=sampling)
+        return prepared, request
+
+    def generate(self, messages: Sequence[Mapping[str, Any]],
+                 images: Sequence[ImageInput] = (), *,
+                 sampling: SamplingParams | None = None,
+                 on_text: Callable[[TextDelta], None] | None = None) -> GenerationOutput:
+        """Run one request; `on_text` sees each token with the text it adds."""
+        prepared, request = self.prepare(messages, images, sampling=sampling)
+        tokenizer = self.preprocessor.prompts.tokenizer
+        tokens: list[int] = []
+        shown = ""
+
+        def on_token(event) -> None:
+            nonlocal shown
+            tokens.append(event.token_id)
+            text = tokenizer.decode(tokens, skip_special_tokens=True)
+            # A character split across tokens decodes as U+FFFD until it is complete.
+            delta = "" if text.endswith("\ufffd") else text[len(shown):]
+            shown += delta
+            if on_text is not None:
+                on_text(TextDelta(event.token_id, delta))
+
+        result = self.decoder.generate([request], on_token=on_token)[0]
+        return GenerationOutput(
+            text=tokenizer.decode(list(result.token_ids), skip_special_tokens=True),
+            token_ids=result.token_ids, finish_reason=result.finish_reason,
+            prompt_tokens=result.prompt_tokens, image_tokens=sum(prepared.image_token_counts))
+
+    def ask(self, prompt: str, images: Sequence[ImageInput] = (), *,
+            sampling: SamplingParams | None = None,
+            on_text: Callable[[TextDelta], None] | None = None) -> GenerationOutput:
+        """One user turn: the images, then the text."""
+        return self.generate(user_message(prompt, len(images)), images, sampling=sampling,
+                             on_text=on_text)
+
+    def _prompt_table(self, prepared: PreparedRequest) -> np.ndarray | None:
+        """The (1+K)-row prompt table of the request's images, one tower call per image."""
+        if not prepared.images:
+            return None
+        torch = require("torch", extra="export", why="run the vision tower")
+        outputs = []
+        with torch.inference_mode():
+            for image in prepared.images:
+                inputs = (image.patches.pixel_values, image.index.pos_interp_indices,
+                          image.index.pos_interp_weights, image.index.rope_position_ids)
+                tensors = [torch.from_numpy(np.ascontiguousarray(a)).to(self.decoder.device)
+                           for a in inputs]
+                outputs.append([o.float().cpu().numpy() for o in self.vision(*tensors)])
+        main, *deepstack = (np.concatenate(parts) for parts in zip(*outputs, strict=True))
+        return assemble_prompt_table(main, deepstack)
+
+
+def _decoder_of_temporary_conversion(ckpt: Checkpoint, max_seq_len: int, device: str,
+                                     compute: str | None):
+    from .convert import convert_checkpoint
+    from .reference import ReferenceDecoder
+
+    source = ckpt.source_dtype if ckpt.source_dtype in DTYPES else "float32"
+    with tempfile.TemporaryDirectory(prefix="qvl-trt-reference-") as tmp:
+        out = convert_checkpoint(ckpt, Path(tmp) / "llm", dtype=source,
+                                 max_seq_len=min(max_seq_len, ckpt.text.max_position_embeddings))
+        return ReferenceDecoder.load(out.out, device=device, dtype=compute)
+
+
+def _check_converted_from(config: LlmConfig, ckpt: Checkpoint, path: Path) -> None:
+    text = ckpt.text
+    mine = (config.vocab_size, config.hidden_size, config.num_hidden_layers,
+            config.num_attention_heads, config.num_key_value_heads, config.head_size,
+            config.num_deepstack_layers)
+    theirs = (text.vocab_size, text.hidden_size, text.num_layers, text.num_heads,
+              text.num_kv_heads, text.head_dim, ckpt.vision.deepstack_count)
+    if mine != theirs:
+        raise CheckpointError(f"{path} was not converted from {ckpt.path} (its dimensions "
+                              "differ); convert this model with `qvl-trt convert`")

@@ -1,0 +1,370 @@
+"""The PyTorch reference decoder: runs a converted TensorRT-LLM checkpoint on exactly the
+inputs the TensorRT-LLM 1.2 engine receives.
+
+Inputs per request are the engine's: input_ids with fake prompt ids, the prompt table with
+1+K rows per visual token, `mrope_rotary_cos_sin` and `mrope_position_deltas`. The rotary
+embedding follows the gpt attention plugin (GPT-NeoX halves: x[i] and x[i + dim/2] rotate
+by frequency i):
+- context phase: the token at sequence index t takes the (cos, sin) pairs of row t of the
+  request's table (unfusedAttentionKernels_2_template.h, applyBiasRopeUpdateKVCacheV2:
+  `mrope_rotary_cos_sin + batch_idx * rotary_embedding_max_positions * half_rotary_dim +
+  rotary_position * half_rotary_dim`; attentionOp.cpp passes no delta to this phase);
+- generation phase: the token at sequence index n (the KV-cache length, `tlength`) is
+  rotated by the plain rope at position n + mrope_position_delta, the same on all three
+  axes (decoderMaskedMultiheadAttentionTemplate.h: `position_idx = tlength +
+  mrope_position_deltas[batch_idx]`), with the engine's fp32 inverse frequencies.
+DeepStack: the visual token with fake id vocab_size + (1+K)i takes prompt-table row (1+K)i
+as its embedding, and row (1+K)i+1+k is added to its hidden state after decoder layer k;
+text tokens get nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..deps import require
+from ..errors import CheckpointError, InputError
+from ..mm.prompt_table import split_prompt_table, visual_token_positions
+from .layout import LlmConfig, merge, read_llm_config
+from .sampling import (
+    DecodeRequest,
+    DecodeResult,
+    FinishReason,
+    TokenEvent,
+    choose_token,
+    make_generator,
+)
+
+
+def load_weights(path: Path, config: LlmConfig) -> dict:
+    """All weights of a converted checkpoint as unsplit torch tensors (ranks merged)."""
+    require("torch", extra="export", why="load the converted checkpoint")
+    safetensors_torch = require("safetensors.torch", extra="export", why="read weights")
+    files = [Path(path) / f"rank{r}.safetensors" for r in range(config.tp_size)]
+    for file in files:
+        if not file.is_file():
+            raise CheckpointError(f"{file} is missing: config.json declares TP size "
+                                  f"{config.tp_size}; convert again")
+    ranks = [safetensors_torch.load_file(str(f)) for f in files]
+    names = list(ranks[0])
+    for file, rank in zip(files, ranks, strict=True):
+        if list(rank) != names:
+            raise CheckpointError(f"{file} holds other weights than rank 0; convert again")
+    return {name: merge(name, [rank.pop(name) for rank in ranks], config) for name in names}
+
+
+@dataclass
+class _Layer:
+    input_norm: object
+    qkv: object
+    dense: object
+    q_norm: object
+    k_norm: object
+    post_norm: object
+    fc: object
+    gate: object
+    proj: object
+
+
+class ReferenceDecoder:
+    """Greedy/sampled generation with a KV cache over a batch of requests."""
+
+    def __init__(self, config: LlmConfig, weights: dict, *, device: str = "cpu",
+                 dtype: str | None = None) -> None:
+        torch = require("torch", extra="export", why="run the reference decoder")
+        self.config = config
+        self.device = torch.device(device)
+        self.dtype = getattr(torch, dtype or config.dtype)
+        if config.rotary_embedding_dim != config.head_size:
+            raise CheckpointError(f"rotary_embedding_dim {config.rotary_embedding_dim} != "
+                                  f"head_size {config.head_size}: partial rotary is not a "
+                                  "Qwen3-VL layout; convert again")
+
+        def take(name: str):
+            try:
+                tensor = weights[name]
+            except KeyError:
+                raise CheckpointError(f"converted checkpoint lacks {name}; convert again") \
+                    from None
+            return tensor.to(device=self.device, dtype=self.dtype)
+
+        self.embedding = take("transformer.vocab_embedding.weight")
+        self.layers = []
+        for i in range(config.num_hidden_layers):
+            p = f"transformer.layers.{i}."
+            self.layers.append(_Layer(
+                take(p + "input_layernorm.weight"), take(p + "attention.qkv.weight"),
+                take(p + "attention.dense.weight"), take(p + "attention.q_layernorm.weight"),
+                take(p + "attention.k_layernorm.weight"), take(p + "post_layernorm.weight"),
+                take(p + "mlp.fc.weight"), take(p + "mlp.gate.weight"),
+                take(p + "mlp.proj.weight")))
+        self.final_norm = take("transformer.ln_f.weight")
+        self.lm_head = take("lm_head.weight")  # merge() already dropped the TP padding
+        # The engine's generation-phase rope table (create_sinusoidal_positions_for_attention_
+        # plugin): inv_freq from float64 powers cast to fp32, angles in fp32.
+        dim = config.rotary_embedding_dim
+        powers = config.rotary_base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+        self.inv_freq = (1.0 / powers.float()).to(self.device)
+
+    @classmethod
+    def load(cls, path: str | Path, *, device: str = "cpu",
+             dtype: str | None = None) -> ReferenceDecoder:
+        """Load a folder written by `qvl-trt convert` (any TP size); `dtype` overrides the
+        checkpoint's for computation (e.g. float32 on a CPU)."""
+        config = read_llm_config(Path(path))
+        return cls(config, load_weights(Path(path), config), device=device, dtype=dtype)
+
+    # ---- public API ----------------------------------------------------------------------
+
+    def generate(self, requests: Sequence[DecodeRequest], *,
+                 on_token: Callable[[TokenEvent], None] | None = None) -> list[DecodeResult]:
+        """Run a batch of requests to completion; `on_token` sees every token as produced."""
+        run = self._run(requests)
+        while True:
+            try:
+                event = next(run)
+            except StopIteration as done:
+                return done.value
+            if on_token is not None:
+                on_token(event)
+
+    def stream(self, requests: Sequence[DecodeRequest]) -> Iterator[TokenEvent]:
+        """The tokens of a batch of requests, one event per token, as they are produced."""
+        yield from self._run(requests)
+
+    # ---- generation loop -----------------------------------------------------------------
+
+    def _run(self, requests: Sequence[DecodeRequest]):
+        torch = require("torch", extra="export", why="run the reference decoder")
+        if not requests:
+            return []
+        inputs = [self._inputs(i, request) for i, request in enumerate(requests)]
+        batch = len(requests)
+        lengths = [len(r.input_ids) for r in requests]
+        capacity = max(n + r.sampling.max_tokens for n, r in zip(lengths, requests, strict=True))
+        cache = _KvCache(self, batch, capacity)
+        generators = [make_generator(r.sampling.seed) for r in requests]
+        tokens: list[list[int]] = [[] for _ in requests]
+        gen_logits: list[list] = [[] for _ in requests]
+        finish: list[FinishReason | None] = [None] * batch
+        visual = [sum(t >= self.config.vocab_size for t in r.input_ids) for r in requests]
+
+        # Only the model runs in inference mode: the generator yields to the caller's code.
+        with torch.inference_mode():
+            hidden = self._prefill(requests, inputs, lengths, cache)
+            last = hidden[torch.arange(batch, device=self.device),
+                          torch.tensor(lengths, device=self.device) - 1]
+            context_logits = [self._logits(hidden[b, : lengths[b]])
+                              if r.return_context_logits else None
+                              for b, r in enumerate(requests)]
+            logits = self._logits(last)
+        # Copies on the CPU, like the generation logits: ordinary tensors the caller owns.
+        context_logits = [None if c is None else c.to("cpu", copy=True) for c in context_logits]
+        active = list(range(batch))  # request index of each cache row
+        while True:
+            next_ids = []
+            for row, b in enumerate(active):
+                request = requests[b]
+                token = choose_token(logits[row], request.sampling, generators[b])
+                tokens[b].append(token)
+                if request.return_generation_logits:
+                    gen_logits[b].append(logits[row].cpu())
+                if token in request.sampling.stop_token_ids:
+                    finish[b] = FinishReason.STOP
+                elif len(tokens[b]) >= request.sampling.max_tokens:
+                    finish[b] = FinishReason.LENGTH
+                next_ids.append(token)
+                yield TokenEvent(b, token, finish[b])
+            keep = [row for row, b in enumerate(active) if finish[b] is None]
+            if not keep:
+                break
+            if len(keep) < len(active):
+                cache.keep(keep)
+                active = [active[row] for row in keep]
+                next_ids = [next_ids[row] for row in keep]
+            deltas = [requests[b].mrope_position_delta for b in active]
+            with torch.inference_mode():
+                logits = self._logits(self._decode_step(next_ids, deltas, cache))
+
+        return [
+            DecodeResult(
+                token_ids=tuple(tokens[b]), finish_reason=finish[b], prompt_tokens=lengths[b],
+                visual_tokens=visual[b], context_logits=context_logits[b],
+                generation_logits=torch.stack(gen_logits[b]) if gen_logits[b] else None)
+            for b in range(batch)
+        ]
+
+    def _inputs(self, index: int, request: DecodeRequest) -> tuple:
+        """The request's (prompt table, MRoPE table) as torch tensors, validated against the
+        checkpoint; each problem is one line naming the request and the fix."""
+        torch = require("torch", extra="export", why="run the reference decoder")
+        c = self.config
+        where = f"request {index}"
+        if not request.input_ids:
+            raise InputError(f"{where}: input_ids is empty; send at least one token")
+        table = None if request.prompt_table is None else torch.as_tensor(request.prompt_table)
+        rows = 0 if table is None else table.shape[0]
+        if table is not None and (table.ndim != 2 or table.shape[1] != c.hidden_size
+                                  or rows % c.rows_per_visual_token):
+            raise InputError(
+                f"{where}: prompt_table has shape {list(table.shape)}; expected "
+                f"[(1+K) * visual tokens, {c.hidden_size}] with 1+K = {c.rows_per_visual_token}")
+        for token in request.input_ids:
+            if token < 0 or token >= c.vocab_size + max(rows - c.num_deepstack_layers, 0):
+                raise InputError(
+                    f"{where}: token id {token} is neither a vocabulary id (< {c.vocab_size}) "
+                    f"nor a fake id indexing the {rows}-row prompt table")
+        total = len(request.input_ids) + request.sampling.max_tokens
+        if total > c.max_position_embeddings:
+            raise InputError(
+                f"{where}: {len(request.input_ids)} prompt tokens + max_tokens "
+                f"{request.sampling.max_tokens} exceed max_position_embeddings "
+                f"{c.max_position_embeddings} of the checkpoint; lower max_tokens or convert "
+                "with a larger --max-seq-len")
+        mrope = torch.as_tensor(request.mrope_rotary_cos_sin, dtype=torch.float32)
+        expected = c.max_position_embeddings * c.rotary_embedding_dim
+        if mrope.numel() != expected:
+            raise InputError(
+                f"{where}: mrope_rotary_cos_sin has {mrope.numel()} values; expected "
+                f"max_position_embeddings x rotary_dim = {c.max_position_embeddings} x "
+                f"{c.rotary_embedding_dim} = {expected}")
+        return table, mrope.reshape(c.max_position_embeddings, c.rotary_embedding_dim // 2, 2)
+
+    # ---- model ---------------------------------------------------------------------------
+
+    def _prefill(self, requests: Sequence[DecodeRequest], inputs: list[tuple],
+                 lengths: list[int], cache: _KvCache):
+        """Run all prompts (right-padded to the longest) and fill the KV cache."""
+        torch = require("torch", extra="export", why="run the reference decoder")
+        c = self.config
+        batch, longest = len(requests), max(lengths)
+        hidden = torch.zeros(batch, longest, c.hidden_size, dtype=self.dtype, device=self.device)
+        deepstack = torch.zeros(c.num_deepstack_layers, batch, longest, c.hidden_size,
+                                dtype=self.dtype, device=self.device)
+        cos = torch.ones(batch, longest, c.rotary_embedding_dim // 2, device=self.device)
+        sin = torch.zeros_like(cos)
+        for b, request in enumerate(requests):
+            n = lengths[b]
+            ids = torch.tensor(request.input_ids, dtype=torch.long, device=self.device)
+            hidden[b, :n] = self.embedding[ids.masked_fill(ids >= c.vocab_size, 0)]
+            at, visual = visual_token_positions(np.asarray(request.input_ids),
+                                               vocab_size=c.vocab_size,
+                                               deepstack_count=c.num_deepstack_layers)
+            if at.size:
+                table = inputs[b][0].to(device=self.device, dtype=self.dtype)
+                main, features = split_prompt_table(table, c.num_deepstack_layers)
+                at = torch.from_numpy(at).to(self.device)
+                visual = torch.from_numpy(visual).to(self.device)
+                hidden[b, at] = main[visual]
+                for k, feature in enumerate(features):
+                    deepstack[k, b, at] = feature[visual]
+            pairs = inputs[b][1][:n].to(self.device)
+            cos[b, :n], sin[b, :n] = pairs[..., 0], pairs[..., 1]
+        positions = torch.arange(longest, device=self.device)
+        valid = positions[None, :] < torch.tensor(lengths, device=self.device)[:, None]
+        # Query i sees keys j <= i of its own prompt; padded queries still see key 0.
+        mask = (positions[None, :] <= positions[:, None])[None] & valid[:, None, :]
+        for index, layer in enumerate(self.layers):
+            hidden = self._layer(index, layer, hidden, cos, sin, mask[:, None], cache,
+                                 write_at=None)
+            if index < c.num_deepstack_layers:
+                hidden = hidden + deepstack[index]
+        cache.lengths[:] = torch.tensor(lengths, device=self.device)
+        return _rms_norm(hidden, self.final_norm, c.norm_epsilon)
+
+    def _decode_step(self, token_ids: list[int], deltas: list[int], cache: _KvCache):
+        """One token per active request; returns the final hidden states [rows, hidden]."""
+        torch = require("torch", extra="export", why="run the reference decoder")
+        c = self.config
+        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
+        hidden = self.embedding[ids][:, None]
+        positions = cache.lengths + torch.tensor(deltas, device=self.device)
+        angles = positions[:, None].float() * self.inv_freq[None]
+        cos, sin = angles.cos()[:, None], angles.sin()[:, None]
+        span = int(cache.lengths.max()) + 1
+        keys = torch.arange(span, device=self.device)
+        mask = (keys[None, :] <= cache.lengths[:, None])[:, None, None]
+        for index, layer in enumerate(self.layers):
+            hidden = self._layer(index, layer, hidden, cos, sin, mask, cache,
+                                 write_at=cache.lengths)
+        cache.lengths += 1
+        return _rms_norm(hidden[:, 0], self.final_norm, c.norm_epsilon)
+
+    def _layer(self, index: int, layer: _Layer, hidden, cos, sin, mask, cache: _KvCache,
+               write_at):
+        """One decoder layer. `write_at` None: the whole (prefill) sequence starts at cache
+        position 0; else one token per row at those positions."""
+        torch = require("torch", extra="export", why="run the reference decoder")
+        F = torch.nn.functional
+        c = self.config
+        batch, seq = hidden.shape[:2]
+        hd, heads, kv_heads = c.head_size, c.num_attention_heads, c.num_key_value_heads
+        x = _rms_norm(hidden, layer.input_norm, c.norm_epsilon)
+        q, k, v = (x @ layer.qkv.T).split([heads * hd, kv_heads * hd, kv_heads * hd], dim=-1)
+        q = _rms_norm(q.reshape(batch, seq, heads, hd), layer.q_norm, c.norm_epsilon)
+        k = _rms_norm(k.reshape(batch, seq, kv_heads, hd), layer.k_norm, c.norm_epsilon)
+        q = _rotate(q, cos, sin).transpose(1, 2)
+        k = _rotate(k, cos, sin).transpose(1, 2)
+        v = v.reshape(batch, seq, kv_heads, hd).transpose(1, 2)
+        keys, values = cache.store(index, k, v, write_at, span=mask.shape[-1])
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+        hidden = hidden + out.transpose(1, 2).reshape(batch, seq, heads * hd) @ layer.dense.T
+        x = _rms_norm(hidden, layer.post_norm, c.norm_epsilon)
+        return hidden + (F.silu(x @ layer.fc.T) * (x @ layer.gate.T)) @ layer.proj.T
+
+    def _logits(self, hidden):
+        return (hidden @ self.lm_head.T).float()
+
+
+class _KvCache:
+    """K and V per layer, [rows, kv_heads, capacity, head_dim], and each row's length."""
+
+    def __init__(self, decoder: ReferenceDecoder, batch: int, capacity: int) -> None:
+        torch = require("torch", extra="export", why="run the reference decoder")
+        c = decoder.config
+        shape = (batch, c.num_key_value_heads, capacity, c.head_size)
+        self.k = [torch.zeros(shape, dtype=decoder.dtype, device=decoder.device)
+                  for _ in range(c.num_hidden_layers)]
+        self.v = [torch.zeros_like(t) for t in self.k]
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=decoder.device)
+
+    def store(self, layer: int, k, v, write_at, *, span: int):
+        """Write new K/V and return the cached K/V of the first `span` positions."""
+        torch = require("torch", extra="export", why="run the reference decoder")
+        if write_at is None:
+            self.k[layer][:, :, : k.shape[2]] = k
+            self.v[layer][:, :, : v.shape[2]] = v
+        else:
+            rows = torch.arange(k.shape[0], device=k.device)
+            self.k[layer][rows, :, write_at] = k[:, :, 0]
+            self.v[layer][rows, :, write_at] = v[:, :, 0]
+        return self.k[layer][:, :, :span], self.v[layer][:, :, :span]
+
+    def keep(self, rows: list[int]) -> None:
+        """Drop finished requests' rows."""
+        torch = require("torch", extra="export", why="run the reference decoder")
+        index = torch.tensor(rows, device=self.lengths.device)
+        self.k = [t.index_select(0, index) for t in self.k]
+        self.v = [t.index_select(0, index) for t in self.v]
+        self.lengths = self.lengths.index_select(0, index)
+
+
+def _rms_norm(x, weight, eps: float):
+    """Qwen3's RMSNorm: normalised in fp32, cast back, then scaled (as transformers does)."""
+    torch = require("torch", extra="export", why="run the reference decoder")
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def _rotate(x, cos, sin):
+    """GPT-NeoX rope on [batch, seq, heads, dim] with per-token cos/sin [batch, seq, dim/2]."""
+    torch = require("torch", extra="export", why="run the reference decoder")
+    cos = torch.cat([cos, cos], dim=-1)[:, :, None].to(x.dtype)
+    sin = torch.cat([sin, sin], dim=-1)[:, :, None].to(x.dtype)
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-second, first], dim=-1) * sin

@@ -1,0 +1,148 @@
+"""The in-process reference pipeline (qvl_trt.mm -> vision tower -> prompt table -> reference
+decoder) and `qvl-trt generate`, against Hugging Face fed by its own image processor and chat
+template."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from typer.testing import CliRunner
+
+from qvl_trt.cli import app
+from qvl_trt.errors import CheckpointError, InputError
+from qvl_trt.llm.pipeline import ReferencePipeline, sampling_params
+from qvl_trt.llm.sampling import FinishReason, SamplingParams
+
+PROMPT = "What is in the pictures?"
+TOKENS = 16
+
+
+def _png(height: int, width: int, seed: int, fmt: str) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+IMAGES = [_png(100, 150, 1, "PNG"), _png(300, 420, 2, "PNG")]
+
+
+@pytest.fixture(scope="module")
+def pipeline(tiny_ckpt: Path) -> ReferencePipeline:
+    return ReferencePipeline.load(tiny_ckpt, max_seq_len=1024)
+
+
+@pytest.fixture(scope="module")
+def hf_run(tiny_ckpt: Path, tiny_hf_model):
+    """HF greedy tokens and prompt logits, inputs built by HF's image processor and template."""
+    import transformers
+
+    model = tiny_hf_model
+    processor = transformers.AutoImageProcessor.from_pretrained(str(tiny_ckpt))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(tiny_ckpt))
+    images = [Image.open(io.BytesIO(b)).convert("RGB") for b in IMAGES]
+    pixels = processor(images=images, return_tensors="pt")
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "image"},
+                                             {"type": "text", "text": PROMPT}]}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    for grid in pixels["image_grid_thw"]:  # what the HF processor does to the text
+        text = text.replace("<|image_pad|>", "<|placeholder|>" * int(grid.prod() // 4), 1)
+    ids = tokenizer(text.replace("<|placeholder|>", "<|image_pad|>"), return_tensors="pt")
+    inputs = {"input_ids": ids["input_ids"], "pixel_values": pixels["pixel_values"],
+              "image_grid_thw": pixels["image_grid_thw"],
+              "mm_token_type_ids": (ids["input_ids"] == 151655).int()}
+    with torch.no_grad():
+        logits = model(**inputs).logits[0]
+        tokens = model.generate(**inputs, max_new_tokens=TOKENS, do_sample=False)
+    return inputs["input_ids"][0], tokens[0, inputs["input_ids"].shape[1]:], logits
+
+
+def test_pipeline_matches_hf(pipeline: ReferencePipeline, hf_run) -> None:
+    hf_ids, hf_tokens, hf_logits = hf_run
+    greedy = SamplingParams(max_tokens=TOKENS, greedy=True, stop_token_ids=(10**5,))
+    prepared, request = pipeline.prepare(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "image"},
+                                      {"type": "text", "text": PROMPT}]}], IMAGES,
+        sampling=greedy)
+    assert prepared.input_ids.tolist() == hf_ids.tolist()
+    result = pipeline.decoder.generate([dataclasses.replace(
+        request, return_context_logits=True)])[0]
+    difference = (result.context_logits - hf_logits).abs().max().item()
+    assert difference <= 1e-4, f"prompt logits differ from HF by {difference:.2e}"
+    answer = pipeline.ask(PROMPT, IMAGES, sampling=greedy)
+    assert list(answer.token_ids) == hf_tokens.tolist()
+    assert answer.image_tokens == 70 + 117 and answer.prompt_tokens == len(hf_ids)
+    assert answer.text == pipeline.preprocessor.prompts.tokenizer.decode(hf_tokens)
+
+
+def test_streamed_text_adds_up(pipeline: ReferencePipeline) -> None:
+    deltas = []
+    answer = pipeline.ask("Hello", sampling=SamplingParams(max_tokens=10, seed=4),
+                          on_text=deltas.append)
+    assert [d.token_id for d in deltas] == list(answer.token_ids)
+    assert "".join(d.text for d in deltas) == answer.text
+
+
+def test_stop_ids_and_sampling_defaults(pipeline: ReferencePipeline, tiny_ckpt: Path) -> None:
+    assert pipeline.stop_token_ids == (151645, 151643)  # generation_config.json's eos ids
+    _, request = pipeline.prepare([{"role": "user", "content": "Hi"}])
+    assert request.sampling.stop_token_ids == (151645, 151643)
+    defaults = sampling_params(tiny_ckpt, max_tokens=5)
+    assert (defaults.temperature, defaults.top_k, defaults.top_p) == (0.7, 20, 0.8)
+    assert sampling_params(tiny_ckpt, max_tokens=5, top_k=3).top_k == 3
+    assert sampling_params(tiny_ckpt, max_tokens=5, greedy=True).is_greedy
+    with pytest.raises(InputError, match="--greedy takes no --temperature"):
+        sampling_params(tiny_ckpt, max_tokens=5, greedy=True, temperature=0.5)
+
+
+def test_given_checkpoint_must_come_from_the_model(tiny_ckpt: Path, tmp_path) -> None:
+    from qvl_trt.llm.convert import convert_checkpoint
+
+    out = convert_checkpoint(tiny_ckpt, tmp_path / "llm", max_seq_len=256, dtype="float32").out
+    ReferencePipeline.load(tiny_ckpt, checkpoint=out)  # loads
+    other = tmp_path / "other"
+    shutil.copytree(out, other)
+    config = json.loads((other / "config.json").read_text())
+    config["num_hidden_layers"] = 2
+    (other / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="was not converted from"):
+        ReferencePipeline.load(tiny_ckpt, checkpoint=other)
+
+
+def test_cli_generate(tiny_ckpt: Path, pipeline: ReferencePipeline, tmp_path) -> None:
+    files = []
+    for i, data in enumerate(IMAGES):
+        files += ["--image", str(tmp_path / f"{i}.png")]
+        (tmp_path / f"{i}.png").write_bytes(data)
+    runner = CliRunner()
+    base = ["generate", "--model", str(tiny_ckpt), "--prompt", PROMPT, "--max-tokens", "6",
+            "--max-seq-len", "1024"]
+    result = runner.invoke(app, base + files + ["--greedy", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    expected = pipeline.ask(PROMPT, IMAGES, sampling=SamplingParams(max_tokens=6, greedy=True))
+    assert summary["token_ids"] == list(expected.token_ids)
+    assert summary["finish_reason"] == FinishReason.LENGTH.value
+    assert (summary["image_tokens"], summary["completion_tokens"]) == (187, 6)
+
+    streamed = runner.invoke(app, base + ["--seed", "1", "--stream", "--json"])
+    assert streamed.exit_code == 0, streamed.output
+    lines = [json.loads(line) for line in streamed.stdout.strip().splitlines()]
+    assert [line["token_id"] for line in lines[:-1]] == lines[-1]["token_ids"]
+
+    plain = runner.invoke(app, base + ["--greedy"])
+    assert plain.exit_code == 0 and "6 tokens (length)" in plain.stdout
+
+    for args, message in ((["--image", str(tmp_path / "missing.png")], "no such file"),
+                          (["--greedy", "--top-p", "0.5"], "--greedy takes no")):
+        bad = runner.invoke(app, base + args)
+        assert bad.exit_code == 1 and message in bad.output
+        assert len(bad.output.strip().splitlines()) == 1
