@@ -1,0 +1,202 @@
+"""The LLM engine build: the TensorRT-LLM BuildConfig derived from a GPU profile, and the build
+of a converted checkpoint into an engine folder (config.json + rank{N}.engine) that the stock
+C++ runtime and the tensorrtllm Triton backend load.
+
+Each tensor-parallel rank is built by `python -m qvl_trt.llm.engine` in a child process, so a
+crash or an out-of-memory kill becomes a clean BuildError and GPU memory is freed after each
+rank. A child that cannot import tensorrt_llm exits with code 3, which the build turns into
+StageUnavailable (the build can be resumed in the TensorRT-LLM container).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..deps import require
+from ..errors import BuildError, ConfigError, DependencyError, QvlError, StageUnavailable
+from ..manifest import write_json_atomic
+from ..profiles import BuildLimits, GpuProfile
+from .layout import DTYPES, read_llm_config
+
+log = logging.getLogger(__name__)
+
+# Triton 2.71 with TensorRT-LLM 1.2.1, the last line with the TensorRT engine path.
+TRTLLM_CONTAINER = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
+ENGINE_DIR = "engine"
+BUILD_CONFIG_NAME = "build_config.json"
+TIMING_CACHE_NAME = "timing.cache"
+REPRODUCE_NAME = "reproduce.sh"
+UNAVAILABLE_EXIT = 3
+
+
+@dataclass(frozen=True)
+class EngineBuild:
+    engine_dir: Path
+    tp_size: int
+    engine_bytes: int
+
+
+def prompt_table_rows(limits: BuildLimits, deepstack_layers: int) -> int:
+    """Rows of the engine's prompt-table buffer: every request of a full batch at the
+    profile's largest visual input, each visual token with 1 + K rows."""
+    return limits.max_batch_size * (1 + deepstack_layers) * limits.max_visual_tokens
+
+
+def engine_build_config(profile: GpuProfile, *, deepstack_layers: int,
+                        dtype: str = "float16") -> dict[str, Any]:
+    """Keyword arguments of `tensorrt_llm.builder.BuildConfig.from_dict` for this profile.
+
+    max_position_embeddings is not a BuildConfig field: the converted checkpoint carries it,
+    equal to max_seq_len (the build checks), which sizes the per-request MRoPE table.
+    """
+    if dtype not in DTYPES:
+        raise ConfigError(f"LLM engine dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    lim = profile.limits
+    # TensorRT-LLM's fused context attention has no fp32 kernels; paged context attention
+    # needs it. fp32 engines exist only to check the network against the reference decoder.
+    fused = dtype != "float32"
+    return {
+        "max_batch_size": lim.max_batch_size,
+        "max_input_len": lim.max_input_len,
+        "max_seq_len": lim.max_seq_len,
+        "max_num_tokens": lim.max_num_tokens,
+        "max_beam_width": 1,
+        "max_prompt_embedding_table_size": prompt_table_rows(lim, deepstack_layers),
+        # trtllm-build sets this only for qwen2_vl; the runtime feeds the MRoPE inputs on it.
+        "use_mrope": True,
+        "strongly_typed": True,
+        "plugin_config": {
+            "gemm_plugin": dtype,
+            "gpt_attention_plugin": dtype,
+            "paged_kv_cache": True,
+            "remove_input_padding": True,
+            "context_fmha": fused,
+            "use_paged_context_fmha": fused,
+            "tokens_per_block": lim.tokens_per_block,
+            "multiple_profiles": True,
+        },
+    }
+
+
+def build_engines(checkpoint: Path, work: Path, build_config: dict[str, Any]) -> EngineBuild:
+    """Build every rank of the converted checkpoint at `checkpoint` into `work/engine/`.
+
+    Beside it: build_config.json (what the ranks were built with), build-rank{N}.log and
+    reproduce.sh. Raises StageUnavailable when tensorrt_llm cannot be imported here.
+    """
+    checkpoint, work = Path(checkpoint).resolve(), Path(work)
+    tp_size = read_llm_config(checkpoint).tp_size
+    # Relative paths: the children run in `work`, which the build renames when complete.
+    settings = {**build_config, "input_timing_cache": TIMING_CACHE_NAME,
+                "output_timing_cache": TIMING_CACHE_NAME}
+    write_json_atomic(work / BUILD_CONFIG_NAME, settings)
+    (work / ENGINE_DIR).mkdir(exist_ok=True)
+    commands = [rank_command(checkpoint, rank) for rank in range(tp_size)]
+    _write_reproduce(work / REPRODUCE_NAME, commands)
+    for rank, command in enumerate(commands):
+        _run_rank(rank, command, work)
+    engine_dir = work / ENGINE_DIR
+    size = sum(p.stat().st_size for p in engine_dir.glob("rank*.engine"))
+    return EngineBuild(engine_dir, tp_size, size)
+
+
+def rank_command(checkpoint: Path, rank: int) -> list[str]:
+    """The child command that builds one rank (run in the stage folder)."""
+    return [sys.executable, "-m", "qvl_trt.llm.engine", str(checkpoint), ENGINE_DIR, str(rank),
+            BUILD_CONFIG_NAME]
+
+
+def container_command(out: Path, inputs: Sequence[Path]) -> str:
+    """A `docker run` line that finishes the build in `out` inside the TensorRT-LLM
+    container, with `out` and `inputs` (checkpoint, profile file) mounted at their own paths
+    so the manifest's paths and file hashes stay valid."""
+    source = Path(__file__).resolve().parents[2]
+    mounts = [Path(out).resolve(), *(Path(p).resolve() for p in inputs)]
+    if (source / "pyproject.toml").is_file():
+        # A source checkout: installed editable, its build_configs/ stay beside the package.
+        mounts.append(source)
+        install = f"pip install -q -e {shlex.quote(str(source))}"
+    else:
+        install = "pip install -q qvl-trt"
+    volumes = " ".join(f"-v {shlex.quote(f'{p}:{p}')}" for p in dict.fromkeys(mounts))
+    script = f"{install} && qvl-trt build --resume {shlex.quote(str(Path(out).resolve()))}"
+    return (f"docker run --rm --gpus all {volumes} {TRTLLM_CONTAINER} "
+            f"bash -c {shlex.quote(script)}")
+
+
+def _run_rank(rank: int, command: list[str], work: Path) -> None:
+    log_path = work / f"build-rank{rank}.log"
+    log.info("building LLM engine rank %d (TensorRT-LLM, child process)", rank)
+    last = ""
+    with log_path.open("w") as log_file:
+        proc = subprocess.Popen(command, cwd=work, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log_file.write(line)
+            if line.strip():
+                last = line.strip()
+                log.debug("rank %d: %s", rank, last)
+        code = proc.wait()
+    if code == UNAVAILABLE_EXIT:
+        raise StageUnavailable(last)
+    if code != 0:
+        raise BuildError(f"TensorRT-LLM failed to build LLM engine rank {rank} (exit code "
+                         f"{code}): {last or 'no output'}; rerun with -v to see its log")
+
+
+def _write_reproduce(path: Path, commands: list[list[str]]) -> None:
+    lines = ["#!/usr/bin/env bash", "# Rebuild the LLM engine ranks of this folder.",
+             "set -euo pipefail", 'cd "$(dirname "$0")"',
+             *(shlex.join(c) for c in commands)]
+    path.write_text("\n".join(lines) + "\n")
+    path.chmod(0o755)
+
+
+# ---- child process -----------------------------------------------------------------------
+
+def _build_rank(checkpoint: Path, engine_dir: Path, rank: int, config_file: Path) -> None:
+    require("tensorrt_llm", extra="trtllm", why="build the LLM engine")
+    from tensorrt_llm.builder import BuildConfig, build
+    from tensorrt_llm.logger import logger
+
+    from .network import Qwen3VLConfig, Qwen3VLForCausalLM
+
+    logger.set_level("info")
+    settings = json.loads(config_file.read_text())
+    config = Qwen3VLConfig.from_checkpoint(str(checkpoint))
+    if config.max_position_embeddings != settings["max_seq_len"]:
+        # Below max_seq_len the attention kernel would fall back to a path that ignores the
+        # MRoPE table; above it every request's table grows for nothing.
+        raise BuildError(f"{checkpoint} was converted with max_position_embeddings "
+                         f"{config.max_position_embeddings}, the engine needs max_seq_len "
+                         f"{settings['max_seq_len']}; convert again with that max_seq_len")
+    model = Qwen3VLForCausalLM.from_checkpoint(str(checkpoint), rank=rank, config=config)
+    engine = build(model, BuildConfig.from_dict(settings))
+    engine.save(str(engine_dir))
+
+
+def _main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    checkpoint, engine_dir, rank, config_file = argv
+    try:
+        _build_rank(Path(checkpoint), Path(engine_dir), int(rank), Path(config_file))
+    except DependencyError as exc:
+        print(exc, flush=True)
+        return UNAVAILABLE_EXIT
+    except QvlError as exc:
+        print(exc, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,157 @@
+"""The LLM engine stage where TensorRT-LLM is absent: the BuildConfig derived from every
+shipped profile, the stop with exit code 3 after the checkpoint conversion, and `--resume`.
+The engine build itself is tests/test_llm_engine_trtllm.py (NGC container, GPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shlex
+import sys
+
+import pytest
+from cli_harness import run_cli
+
+from qvl_trt.build import Stage, resume_build
+from qvl_trt.checkpoint import open_checkpoint
+from qvl_trt.errors import BuildError, ConfigError, StageUnavailable
+from qvl_trt.llm.engine import (
+    TRTLLM_CONTAINER,
+    _run_rank,
+    container_command,
+    engine_build_config,
+)
+from qvl_trt.plan import make_plan
+from qvl_trt.profiles import load_profile, profile_names
+from qvl_trt.tiny_checkpoint import write_config_only
+
+# tensorrt_llm.builder.BuildConfig's fields and the PluginConfig fields we set, as read in the
+# TensorRT-LLM 1.2 sources. BuildConfig.from_dict pops the keys it knows and silently drops
+# the rest, so a misspelt key would be lost without this check.
+BUILD_CONFIG_FIELDS = {
+    "max_input_len", "max_seq_len", "opt_batch_size", "max_batch_size", "max_beam_width",
+    "max_num_tokens", "opt_num_tokens", "max_prompt_embedding_table_size", "kv_cache_type",
+    "gather_context_logits", "gather_generation_logits", "strongly_typed",
+    "force_num_profiles", "profiling_verbosity", "enable_debug_output", "max_draft_len",
+    "speculative_decoding_mode", "use_refit", "input_timing_cache", "output_timing_cache",
+    "lora_config", "weight_sparsity", "weight_streaming", "plugin_config", "use_strip_plan",
+    "max_encoder_input_len", "dry_run", "visualize_network", "monitor_memory", "use_mrope",
+}
+PLUGIN_CONFIG_FIELDS = {
+    "gemm_plugin", "gpt_attention_plugin", "paged_kv_cache", "remove_input_padding",
+    "context_fmha", "use_paged_context_fmha", "tokens_per_block", "multiple_profiles",
+}
+needs_no_trtllm = pytest.mark.skipif(
+    importlib.util.find_spec("tensorrt_llm") is not None,
+    reason="TensorRT-LLM is installed here, so the llm stage builds instead of stopping; "
+    "tests/test_llm_engine_trtllm.py covers the build")
+
+
+@pytest.mark.parametrize("name", profile_names())
+def test_build_config_follows_the_profile(name, tmp_path_factory):
+    profile = load_profile(name)
+    lim = profile.limits
+    config = engine_build_config(profile, deepstack_layers=3)
+    assert set(config) <= BUILD_CONFIG_FIELDS and set(config["plugin_config"]) <= PLUGIN_CONFIG_FIELDS
+    assert {k: config[k] for k in ("max_batch_size", "max_input_len", "max_seq_len",
+                                   "max_num_tokens")} == {
+        "max_batch_size": lim.max_batch_size, "max_input_len": lim.max_input_len,
+        "max_seq_len": lim.max_seq_len, "max_num_tokens": lim.max_num_tokens}
+    assert config["max_prompt_embedding_table_size"] == (
+        lim.max_batch_size * 4 * lim.max_images_per_request * (lim.vision_max_pixels // 1024))
+    assert config["use_mrope"] is True and config["max_beam_width"] == 1
+    assert config["plugin_config"] == {
+        "gemm_plugin": "float16", "gpt_attention_plugin": "float16", "paged_kv_cache": True,
+        "remove_input_padding": True, "context_fmha": True, "use_paged_context_fmha": True,
+        "tokens_per_block": lim.tokens_per_block, "multiple_profiles": True}
+    # The planner reserves the same prompt-table buffer the engine will allocate.
+    model = tmp_path_factory.getbasetemp() / "config-2b"
+    if not model.exists():
+        write_config_only(model, "2b")
+    assert make_plan(open_checkpoint(model), profile).prompt_table_rows == \
+        config["max_prompt_embedding_table_size"]
+
+
+def test_build_config_dtypes():
+    profile = load_profile("h100")
+    bf16 = engine_build_config(profile, deepstack_layers=3, dtype="bfloat16")["plugin_config"]
+    assert bf16["gemm_plugin"] == bf16["gpt_attention_plugin"] == "bfloat16"
+    fp32 = engine_build_config(profile, deepstack_layers=3, dtype="float32")["plugin_config"]
+    assert not fp32["context_fmha"] and not fp32["use_paged_context_fmha"]
+    with pytest.raises(ConfigError, match="'int8' is not one of float16, bfloat16, float32"):
+        engine_build_config(profile, deepstack_layers=3, dtype="int8")
+
+
+def test_container_command_mounts_what_the_build_reads(tmp_path):
+    out, model, profile = tmp_path / "my build", tmp_path / "ckpt", tmp_path / "p.toml"
+    words = shlex.split(container_command(out, [model, profile]))
+    assert words[:4] == ["docker", "run", "--rm", "--gpus"] and TRTLLM_CONTAINER in words
+    volumes = [words[i + 1] for i, w in enumerate(words) if w == "-v"]
+    for path in (out, model, profile):
+        assert f"{path}:{path}" in volumes
+    assert words[-1].endswith(f"qvl-trt build --resume {shlex.quote(str(out))}")
+
+
+def test_child_exit_codes_become_build_errors(tmp_path):
+    def child(code: int) -> list[str]:
+        return [sys.executable, "-c", f"print('log line'); print('the reason'); exit({code})"]
+
+    with pytest.raises(StageUnavailable, match="^the reason$"):
+        _run_rank(0, child(3), tmp_path)
+    with pytest.raises(BuildError, match=r"rank 1 \(exit code 2\): the reason; rerun with -v"):
+        _run_rank(1, child(2), tmp_path)
+    assert (tmp_path / "build-rank1.log").read_text() == "log line\nthe reason\n"
+
+
+@pytest.fixture(scope="module")
+def stopped_build(tiny_ckpt, tmp_path_factory):
+    """`qvl-trt build --only llm` run where tensorrt_llm cannot be imported."""
+    out = tmp_path_factory.mktemp("llm") / "b"
+    result = run_cli("build", "-m", str(tiny_ckpt), "-g", "4090d", "-o", str(out), "--only",
+                     "llm", block=("tensorrt_llm",))
+    return out, result
+
+
+@needs_no_trtllm
+def test_llm_stage_stops_after_the_checkpoint_with_exit_3(stopped_build, tiny_ckpt):
+    out, result = stopped_build
+    assert result.returncode == 3, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0] == result.stderr.strip().splitlines()[-1]
+    message = errors[0]
+    assert "Traceback" not in result.stderr
+    assert "tensorrt_llm" in message and "pip install 'qvl-trt[trtllm]'" in message
+    assert f"converted checkpoint is kept in {out / 'llm_checkpoint'}" in message
+    docker = shlex.split(message.split("container: ", 1)[1])
+    assert TRTLLM_CONTAINER in docker
+    assert f"{out}:{out}" in docker and f"{tiny_ckpt}:{tiny_ckpt}" in docker
+    assert docker[-1].endswith(f"qvl-trt build --resume {out}")
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert set(manifest["stages"]) == {"inspect", "plan", "llm_checkpoint"}
+    record = manifest["stages"]["llm_checkpoint"]
+    assert set(record["outputs"]) == {"config.json", "rank0.safetensors"}
+    assert record["inputs"]["max_seq_len"] == load_profile("4090d").limits.max_seq_len
+    config = json.loads((out / "llm_checkpoint" / "config.json").read_text())
+    assert config["max_position_embeddings"] == load_profile("4090d").limits.max_seq_len
+    assert not (out / "llm").exists()
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".") and p.name != ".lock"]
+
+
+@needs_no_trtllm
+def test_resume_skips_the_converted_checkpoint(stopped_build):
+    out, first = stopped_build
+    assert first.returncode == 3
+    before = json.loads((out / "manifest.json").read_text())["stages"]["llm_checkpoint"]
+    mtime = (out / "llm_checkpoint" / "rank0.safetensors").stat().st_mtime_ns
+
+    again = run_cli("build", "--resume", str(out), "--only", "llm", block=("tensorrt_llm",))
+    assert again.returncode == 3, again.stderr
+    assert "stage llm_checkpoint: unchanged, skipped" in again.stderr
+    with pytest.raises(StageUnavailable, match="qvl-trt build --resume"):
+        resume_build(out, only=(Stage.LLM,))
+
+    after = json.loads((out / "manifest.json").read_text())["stages"]["llm_checkpoint"]
+    assert after["finished_at"] == before["finished_at"]
+    assert after["outputs"] == before["outputs"]
+    assert (out / "llm_checkpoint" / "rank0.safetensors").stat().st_mtime_ns == mtime
