@@ -1,0 +1,177 @@
+"""The config.pbtxt of every model of one build in the repository, as protobufs.
+
+Everything a config holds comes from `StepSettings` (the GPU profile's limits, the built
+engines, the flavor), so the files never carry a "${...}" placeholder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import contract as c
+from .pbconfig import add_inputs, add_outputs, new_config, pb2, set_parameters
+
+# The postprocessing parameter naming the tensorrt_llm model it calls.
+LLM_MODEL_PARAMETER = "tensorrt_llm_model"
+# Where the TensorRT-LLM container installs the executor worker (orchestrator mode).
+EXECUTOR_WORKER_PATH = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
+
+
+class Flavor(str, enum.Enum):
+    """How the vision_encoder and tensorrt_llm steps run; the I/O is the same."""
+
+    TRT = "trt"  # vision TensorRT engine in a python model; the stock tensorrtllm backend
+    REFERENCE = "reference"  # PyTorch vision tower and reference decoder, python models
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    names: c.ModelNames
+    flavor: Flavor
+    max_batch_size: int
+    hidden_size: int
+    patch_dim: int
+    table_dtype: str  # contract type of prompt_embedding_table: the LLM engine's dtype
+    # tensorrt_llm backend (trt flavor)
+    engine_dir: str = ""
+    kv_cache_free_gpu_mem_fraction: float = 0.9
+    batch_scheduler_policy: str = "guaranteed_no_evict"
+    # python models' parameters (read by their model.py), by step
+    parameters: Mapping[str, Mapping[str, str | int | float | bool]] = field(
+        default_factory=dict)
+    preprocessing_instances: int = 2
+
+
+def step_configs(s: StepSettings) -> dict[str, Any]:
+    """Model name -> ModelConfig for the five models of one build."""
+    n = s.names
+    return {
+        n.preprocessing: preprocessing_config(s),
+        n.vision_encoder: vision_encoder_config(s),
+        n.tensorrt_llm: tensorrt_llm_config(s),
+        n.postprocessing: postprocessing_config(s),
+        n.ensemble: ensemble_config(s),
+    }
+
+
+def _python_model(s: StepSettings, name: str, step: str, *, instances: int = 1,
+                  decoupled: bool = False) -> Any:
+    config = new_config(name, backend="python", max_batch_size=s.max_batch_size)
+    # KIND_CPU: the model picks its device itself, so the same repository loads on a machine
+    # without GPUs (reference flavor) and Triton does not pin one instance per GPU.
+    config.instance_group.add(count=instances, kind=pb_kind("KIND_CPU"))
+    if decoupled:
+        config.model_transaction_policy.decoupled = True
+    set_parameters(config, s.parameters.get(step, {}))
+    return config
+
+
+def pb_kind(name: str) -> int:
+    return pb2().ModelInstanceGroup.Kind.Value(name)
+
+
+def _specialise(specs: tuple[c.TensorSpec, ...], s: StepSettings) -> list[c.TensorSpec]:
+    """Contract specs with the build's dims and prompt-table dtype filled in."""
+    out = []
+    for spec in specs:
+        if spec.name == c.PROMPT_EMBEDDING_TABLE:
+            spec = dataclasses.replace(spec, data_type=s.table_dtype,
+                                       dims=(-1, s.hidden_size))
+        elif spec.name == c.PIXEL_VALUES:
+            spec = dataclasses.replace(spec, dims=(-1, s.patch_dim))
+        out.append(spec)
+    return out
+
+
+def preprocessing_config(s: StepSettings) -> Any:
+    config = _python_model(s, s.names.preprocessing, c.PREPROCESSING,
+                           instances=s.preprocessing_instances)
+    add_inputs(config, _specialise(c.PREPROCESSING_INPUTS, s))
+    add_outputs(config, _specialise(c.PREPROCESSING_OUTPUTS, s))
+    return config
+
+
+def vision_encoder_config(s: StepSettings) -> Any:
+    config = _python_model(s, s.names.vision_encoder, c.VISION_ENCODER)
+    add_inputs(config, _specialise(c.VISION_INPUTS, s))
+    add_outputs(config, _specialise(c.VISION_OUTPUTS, s))
+    return config
+
+
+def tensorrt_llm_config(s: StepSettings) -> Any:
+    if s.flavor is Flavor.REFERENCE:
+        # Same I/O as the stock backend; decoupled so it streams like it.
+        config = _python_model(s, s.names.tensorrt_llm, c.TENSORRT_LLM, decoupled=True)
+    else:
+        config = new_config(s.names.tensorrt_llm, backend="tensorrtllm",
+                            max_batch_size=s.max_batch_size)
+        config.model_transaction_policy.decoupled = True
+        config.dynamic_batching.preferred_batch_size.append(s.max_batch_size)
+        # The backend places work on the GPUs itself: one CPU instance.
+        config.instance_group.add(count=1, kind=pb_kind("KIND_CPU"))
+        set_parameters(config, trtllm_parameters(s))
+    add_inputs(config, _specialise(c.LLM_INPUTS, s))
+    add_outputs(config, c.LLM_OUTPUTS)
+    return config
+
+
+def trtllm_parameters(s: StepSettings) -> dict[str, str | int | float | bool]:
+    """Parameters of the stock tensorrtllm backend (all strings in the config)."""
+    return {
+        "gpt_model_type": "inflight_fused_batching",
+        "gpt_model_path": s.engine_dir,
+        "max_beam_width": 1,
+        "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
+        "batch_scheduler_policy": s.batch_scheduler_policy,
+        "kv_cache_free_gpu_mem_fraction": s.kv_cache_free_gpu_mem_fraction,
+        # Prefill long multimodal prompts in chunks beside running decodes.
+        "enable_chunked_context": True,
+        # Safe with images: preprocessing sends prompt_table_extra_ids (the image hash on every
+        # visual token), so cached blocks of one image are never reused for another.
+        "enable_kv_cache_reuse": True,
+        # output_ids then hold only generated tokens, streaming or not.
+        "exclude_input_in_output": True,
+        "cancellation_check_period_ms": 100,
+        "stats_check_period_ms": 100,
+        "executor_worker_path": EXECUTOR_WORKER_PATH,
+    }
+
+
+def postprocessing_config(s: StepSettings) -> Any:
+    # Decoupled: it streams text as tensorrt_llm (which it calls) streams tokens. One
+    # instance; each request runs in a worker thread of it.
+    config = _python_model(s, s.names.postprocessing, c.POSTPROCESSING, decoupled=True)
+    set_parameters(config, {LLM_MODEL_PARAMETER: s.names.tensorrt_llm,
+                            "workers": 2 * s.max_batch_size})
+    add_inputs(config, _specialise(c.POSTPROCESSING_INPUTS, s))
+    add_outputs(config, c.POSTPROCESSING_OUTPUTS)
+    return config
+
+
+def ensemble_config(s: StepSettings) -> Any:
+    """preprocessing -> vision_encoder -> postprocessing (which runs tensorrt_llm). Step
+    outputs go through internal tensors named `_<tensor>`; the public I/O keeps the
+    contract names."""
+    n = s.names
+    config = new_config(n.ensemble, platform="ensemble", max_batch_size=s.max_batch_size)
+    add_inputs(config, c.ENSEMBLE_INPUTS)
+    add_outputs(config, c.ENSEMBLE_OUTPUTS)
+    public_out = {spec.name for spec in c.ENSEMBLE_OUTPUTS}
+
+    def add_step(model: str, inputs: tuple[c.TensorSpec, ...],
+                 outputs: tuple[c.TensorSpec, ...], *, from_public: bool = False) -> None:
+        step = config.ensemble_scheduling.step.add(model_name=model, model_version=-1)
+        for spec in inputs:
+            step.input_map[spec.name] = spec.name if from_public else f"_{spec.name}"
+        for spec in outputs:
+            step.output_map[spec.name] = spec.name if spec.name in public_out else f"_{spec.name}"
+
+    add_step(n.preprocessing, c.PREPROCESSING_INPUTS, c.PREPROCESSING_OUTPUTS,
+             from_public=True)
+    add_step(n.vision_encoder, c.VISION_INPUTS, c.VISION_OUTPUTS)
+    add_step(n.postprocessing, c.POSTPROCESSING_INPUTS, c.POSTPROCESSING_OUTPUTS)
+    return config

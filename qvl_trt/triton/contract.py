@@ -1,0 +1,217 @@
+"""The tensor contract of the generated Triton repository.
+
+Two layers:
+- the ensemble's public inputs and outputs (what clients send and receive);
+- the tensors passed between its steps. Names and types of the `tensorrt_llm` step's tensors
+  are the stock TensorRT-LLM backend's (its all_models/inflight_batcher_llm/tensorrt_llm
+  config), so that step is the unmodified backend in the trt flavor and a python model with
+  the same I/O in the reference flavor.
+
+Data types are Triton's names without the `TYPE_` prefix; dims exclude the batch dimension
+(every model is built with max_batch_size > 0, so clients send a leading batch dim of 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# ---- model names ----------------------------------------------------------------------------
+# The ensemble's steps: preprocessing -> vision_encoder -> postprocessing; postprocessing runs
+# tensorrt_llm (a separate model of the repository) for each request, see below.
+
+PREPROCESSING = "preprocessing"
+VISION_ENCODER = "vision_encoder"
+TENSORRT_LLM = "tensorrt_llm"
+POSTPROCESSING = "postprocessing"
+ENSEMBLE = "ensemble"
+# The models of one build besides its ensemble.
+MEMBERS = (PREPROCESSING, VISION_ENCODER, TENSORRT_LLM, POSTPROCESSING)
+
+
+@dataclass(frozen=True)
+class ModelNames:
+    """Names of one build's models in a repository. An unnamed build uses the upstream names
+    (`ensemble`, `preprocessing`, ...); a named build `NAME` (several builds in one
+    repository) uses `NAME` for its ensemble and `NAME_<step>` for its steps."""
+
+    ensemble: str = ENSEMBLE
+    preprocessing: str = PREPROCESSING
+    vision_encoder: str = VISION_ENCODER
+    tensorrt_llm: str = TENSORRT_LLM
+    postprocessing: str = POSTPROCESSING
+
+    @classmethod
+    def for_build(cls, name: str | None) -> ModelNames:
+        if not name:
+            return cls()
+        return cls(name, *(f"{name}_{member}" for member in MEMBERS))
+
+    def all(self) -> tuple[str, ...]:
+        """Every model of the build, the ensemble first."""
+        return (self.ensemble, self.preprocessing, self.vision_encoder, self.tensorrt_llm,
+                self.postprocessing)
+
+
+# ---- tensor specs -----------------------------------------------------------------------------
+
+# Triton data type -> numpy dtype name (BYTES travel as numpy object arrays of bytes).
+NUMPY_DTYPES = {
+    "BOOL": "bool", "UINT8": "uint8", "INT32": "int32", "INT64": "int64", "UINT64": "uint64",
+    "FP16": "float16", "FP32": "float32", "BYTES": "object",
+}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    data_type: str  # "INT32", "FP16", "BYTES", ... (Triton's TYPE_* without the prefix)
+    dims: tuple[int, ...]  # without the batch dimension; -1 is dynamic
+    optional: bool = False
+    # Scalars the tensorrtllm backend reads as shape [] per batch row.
+    reshape: tuple[int, ...] | None = None
+    ragged: bool = False  # allow_ragged_batch: rows of different lengths in one batch
+
+    @property
+    def numpy_dtype(self) -> str:
+        return NUMPY_DTYPES[self.data_type]
+
+
+def _scalar(name: str, data_type: str, *, optional: bool = False,
+            reshape: bool = False) -> TensorSpec:
+    return TensorSpec(name, data_type, (1,), optional, () if reshape else None)
+
+
+# ---- the ensemble's public I/O ------------------------------------------------------------
+
+MESSAGES = "messages"  # JSON chat (OpenAI-style content parts), UTF-8
+TEXT_INPUT = "text_input"  # a plain question (with image_bytes: one user turn)
+IMAGE_BYTES = "image_bytes"  # encoded images (JPEG/PNG/WebP/...) or data: URIs, one per element
+MAX_TOKENS = "max_tokens"
+TEMPERATURE = "temperature"  # 0 means greedy
+TOP_P = "top_p"
+TOP_K = "top_k"
+SEED = "seed"
+STOP = "stop"  # stop strings
+STREAM = "stream"
+TEXT_OUTPUT = "text_output"  # streamed deltas when stream=true, the whole answer otherwise
+PROMPT_TOKENS = "prompt_tokens"  # tokens in the prompt, visual tokens included
+COMPLETION_TOKENS = "completion_tokens"  # tokens generated so far
+
+ENSEMBLE_INPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec(MESSAGES, "BYTES", (1,), optional=True),
+    TensorSpec(TEXT_INPUT, "BYTES", (1,), optional=True),
+    TensorSpec(IMAGE_BYTES, "BYTES", (-1,), optional=True),
+    _scalar(MAX_TOKENS, "INT32", optional=True),
+    _scalar(TEMPERATURE, "FP32", optional=True),
+    _scalar(TOP_P, "FP32", optional=True),
+    _scalar(TOP_K, "INT32", optional=True),
+    _scalar(SEED, "UINT64", optional=True),
+    TensorSpec(STOP, "BYTES", (-1,), optional=True),
+    _scalar(STREAM, "BOOL", optional=True),
+)
+ENSEMBLE_OUTPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec(TEXT_OUTPUT, "BYTES", (1,)),
+    _scalar(PROMPT_TOKENS, "INT32"),
+    _scalar(COMPLETION_TOKENS, "INT32"),
+)
+
+# ---- tensors between the steps ------------------------------------------------------------
+
+# tensorrt_llm inputs (stock backend names)
+INPUT_IDS = "input_ids"
+INPUT_LENGTHS = "input_lengths"
+REQUEST_OUTPUT_LEN = "request_output_len"
+END_ID = "end_id"
+PAD_ID = "pad_id"
+STREAMING = "streaming"
+RUNTIME_TOP_K = "runtime_top_k"
+RUNTIME_TOP_P = "runtime_top_p"
+# TEMPERATURE and SEED: the backend's names equal the public ones.
+STOP_WORDS_LIST = "stop_words_list"
+PROMPT_EMBEDDING_TABLE = "prompt_embedding_table"
+PROMPT_TABLE_EXTRA_IDS = "prompt_table_extra_ids"
+PROMPT_VOCAB_SIZE = "prompt_vocab_size"
+MROPE_ROTARY_COS_SIN = "mrope_rotary_cos_sin"
+MROPE_POSITION_DELTAS = "mrope_position_deltas"
+# tensorrt_llm outputs
+OUTPUT_IDS = "output_ids"
+SEQUENCE_LENGTH = "sequence_length"
+# preprocessing -> vision_encoder
+PIXEL_VALUES = "pixel_values"  # patch rows of every image of the request, concatenated
+IMAGE_GRID_THW = "image_grid_thw"  # (t, h, w) patches per image; 0 rows for text-only
+IMAGE_HASHES = "image_hashes"  # 64-bit content hash per image: cache key and KV-reuse id
+
+LLM_INPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec(INPUT_IDS, "INT32", (-1,), ragged=True),
+    _scalar(INPUT_LENGTHS, "INT32", reshape=True),
+    _scalar(REQUEST_OUTPUT_LEN, "INT32", reshape=True),
+    _scalar(END_ID, "INT32", optional=True, reshape=True),
+    _scalar(PAD_ID, "INT32", optional=True, reshape=True),
+    _scalar(STREAMING, "BOOL", optional=True, reshape=True),
+    _scalar(TEMPERATURE, "FP32", optional=True, reshape=True),
+    _scalar(RUNTIME_TOP_K, "INT32", optional=True, reshape=True),
+    _scalar(RUNTIME_TOP_P, "FP32", optional=True, reshape=True),
+    _scalar(SEED, "UINT64", optional=True, reshape=True),
+    TensorSpec(STOP_WORDS_LIST, "INT32", (2, -1), optional=True, ragged=True),
+    # FP16 for float16 engines; the repository emitter sets the build's dtype.
+    TensorSpec(PROMPT_EMBEDDING_TABLE, "FP16", (-1, -1), optional=True, ragged=True),
+    TensorSpec(PROMPT_TABLE_EXTRA_IDS, "UINT64", (-1,), optional=True, ragged=True),
+    _scalar(PROMPT_VOCAB_SIZE, "INT32", optional=True, reshape=True),
+    TensorSpec(MROPE_ROTARY_COS_SIN, "FP32", (-1,), optional=True),
+    _scalar(MROPE_POSITION_DELTAS, "INT64", optional=True),
+)
+LLM_OUTPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec(OUTPUT_IDS, "INT32", (-1, -1)),  # (beam, tokens); new tokens only when streaming
+    TensorSpec(SEQUENCE_LENGTH, "INT32", (-1,)),
+)
+
+PREPROCESSING_INPUTS = ENSEMBLE_INPUTS
+PREPROCESSING_OUTPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec(INPUT_IDS, "INT32", (-1,)),
+    _scalar(INPUT_LENGTHS, "INT32"),
+    _scalar(REQUEST_OUTPUT_LEN, "INT32"),
+    _scalar(END_ID, "INT32"),
+    _scalar(PAD_ID, "INT32"),
+    _scalar(STREAMING, "BOOL"),
+    _scalar(TEMPERATURE, "FP32"),
+    _scalar(RUNTIME_TOP_K, "INT32"),
+    _scalar(RUNTIME_TOP_P, "FP32"),
+    _scalar(SEED, "UINT64"),
+    TensorSpec(STOP_WORDS_LIST, "INT32", (2, -1)),
+    TensorSpec(PROMPT_TABLE_EXTRA_IDS, "UINT64", (-1,)),
+    TensorSpec(MROPE_ROTARY_COS_SIN, "FP32", (-1,)),
+    _scalar(MROPE_POSITION_DELTAS, "INT64"),
+    TensorSpec(PIXEL_VALUES, "FP32", (-1, -1)),  # (patches, C*T*P*P)
+    TensorSpec(IMAGE_GRID_THW, "INT64", (-1, 3)),
+    TensorSpec(IMAGE_HASHES, "UINT64", (-1,)),
+)
+
+VISION_INPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec(PIXEL_VALUES, "FP32", (-1, -1)),
+    TensorSpec(IMAGE_GRID_THW, "INT64", (-1, 3)),
+    TensorSpec(IMAGE_HASHES, "UINT64", (-1,)),
+)
+VISION_OUTPUTS: tuple[TensorSpec, ...] = (
+    # (1+K) rows of width hidden_size per visual token (main + K DeepStack rows); one zero
+    # row for a text-only request, which no input id references.
+    TensorSpec(PROMPT_EMBEDDING_TABLE, "FP16", (-1, -1)),
+    _scalar(PROMPT_VOCAB_SIZE, "INT32"),
+)
+
+# postprocessing drives tensorrt_llm: it receives every tensorrt_llm input the earlier steps
+# make, forwards them (BLS, streaming) and turns the token responses into text. An ensemble
+# cannot do that hop itself: a step after a decoupled step may only read that step's outputs
+# ("receives inputs originated from different decoupled models"), and the text of a stream
+# needs per-request state that only the request's own caller holds.
+_LLM_INPUT_NAMES = frozenset(s.name for s in LLM_INPUTS)
+POSTPROCESSING_INPUTS: tuple[TensorSpec, ...] = tuple(
+    s for s in PREPROCESSING_OUTPUTS + VISION_OUTPUTS if s.name in _LLM_INPUT_NAMES)
+POSTPROCESSING_OUTPUTS = ENSEMBLE_OUTPUTS
+
+
+def spec(specs: tuple[TensorSpec, ...], name: str) -> TensorSpec:
+    """The spec called `name` in `specs`."""
+    for s in specs:
+        if s.name == name:
+            return s
+    raise KeyError(name)

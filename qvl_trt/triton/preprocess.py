@@ -1,0 +1,127 @@
+"""The preprocessing step: one request's public inputs -> the tensors of the later steps
+(named by the contract, without the batch dimension)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+from ..mm.request import RequestLimits, RequestPreprocessor
+from . import contract as c
+from .request_inputs import SamplingDefaults, UrlPolicy, chat_request
+
+
+@dataclass(frozen=True)
+class PreprocessLimits:
+    """The deployment's per-request limits (the preprocessing model's parameters)."""
+
+    max_images: int
+    max_input_len: int
+    max_seq_len: int
+    min_pixels: int
+    max_pixels: int
+    default_max_tokens: int
+    image_url_allow_list: str = ""
+
+    @classmethod
+    def from_parameters(cls, params: Mapping[str, str]) -> PreprocessLimits:
+        return cls(
+            max_images=int(params["max_images"]), max_input_len=int(params["max_input_len"]),
+            max_seq_len=int(params["max_seq_len"]), min_pixels=int(params["min_pixels"]),
+            max_pixels=int(params["max_pixels"]),
+            default_max_tokens=int(params["default_max_tokens"]),
+            image_url_allow_list=params.get("image_url_allow_list", ""))
+
+
+class Preprocessor:
+    def __init__(self, checkpoint_dir: Path, limits: PreprocessLimits) -> None:
+        self.limits = limits
+        self.requests = RequestPreprocessor.from_checkpoint(checkpoint_dir, RequestLimits(
+            max_images=limits.max_images, max_input_len=limits.max_input_len,
+            max_positions=limits.max_seq_len, min_pixels=limits.min_pixels,
+            max_pixels=limits.max_pixels))
+        gen_path = Path(checkpoint_dir) / "generation_config.json"
+        generation = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
+        self.defaults = SamplingDefaults.from_generation_config(generation)
+        eos = generation.get("eos_token_id", self.requests.prompts.tokenizer.eos_token_id)
+        eos = list(eos) if isinstance(eos, Sequence) else [eos]
+        self.end_id = int(eos[0])
+        # TensorRT-LLM takes one end id; the others stop generation as one-token stop words.
+        self.extra_end_ids = [[int(t)] for t in eos[1:]]
+        self.pad_id = int(generation.get("pad_token_id", self.end_id))
+        self.urls = UrlPolicy.from_parameter(limits.image_url_allow_list)
+        self.patch_dim = self.requests.pixels.patch_dim
+
+    def __call__(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """`inputs`: public input name -> value (scalars unwrapped, absent ones missing)."""
+        request = chat_request(inputs, urls=self.urls, defaults=self.defaults)
+        prepared = self.requests.prepare(messages=request.messages, images=request.images)
+        s = request.settings
+        prompt_tokens = prepared.num_tokens
+        room = self.limits.max_seq_len - prompt_tokens
+        max_tokens = min(self.limits.default_max_tokens, room) if s.max_tokens is None \
+            else s.max_tokens
+        if max_tokens > room:
+            raise InputError(
+                f"max_tokens = {max_tokens} is above the limit: the prompt has {prompt_tokens} "
+                f"tokens and the engine holds {self.limits.max_seq_len} per sequence, so at most "
+                f"{room} can be generated; lower max_tokens")
+        greedy = s.temperature == 0 or s.top_k == 1
+        tokenizer = self.requests.prompts.tokenizer
+        stops = [tokenizer.encode(text, add_special_tokens=False) for text in s.stop]
+        tensors = prepared.tensors()
+        seed = s.seed if s.seed is not None else secrets.randbits(63)
+
+        def scalar(value, dtype) -> np.ndarray:
+            return np.array([value], dtype)
+
+        pixel_values = tensors["pixel_values"].reshape(-1, self.patch_dim)
+        return {
+            c.INPUT_IDS: prepared.engine_input_ids.astype(np.int32),
+            c.INPUT_LENGTHS: scalar(prompt_tokens, np.int32),
+            c.REQUEST_OUTPUT_LEN: scalar(max_tokens, np.int32),
+            c.END_ID: scalar(self.end_id, np.int32),
+            c.PAD_ID: scalar(self.pad_id, np.int32),
+            c.STREAMING: scalar(s.stream, np.bool_),
+            # Greedy as TensorRT-LLM spells it: top_k 1 (temperature 0 is not accepted there).
+            c.TEMPERATURE: scalar(1.0 if greedy else s.temperature, np.float32),
+            c.RUNTIME_TOP_K: scalar(1 if greedy else s.top_k, np.int32),
+            c.RUNTIME_TOP_P: scalar(1.0 if greedy else s.top_p, np.float32),
+            c.SEED: scalar(seed, np.uint64),
+            c.STOP_WORDS_LIST: stop_words_list(stops + self.extra_end_ids),
+            c.PROMPT_TABLE_EXTRA_IDS: tensors["prompt_table_extra_ids"].astype(np.uint64),
+            c.MROPE_ROTARY_COS_SIN: tensors["mrope_rotary_cos_sin"].astype(np.float32),
+            c.MROPE_POSITION_DELTAS: tensors["mrope_position_deltas"].astype(np.int64),
+            c.PIXEL_VALUES: pixel_values.astype(np.float32),
+            c.IMAGE_GRID_THW: tensors["image_grid_thw"].astype(np.int64),
+            c.IMAGE_HASHES: tensors["image_hashes"].astype(np.uint64),
+        }
+
+
+def stop_words_list(sequences: Sequence[Sequence[int]]) -> np.ndarray:
+    """TensorRT-LLM's word-list tensor [2, L]: row 0 the token ids of all sequences one after
+    another, row 1 the end offset of each sequence; padded with 0 / -1 (at least one column,
+    so an empty list is [[0], [-1]])."""
+    flat = [int(t) for seq in sequences for t in seq]
+    offsets = np.cumsum([len(seq) for seq in sequences]).tolist()
+    width = max(1, len(flat), len(offsets))
+    out = np.zeros((2, width), np.int32)
+    out[1, :] = -1
+    out[0, : len(flat)] = flat
+    out[1, : len(offsets)] = offsets
+    return out
+
+
+def word_list_sequences(word_list: np.ndarray) -> list[list[int]]:
+    """Inverse of stop_words_list: the token sequences of a [2, L] word list."""
+    flat, offsets = np.asarray(word_list).reshape(2, -1)
+    ends = [int(o) for o in offsets if o >= 0]
+    starts = [0, *ends][: len(ends)]
+    return [[int(t) for t in flat[a:b]] for a, b in zip(starts, ends, strict=True) if b > a]

@@ -1,0 +1,383 @@
+"""`qvl-trt repo`: a Triton model repository from one or more build folders.
+
+Per build, five models: preprocessing -> vision_encoder -> tensorrt_llm -> postprocessing,
+chained by an ensemble. The repository is self-contained: each python model's version
+folder holds its model.py (from `triton_repo/`), a zip of the qvl_trt package it imports
+(pure Python, pinned to the qvl-trt that wrote it), and the files it reads (tokenizer and
+configs, weights or engine), all found relative to model.py. A stock Triton container runs it
+without installing qvl-trt. The only absolute path is the tensorrtllm backend's
+gpt_model_path (the backend takes no relative one): it names where the repository will be
+mounted (`mount_path`, default: where it is written), and `qvl-trt serve` re-points it when
+the repository was moved.
+
+Large files (engines, weights) are hard-linked from the build when on the same filesystem.
+The repository is written beside `out` and renamed into place when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..checkpoint import Checkpoint, open_checkpoint
+from ..errors import BuildError, ConfigError
+from ..manifest import Manifest, write_json_atomic
+from ..profiles import GpuProfile
+from ..resources import data_dir
+from ..typed_config import load_dataclass, to_jsonable
+from . import contract as c
+from .configs import Flavor, StepSettings, step_configs
+from .pbconfig import write_config
+
+log = logging.getLogger(__name__)
+
+VERSION = "1"
+RUNTIME_ZIP = "qvl_trt_runtime.zip"
+MODEL_PY = "model.py"
+CHECKPOINT_DIR = "checkpoint"  # in a version folder: configs, tokenizer, weights
+ENGINE_DIR = "engine"  # in a version folder: the vision or LLM engine
+BUILD_INFO = "build.json"  # in the ensemble's version folder: what the repository holds
+TOKENIZER_JSON = "tokenizer.json"
+# Checkpoint files preprocessing reads (weights stay out).
+_CHECKPOINT_FILES = ("config.json", "preprocessor_config.json", "generation_config.json",
+                     "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+                     "chat_template.json", "chat_template.jinja")
+_TABLE_DTYPES = {"float16": "FP16", "float32": "FP32"}
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+@dataclass(frozen=True)
+class BuildInput:
+    """A build folder, and the name of its models in the repository (None: upstream names,
+    possible for one build only)."""
+
+    path: Path
+    name: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> BuildInput:
+        """`DIR` or `NAME=DIR` (the --build option)."""
+        name, sep, path = text.partition("=")
+        return cls(Path(path), name) if sep and name and "/" not in name else cls(Path(text))
+
+
+@dataclass(frozen=True)
+class RepoOptions:
+    flavor: Flavor = Flavor.TRT
+    # Where the repository will be mounted when served (the tensorrtllm backend reads an
+    # absolute engine path); None: where it is written.
+    mount_path: str | None = None
+    default_max_tokens: int = 512
+    vision_cache_mib: int = 512
+    image_url_allow_list: tuple[str, ...] = ()
+    preprocessing_instances: int = 2
+    # Python models running PyTorch (reference flavor): "auto" = cuda when present.
+    device: str = "auto"
+    # The reference flavor's precision for the vision tower, the prompt table and the
+    # decoder: float32 by default (it is the accuracy oracle, and what the in-process
+    # reference pipeline computes on a CPU).
+    reference_dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class RepoBuild:
+    name: str | None
+    names: c.ModelNames
+    source: Path
+
+
+@dataclass(frozen=True)
+class RepoResult:
+    path: Path
+    flavor: Flavor
+    builds: tuple[RepoBuild, ...]
+    models: tuple[str, ...] = ()
+
+
+def write_repo(builds: Sequence[BuildInput], out: Path, options: RepoOptions = RepoOptions(),
+               *, force: bool = False) -> RepoResult:
+    """Write the repository for `builds` at `out` (which must not exist unless `force`)."""
+    out = Path(out).absolute()
+    if not builds:
+        raise ConfigError("give at least one --build folder")
+    if out.exists() and not force:
+        raise ConfigError(f"{out} exists; pass --force to replace it or pick another --out")
+    named = _resolve_names(builds)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.staging-"))
+    try:
+        runtime = staging / f".{RUNTIME_ZIP}"
+        write_runtime_zip(runtime)
+        results, models = [], []
+        for build, name in named:
+            names = c.ModelNames.for_build(name)
+            _emit_build(build.path, names, staging, options, runtime,
+                        mount_root=Path(options.mount_path or out))
+            results.append(RepoBuild(name, names, build.path.resolve()))
+            models += names.all()
+        runtime.unlink()
+        _replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    log.info("wrote the %s repository %s (%d models)", options.flavor.value, out, len(models))
+    return RepoResult(out, options.flavor, tuple(results), tuple(models))
+
+
+def _resolve_names(builds: Sequence[BuildInput]) -> list[tuple[BuildInput, str | None]]:
+    """One build keeps the upstream names unless named; several need distinct names (the
+    folder name when not given)."""
+    if len(builds) == 1:
+        pairs = [(builds[0], builds[0].name)]
+    else:
+        pairs = [(b, b.name or Path(b.path).resolve().name) for b in builds]
+    seen: set[str] = set()
+    for _, name in pairs:
+        if name is not None and not _NAME.fullmatch(name):
+            raise ConfigError(f"build name {name!r} is not a Triton model name (letters, digits, "
+                              "_ . -); name it with --build NAME=DIR")
+        if name in seen:
+            raise ConfigError(f"two builds are named {name!r}; name them with --build NAME=DIR")
+        seen.add(name)
+    return pairs
+
+
+def _replace(staging: Path, out: Path) -> None:
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    if out.exists():
+        os.replace(out, old)
+    os.replace(staging, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# ---- one build ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Build:
+    """What the repository reads from a build folder."""
+
+    path: Path
+    manifest: Manifest
+    checkpoint: Checkpoint
+    profile: GpuProfile
+
+    def stage(self, name: str, why: str) -> Path:
+        """A stage's output folder (stage folders appear only when complete)."""
+        folder = self.path / name
+        if not folder.is_dir():
+            raise BuildError(f"{self.path} has no {name}/, which {why}; finish the build "
+                             f"with `qvl-trt build --resume {self.path}` first")
+        return folder
+
+
+def _open_build(path: Path) -> _Build:
+    path = Path(path).resolve()
+    manifest = Manifest.load(path)
+    if manifest is None or not manifest.options:
+        raise BuildError(f"{path} is not a qvl-trt build folder (no manifest.json); build one "
+                         "with `qvl-trt build --model M --gpu G --out DIR`")
+    profile_file = path / "plan" / "profile.json"
+    if not profile_file.is_file():
+        raise BuildError(f"{path} has no plan/profile.json; run `qvl-trt build --resume {path}`")
+    data = json.loads(profile_file.read_text())
+    profile = load_dataclass(GpuProfile, data, str(profile_file))
+    checkpoint = open_checkpoint(manifest.options["model"], validate=False)
+    return _Build(path, manifest, checkpoint, profile)
+
+
+def _emit_build(path: Path, names: c.ModelNames, root: Path, options: RepoOptions,
+                runtime: Path, *, mount_root: Path) -> None:
+    build = _open_build(path)
+    # The prompt table travels in the dtype the LLM step computes in.
+    llm_dtype = (build.manifest.options.get("llm_dtype", "float16")
+                 if options.flavor is Flavor.TRT else options.reference_dtype)
+    if llm_dtype not in _TABLE_DTYPES:
+        raise ConfigError(f"{build.path}: LLM dtype {llm_dtype} is not supported by the "
+                          f"repository's python models ({', '.join(_TABLE_DTYPES)})")
+    for name in names.all():
+        if (root / name).exists():
+            raise ConfigError(f"model {name} would be written twice; give the builds distinct "
+                              "names with --build NAME=DIR")
+    folders = {name: root / name / VERSION for name in names.all()}
+    for folder in folders.values():
+        folder.mkdir(parents=True)
+    ckpt, lim = build.checkpoint, build.profile.limits
+
+    pre = folders[names.preprocessing]
+    _python_model(pre, c.PREPROCESSING, runtime)
+    _copy_checkpoint_files(ckpt, pre / CHECKPOINT_DIR)
+
+    vision = folders[names.vision_encoder]
+    _python_model(vision, c.VISION_ENCODER, runtime)
+    _copy_files(ckpt.path, vision / CHECKPOINT_DIR, ["config.json"])
+    llm = folders[names.tensorrt_llm]
+    if options.flavor is Flavor.TRT:
+        _link_tree(build.stage("vision", "holds the vision engine"), vision / ENGINE_DIR,
+                   only=("model.engine", "config.json"))
+        _link_tree(build.stage("llm/engine", "holds the LLM engine"), llm / ENGINE_DIR)
+    else:
+        _write_vision_weights(ckpt, vision / CHECKPOINT_DIR / "model.safetensors")
+        _python_model(llm, c.TENSORRT_LLM, runtime)
+        _link_tree(build.stage("llm_checkpoint", "holds the converted LLM checkpoint"),
+                   llm / CHECKPOINT_DIR)
+
+    post = folders[names.postprocessing]
+    _python_model(post, c.POSTPROCESSING, runtime)
+    _copy_files(ckpt.path, post, [TOKENIZER_JSON])
+
+    settings = StepSettings(
+        names=names, flavor=options.flavor, max_batch_size=lim.max_batch_size,
+        hidden_size=ckpt.text.hidden_size, patch_dim=ckpt.vision.patch_dim,
+        table_dtype=_TABLE_DTYPES[llm_dtype],
+        engine_dir=str(mount_root / names.tensorrt_llm / VERSION / ENGINE_DIR),
+        kv_cache_free_gpu_mem_fraction=lim.kv_cache_free_gpu_mem_fraction,
+        preprocessing_instances=options.preprocessing_instances,
+        parameters=_python_parameters(build, options),
+    )
+    for name, config in step_configs(settings).items():
+        write_config(config, root / name)
+    write_json_atomic(folders[names.ensemble] / BUILD_INFO, _build_info(build, options, names))
+
+
+def _python_parameters(build: _Build, options: RepoOptions) -> dict[str, dict[str, Any]]:
+    lim = build.profile.limits
+    return {
+        c.PREPROCESSING: {
+            "max_images": lim.max_images_per_request, "max_input_len": lim.max_input_len,
+            "max_seq_len": lim.max_seq_len, "min_pixels": lim.vision_min_pixels,
+            "max_pixels": lim.vision_max_pixels,
+            "default_max_tokens": options.default_max_tokens,
+            "image_url_allow_list": ",".join(options.image_url_allow_list),
+        },
+        c.VISION_ENCODER: {
+            "flavor": options.flavor.value, "device": options.device,
+            "dtype": options.reference_dtype, "cache_bytes": options.vision_cache_mib * 2**20,
+        },
+        c.TENSORRT_LLM: {"device": options.device, "dtype": options.reference_dtype},
+        c.POSTPROCESSING: {},
+    }
+
+
+def _build_info(build: _Build, options: RepoOptions, names: c.ModelNames) -> dict[str, Any]:
+    """What validate checks the repository against."""
+    return {
+        "qvl_trt": __version__,
+        "flavor": options.flavor.value,
+        "build": str(build.path),
+        "cache_key": build.manifest.cache_key,
+        "models": to_jsonable(names),
+        "profile": to_jsonable(build.profile),
+        "llm_dtype": build.manifest.options.get("llm_dtype", "float16"),
+        "vision_dtype": build.manifest.options.get("vision_dtype", "float16"),
+        "tp_size": build.manifest.options.get("tp_size", 1),
+        "trt_edition": (build.manifest.options.get("trt_edition")
+                        or build.profile.gpu.trt_edition.value),
+    }
+
+
+# ---- files ----------------------------------------------------------------------------------
+
+def _python_model(folder: Path, step: str, runtime: Path) -> None:
+    template = data_dir("triton_repo") / step / VERSION / MODEL_PY
+    shutil.copyfile(template, folder / MODEL_PY)
+    _link(runtime, folder / RUNTIME_ZIP)
+
+
+def _copy_checkpoint_files(ckpt: Checkpoint, dest: Path) -> None:
+    _copy_files(ckpt.path, dest, [n for n in _CHECKPOINT_FILES if (ckpt.path / n).is_file()])
+
+
+def _copy_files(src: Path, dest: Path, names: Sequence[str]) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        if not (src / name).is_file():
+            raise BuildError(f"{src / name} is missing; the checkpoint is incomplete")
+        shutil.copyfile(src / name, dest / name)
+
+
+def _link(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another filesystem, or links unsupported
+        shutil.copyfile(src, dst)
+
+
+def _link_tree(src: Path, dest: Path, *, only: Sequence[str] | None = None) -> None:
+    """Link the files of a stage folder (`only` those) into `dest`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    files = [src / n for n in only] if only else sorted(p for p in src.iterdir() if p.is_file())
+    for path in files:
+        if not path.is_file():
+            raise BuildError(f"{path} is missing; rebuild that stage with `qvl-trt build "
+                             "--resume BUILD --force --only STAGE`")
+        _link(path, dest / path.name)
+
+
+def _write_vision_weights(ckpt: Checkpoint, dest: Path) -> None:
+    """The vision tower's tensors only (the reference vision_encoder loads them with the
+    checkpoint's config.json beside them)."""
+    from ..deps import require
+
+    safetensors_torch = require("safetensors.torch", extra="export",
+                                why="write the reference vision weights")
+    tensors = {name: ckpt.load(name).contiguous() for name in ckpt.tensors
+               if name.startswith("model.visual.")}
+    if not tensors:
+        raise BuildError(f"{ckpt.path} holds no vision weights (model.visual.*); the reference "
+                         "flavor needs the full checkpoint")
+    safetensors_torch.save_file(tensors, str(dest), {"format": "pt"})
+
+
+def write_runtime_zip(dest: Path) -> Path:
+    """A zip of the installed qvl_trt package (Python sources only) that a python model adds
+    to sys.path. Entries have fixed timestamps, so equal sources give an identical file."""
+    package = Path(__file__).resolve().parents[1]
+    with zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in sorted(package.rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            arcname = f"qvl_trt/{path.relative_to(package).as_posix()}"
+            info = zipfile.ZipInfo(arcname, date_time=(2020, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, path.read_bytes())
+    return dest
+
+
+def point_engine_paths(repo: Path) -> list[str]:
+    """Re-point each tensorrtllm model's gpt_model_path at its engine folder inside `repo`
+    when the repository was moved or copied (the backend takes only absolute paths).
+    Returns the models changed."""
+    from .pbconfig import get_parameter, read_config, set_parameters
+
+    repo = Path(repo).resolve()
+    changed = []
+    for name in tensorrtllm_models(repo):
+        config = read_config(repo / name)
+        engine = repo / name / VERSION / ENGINE_DIR
+        if get_parameter(config, "gpt_model_path") != str(engine) and engine.is_dir():
+            set_parameters(config, {"gpt_model_path": str(engine)})
+            write_config(config, repo / name)
+            changed.append(name)
+            log.info("%s: gpt_model_path now %s", name, engine)
+    return changed
+
+
+def tensorrtllm_models(repo: Path) -> list[str]:
+    """Models of the repository that the tensorrtllm backend runs."""
+    from .pbconfig import CONFIG_FILE, parse_config
+
+    names = []
+    for path in sorted(Path(repo).glob(f"*/{CONFIG_FILE}")):
+        if parse_config(path.read_text(), str(path)).backend == "tensorrtllm":
+            names.append(path.parent.name)
+    return names

@@ -1,0 +1,41 @@
+"""The `repo` build stage: the build's Triton repositories, `<out>/repo/<flavor>/`.
+
+`reference` is written whenever the converted LLM checkpoint exists; `trt` once both engines
+exist (the LLM engine is built in the TensorRT-LLM container: a build stopped before it
+writes the reference flavor only, and `qvl-trt build --resume` adds the trt one).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .. import __version__
+from .configs import Flavor
+from .repository import BuildInput, RepoOptions, write_repo
+
+if TYPE_CHECKING:
+    from ..build import BuildContext
+
+
+def repo_stage_inputs(ctx: BuildContext) -> dict[str, Any]:
+    from ..build import Stage
+
+    # plan: its profile.json holds the limits the configs are made from.
+    return {"upstream": ctx.upstream(Stage.PLAN, Stage.VISION, Stage.LLM_CHECKPOINT, Stage.LLM),
+            "checkpoint": ctx.manifest.inputs["checkpoint"], "qvl_trt": __version__}
+
+
+def run_repo_stage(ctx: BuildContext, work: Path) -> dict[str, Any]:
+    from ..build import Stage
+
+    final = ctx.stage_dir(Stage.REPO)
+    flavors = [Flavor.REFERENCE]
+    if ((ctx.stage_dir(Stage.VISION) / "model.engine").is_file()
+            and (ctx.stage_dir(Stage.LLM) / "engine" / "config.json").is_file()):
+        flavors.insert(0, Flavor.TRT)
+    for flavor in flavors:
+        # gpt_model_path names where the stage folder ends up, not the staging folder.
+        write_repo([BuildInput(ctx.out)], work / flavor.value,
+                   RepoOptions(flavor=flavor, mount_path=str(final / flavor.value)))
+    return {"flavors": [f.value for f in flavors]}

@@ -1,0 +1,327 @@
+"""`qvl-trt validate REPO`: check a model repository before a server loads it.
+
+Every config parses as a Triton ModelConfig and holds no "${...}" placeholder; every
+ensemble step's map matches the producing and consuming models (name, dtype, dims), no step
+mixes tensors that came through different decoupled models (Triton refuses that), the
+postprocessing -> tensorrt_llm call matches the LLM's inputs, and the engines and weights
+each model reads exist and agree with the GPU profile and TensorRT edition the repository
+was built for (`<ensemble>/1/build.json`).
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from .configs import LLM_MODEL_PARAMETER, Flavor
+from .pbconfig import CONFIG_FILE, data_type_name, get_parameter, parse_config
+from .repository import (
+    BUILD_INFO,
+    CHECKPOINT_DIR,
+    ENGINE_DIR,
+    MODEL_PY,
+    RUNTIME_ZIP,
+    TOKENIZER_JSON,
+    VERSION,
+)
+
+_DTYPE_NAMES = {"float16": "FP16", "bfloat16": "BF16", "float32": "FP32"}
+
+
+@dataclass(frozen=True)
+class Problem:
+    where: str  # model (or model/file)
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
+
+
+@dataclass
+class ValidationReport:
+    repo: Path
+    models: list[str] = field(default_factory=list)
+    checks: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def check(self, ok: bool, where: str, message: str) -> bool:
+        self.checks += 1
+        if not ok:
+            self.problems.append(Problem(where, message))
+        return ok
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    data_type: str
+    dims: tuple[int, ...]
+    optional: bool = False
+
+
+def validate_repo(repo: Path) -> ValidationReport:
+    """Check the repository at `repo`; the report lists every problem found."""
+    repo = Path(repo)
+    if not repo.is_dir():
+        raise ConfigError(f"{repo} is not a folder; pass the model repository `qvl-trt repo` "
+                          "wrote")
+    report = ValidationReport(repo)
+    configs = _read_configs(repo, report)
+    report.models = sorted(configs)
+    report.check(bool(configs), str(repo), "holds no model")
+    for name, config in configs.items():
+        if config.platform == "ensemble":
+            _check_ensemble(name, config, configs, report)
+        if config.backend == "python":
+            _check_python_model(repo / name, name, report)
+        llm = get_parameter(config, LLM_MODEL_PARAMETER)
+        if llm is not None:
+            _check_llm_call(name, config, llm, configs, report)
+    for name, config in configs.items():
+        if config.platform == "ensemble":
+            _check_artifacts(repo, name, configs, report)
+    return report
+
+
+# ---- configs ------------------------------------------------------------------------------
+
+def _read_configs(repo: Path, report: ValidationReport) -> dict[str, Any]:
+    configs = {}
+    for folder in sorted(p for p in repo.iterdir() if p.is_dir()):
+        name = folder.name
+        path = folder / CONFIG_FILE
+        if not report.check(path.is_file(), name, f"no {CONFIG_FILE}: Triton loads every "
+                            "folder of the repository as a model; remove it or regenerate"):
+            continue
+        text = path.read_text()
+        report.check("${" not in text, f"{name}/{CONFIG_FILE}",
+                     "holds an unfilled ${...} placeholder; regenerate with `qvl-trt repo`")
+        try:
+            config = parse_config(text, f"{name}/{CONFIG_FILE}")
+        except ConfigError as exc:
+            report.check(False, f"{name}/{CONFIG_FILE}", str(exc))
+            continue
+        report.check(config.name in ("", name), name,
+                     f"config names the model {config.name!r}, its folder is {name!r}")
+        report.check((folder / VERSION).is_dir(), name, f"has no version folder {VERSION}/")
+        configs[name] = config
+    return configs
+
+
+def _inputs(config: Any) -> dict[str, _Tensor]:
+    return {i.name: _Tensor(data_type_name(i.data_type), tuple(i.dims), i.optional)
+            for i in config.input}
+
+
+def _outputs(config: Any) -> dict[str, _Tensor]:
+    return {o.name: _Tensor(data_type_name(o.data_type), tuple(o.dims)) for o in config.output}
+
+
+def _dims_match(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    return len(a) == len(b) and all(x == y or -1 in (x, y) for x, y in zip(a, b, strict=True))
+
+
+def _same_tensor(report: ValidationReport, where: str, what: str, produced: _Tensor,
+                 consumed: _Tensor) -> None:
+    report.check(produced.data_type == consumed.data_type, where,
+                 f"{what}: dtype {produced.data_type} is produced, {consumed.data_type} expected")
+    report.check(_dims_match(produced.dims, consumed.dims), where,
+                 f"{what}: dims {list(produced.dims)} are produced, {list(consumed.dims)} "
+                 "expected")
+
+
+# ---- ensembles ------------------------------------------------------------------------------
+
+def _check_ensemble(name: str, config: Any, configs: dict[str, Any],
+                    report: ValidationReport) -> None:
+    # tensor -> (what it is, the decoupled model it came through or None)
+    produced: dict[str, tuple[_Tensor, str | None]] = {
+        t: (spec, None) for t, spec in _inputs(config).items()}
+    steps = list(config.ensemble_scheduling.step)
+    report.check(bool(steps), name, "ensemble has no steps")
+    pending = list(steps)
+    while pending:  # a step runs when its inputs exist, whatever the order they are listed in
+        ready = [s for s in pending if all(t in produced for t in s.input_map.values())]
+        if not ready:
+            for step in pending:
+                missing = sorted(t for t in step.input_map.values() if t not in produced)
+                report.check(False, name, f"step {step.model_name} reads {', '.join(missing)}, "
+                             "which no input or step produces")
+            return
+        for step in ready:
+            pending.remove(step)
+            _check_step(name, config, step, configs, produced, report)
+    for out, spec in _outputs(config).items():
+        if report.check(out in produced, name, f"output {out} is produced by no step"):
+            _same_tensor(report, name, f"output {out}", produced[out][0], spec)
+
+
+def _check_step(ensemble: str, config: Any, step: Any, configs: dict[str, Any],
+                produced: dict[str, tuple[_Tensor, str | None]],
+                report: ValidationReport) -> None:
+    model = step.model_name
+    where = f"{ensemble} -> {model}"
+    target = configs.get(model)
+    if not report.check(target is not None, ensemble, f"step model {model} is not in the "
+                        "repository"):
+        for tensor in step.output_map.values():
+            produced[tensor] = (_Tensor("", ()), None)
+        return
+    report.check(config.max_batch_size <= target.max_batch_size, where,
+                 f"max_batch_size {target.max_batch_size} is below the ensemble's "
+                 f"{config.max_batch_size}")
+    inputs, outputs = _inputs(target), _outputs(target)
+    origins = set()
+    for key, tensor in step.input_map.items():
+        spec, origin = produced[tensor]
+        origins.add(origin)
+        if report.check(key in inputs, where, f"maps {tensor} to {key}, which is not an input "
+                        f"of {model}"):
+            _same_tensor(report, where, f"{tensor} -> {key}", spec, inputs[key])
+            report.check(not spec.optional or inputs[key].optional, where,
+                         f"optional ensemble input {tensor} feeds required input {key}")
+    for key, spec in inputs.items():
+        report.check(key in step.input_map or spec.optional, where,
+                     f"required input {key} is not mapped")
+    sources = ", ".join(sorted(o or "the ensemble inputs" for o in origins))
+    report.check(len(origins) <= 1, where, "reads tensors that came through different "
+                 f"decoupled models ({sources}); Triton refuses such an ensemble")
+    origin = model if target.model_transaction_policy.decoupled else next(iter(origins), None)
+    for key, tensor in step.output_map.items():
+        if not report.check(key in outputs, where, f"maps output {key}, which {model} does not "
+                            "have"):
+            continue
+        report.check(tensor not in produced, where, f"tensor {tensor} is produced twice")
+        produced[tensor] = (outputs[key], origin)
+
+
+def _check_llm_call(name: str, config: Any, llm: str, configs: dict[str, Any],
+                    report: ValidationReport) -> None:
+    """postprocessing forwards its inputs to tensorrt_llm: they must be the LLM's inputs."""
+    where = f"{name} -> {llm}"
+    target = configs.get(llm)
+    if not report.check(target is not None, name, f"calls {llm}, which is not in the "
+                        "repository"):
+        return
+    ours, theirs = _inputs(config), _inputs(target)
+    for key, spec in ours.items():
+        if report.check(key in theirs, where, f"forwards {key}, which is not an input of {llm}"):
+            _same_tensor(report, where, key, spec, theirs[key])
+    for key, spec in theirs.items():
+        report.check(key in ours or spec.optional, where,
+                     f"required input {key} of {llm} is not forwarded")
+    report.check(bool(target.model_transaction_policy.decoupled), where,
+                 f"{llm} must be decoupled (it is called for a token stream)")
+
+
+# ---- files ----------------------------------------------------------------------------------
+
+def _check_python_model(folder: Path, name: str, report: ValidationReport) -> None:
+    version = folder / VERSION
+    report.check((version / MODEL_PY).is_file(), name, f"{VERSION}/{MODEL_PY} is missing")
+    runtime = version / RUNTIME_ZIP
+    ok = runtime.is_file() and zipfile.is_zipfile(runtime)
+    if ok:
+        with zipfile.ZipFile(runtime) as zf:
+            ok = "qvl_trt/__init__.py" in zf.namelist()
+    report.check(ok, name, f"{VERSION}/{RUNTIME_ZIP} is missing or not the qvl_trt runtime; "
+                 "regenerate with `qvl-trt repo`")
+
+
+def _check_artifacts(repo: Path, ensemble: str, configs: dict[str, Any],
+                     report: ValidationReport) -> None:
+    """Engines and weights of a repository written by `qvl-trt repo`, against build.json."""
+    info_path = repo / ensemble / VERSION / BUILD_INFO
+    if not info_path.is_file():
+        return  # not written by qvl-trt: nothing to check the engines against
+    info = json.loads(info_path.read_text())
+    models = info["models"]
+    flavor = Flavor(info["flavor"])
+    for key in ("preprocessing", "vision_encoder", "tensorrt_llm", "postprocessing"):
+        report.check(models[key] in configs, ensemble, f"{key} model {models[key]} is missing")
+
+    def present(where: str, base: Path, names: Iterable[str]) -> None:
+        for n in names:
+            report.check((base / n).is_file(), where, f"{(base / n).relative_to(repo)} is "
+                         "missing; regenerate the repository with `qvl-trt repo`")
+
+    pre = repo / models["preprocessing"] / VERSION / CHECKPOINT_DIR
+    present(models["preprocessing"], pre, ["config.json", "preprocessor_config.json",
+                                           TOKENIZER_JSON, "tokenizer_config.json"])
+    present(models["postprocessing"], repo / models["postprocessing"] / VERSION,
+            [TOKENIZER_JSON])
+    vision = repo / models["vision_encoder"] / VERSION
+    llm = repo / models["tensorrt_llm"] / VERSION
+    if flavor is Flavor.REFERENCE:
+        present(models["vision_encoder"], vision / CHECKPOINT_DIR,
+                ["config.json", "model.safetensors"])
+        present(models["tensorrt_llm"], llm / CHECKPOINT_DIR,
+                ["config.json"] + [f"rank{r}.safetensors" for r in range(info["tp_size"])])
+        return
+    _check_vision_engine(models["vision_encoder"], vision / ENGINE_DIR, info, report)
+    if models["tensorrt_llm"] in configs:
+        _check_llm_engine(models["tensorrt_llm"], configs[models["tensorrt_llm"]],
+                          llm / ENGINE_DIR, info, report)
+
+
+def _check_vision_engine(name: str, folder: Path, info: dict[str, Any],
+                         report: ValidationReport) -> None:
+    config_path = folder / "config.json"
+    if not report.check((folder / "model.engine").is_file() and config_path.is_file(), name,
+                        f"vision engine {folder.name}/model.engine (+ config.json) is missing; "
+                        "build it with `qvl-trt build --only vision` and regenerate"):
+        return
+    engine = json.loads(config_path.read_text())
+    profile = info["profile"]
+    report.check(engine.get("edition") == info["trt_edition"], name,
+                 f"vision engine was built with {engine.get('edition')}, the repository's "
+                 f"profile {profile['name']} uses {info['trt_edition']}; rebuild it")
+    cc = profile["gpu"]["compute_capability"]
+    report.check(cc in engine.get("compute_capabilities", []), name,
+                 f"vision engine targets compute capability "
+                 f"{'/'.join(engine.get('compute_capabilities', []))}, profile {profile['name']} "
+                 f"is {cc}; rebuild it")
+    max_patches = profile["limits"]["vision_max_pixels"] // 256
+    report.check(engine.get("patches", {}).get("max", 0) >= max_patches, name,
+                 f"vision engine takes at most {engine.get('patches', {}).get('max')} patches, "
+                 f"the profile admits images of {max_patches}; rebuild it")
+
+
+def _check_llm_engine(name: str, config: Any, folder: Path, info: dict[str, Any],
+                      report: ValidationReport) -> None:
+    path = get_parameter(config, "gpt_model_path") or ""
+    report.check(path.rstrip("/").endswith(f"{name}/{VERSION}/{ENGINE_DIR}"), name,
+                 f"gpt_model_path {path!r} does not name this model's engine folder "
+                 f"({name}/{VERSION}/{ENGINE_DIR}); regenerate with `qvl-trt repo`")
+    config_path = folder / "config.json"
+    if not report.check(config_path.is_file(), name,
+                        f"LLM engine {name}/{VERSION}/{ENGINE_DIR}/config.json is missing; build "
+                        "it with `qvl-trt build --resume BUILD` in the TensorRT-LLM container"):
+        return
+    engine = json.loads(config_path.read_text())
+    pretrained, build = engine.get("pretrained_config", {}), engine.get("build_config", {})
+    world = pretrained.get("mapping", {}).get("world_size", 1)
+    for rank in range(world):
+        report.check((folder / f"rank{rank}.engine").is_file(), name,
+                     f"LLM engine rank{rank}.engine is missing (world size {world})")
+    limits = info["profile"]["limits"]
+    for key in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens"):
+        report.check(build.get(key) == limits[key], name,
+                     f"LLM engine {key} is {build.get(key)}, profile {info['profile']['name']} "
+                     f"says {limits[key]}; rebuild the engine")
+    report.check(config.max_batch_size <= build.get("max_batch_size", 0), name,
+                 f"config max_batch_size {config.max_batch_size} exceeds the engine's "
+                 f"{build.get('max_batch_size')}")
+    table = _inputs(config).get("prompt_embedding_table")
+    dtype = _DTYPE_NAMES.get(pretrained.get("dtype", ""), pretrained.get("dtype"))
+    report.check(table is not None and table.data_type == dtype, name,
+                 f"prompt_embedding_table is {table.data_type if table else 'absent'}, the "
+                 f"engine computes in {dtype}")

@@ -1,0 +1,311 @@
+"""The reference-flavor repository of the tiny build, served by a real tritonserver (the
+nvidia-pytriton build, python backend) and called with the real tritonclient: streamed
+answers equal the in-process reference pipeline, concurrent requests stay apart, the vision
+cache hits on a repeated image, and bad requests get clear errors without hurting the server.
+One server for the session (`triton_server` in conftest.py)."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import io
+import json
+import queue
+import re
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from qvl_trt.triton import contract as c
+
+grpcclient = pytest.importorskip("tritonclient.grpc", reason="needs tritonclient: pip install "
+                                 "'qvl-trt[serve]'")
+pytest.importorskip("torch", reason="the reference flavor runs PyTorch: pip install "
+                    "'qvl-trt[export]'")
+
+
+def png(seed: int, size: tuple[int, int] = (64, 64)) -> bytes:
+    rng = np.random.default_rng(seed)
+    image = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+    buf = io.BytesIO()
+    image.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def data_uri(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+@dataclasses.dataclass
+class Answer:
+    chunks: list[str]  # text of each response
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def text(self) -> str:
+        return "".join(self.chunks)
+
+
+class RequestFailed(Exception):
+    pass
+
+
+def grpc_ask(server, *, prompt: str | None = None, images=(), messages=None,
+             max_tokens: int = 12, temperature: float = 0.0, top_k: int | None = None,
+             top_p: float | None = None, seed: int | None = None, stream: bool = True,
+             stop=()) -> Answer:
+    """One request through the ensemble over gRPC streaming."""
+    values = {c.MAX_TOKENS: np.array([[max_tokens]], np.int32),
+              c.TEMPERATURE: np.array([[temperature]], np.float32),
+              c.STREAM: np.array([[stream]])}
+    if messages is not None:
+        values[c.MESSAGES] = np.array([[json.dumps(messages).encode()]], object)
+    else:
+        values[c.TEXT_INPUT] = np.array([[prompt.encode()]], object)
+    if images:
+        values[c.IMAGE_BYTES] = np.array([list(images)], object)
+    if seed is not None:
+        values[c.SEED] = np.array([[seed]], np.uint64)
+    if top_k is not None:
+        values[c.TOP_K] = np.array([[top_k]], np.int32)
+    if top_p is not None:
+        values[c.TOP_P] = np.array([[top_p]], np.float32)
+    if stop:
+        values[c.STOP] = np.array([[s.encode() for s in stop]], object)
+    inputs = []
+    for name, value in values.items():
+        spec = c.spec(c.ENSEMBLE_INPUTS, name)
+        tensor = grpcclient.InferInput(name, list(value.shape), spec.data_type)
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    answer = Answer([], 0, 0)
+    try:
+        client.async_stream_infer(c.ENSEMBLE, inputs, enable_empty_final_response=True)
+        while True:
+            result, error = results.get(timeout=120)
+            if error is not None:
+                raise RequestFailed(str(error))
+            text = result.as_numpy(c.TEXT_OUTPUT)
+            if text is not None:
+                answer.chunks.append(text.reshape(-1)[0].decode())
+                answer.prompt_tokens = int(result.as_numpy(c.PROMPT_TOKENS).reshape(-1)[0])
+                answer.completion_tokens = int(
+                    result.as_numpy(c.COMPLETION_TOKENS).reshape(-1)[0])
+            final = result.get_response().parameters.get("triton_final_response")
+            if final is not None and final.bool_param:
+                return answer
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def http_ask(server, body: dict) -> Answer:
+    """One request over HTTP generate_stream (server-sent events)."""
+    request = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/{c.ENSEMBLE}/generate_stream",
+        data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    answer = Answer([], 0, 0)
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            body = response.read().decode()
+    except urllib.error.HTTPError as exc:  # an error before the first event (status 400)
+        body = exc.read().decode()
+    for line in body.splitlines():
+        if not line.startswith("data: "):
+            continue
+        event = json.loads(line[len("data: "):])
+        if "error" in event:
+            raise RequestFailed(event["error"])
+        answer.chunks.append(event[c.TEXT_OUTPUT])
+        answer.prompt_tokens = event[c.PROMPT_TOKENS]
+        answer.completion_tokens = event[c.COMPLETION_TOKENS]
+    return answer
+
+
+@pytest.fixture(scope="module")
+def pipeline(tiny_ckpt: Path, tiny_build: Path, triton_profile: Path):
+    """The in-process reference pipeline on the build's converted checkpoint, preprocessing
+    with the deployment's limits (so both sides resize images alike)."""
+    from qvl_trt.llm.pipeline import ReferencePipeline
+    from qvl_trt.mm.request import RequestLimits, RequestPreprocessor
+    from qvl_trt.profiles import load_profile
+
+    pipe = ReferencePipeline.load(tiny_ckpt, checkpoint=tiny_build / "llm_checkpoint")
+    pipe.preprocessor = RequestPreprocessor.from_checkpoint(
+        tiny_ckpt, RequestLimits.from_profile(load_profile(str(triton_profile))))
+    return pipe
+
+
+def expected(pipeline, prompt: str, images=(), *, max_tokens: int = 12, **sampling):
+    from qvl_trt.llm.pipeline import sampling_params
+
+    params = sampling_params(pipeline.checkpoint.path, max_tokens=max_tokens,
+                             greedy=not sampling, **sampling)
+    return pipeline.ask(prompt, list(images), sampling=params)
+
+
+def metric(server, name: str) -> float:
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    values = [float(m.group(1)) for m in re.finditer(rf"^{name}{{[^}}]*}} (\S+)$", text, re.M)]
+    return sum(values)
+
+
+# ---- answers --------------------------------------------------------------------------------
+
+def test_grpc_stream_equals_the_reference_pipeline(triton_server, pipeline) -> None:
+    image = png(0)
+    want = expected(pipeline, "What is in the picture?", [image])
+    got = grpc_ask(triton_server, prompt="What is in the picture?", images=[image])
+    assert got.text == want.text
+    assert sum(1 for chunk in got.chunks if chunk) >= 3, "the answer should come in pieces"
+    assert got.prompt_tokens == want.prompt_tokens
+    assert got.completion_tokens == len(want.token_ids) - (
+        want.token_ids[-1] in pipeline.stop_token_ids)
+
+
+def test_http_generate_stream_with_chat_messages_gives_the_same_text(triton_server,
+                                                                    pipeline) -> None:
+    image = png(0)
+    messages = [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": data_uri(image)}},
+        {"type": "text", "text": "What is in the picture?"}]}]
+    got = http_ask(triton_server, {c.MESSAGES: json.dumps(messages), c.MAX_TOKENS: 12,
+                                   c.TEMPERATURE: 0.0, c.STREAM: True})
+    assert got.text == expected(pipeline, "What is in the picture?", [image]).text
+    assert sum(1 for chunk in got.chunks if chunk) >= 3
+
+
+def test_seeded_sampling_over_the_whole_vocabulary_matches_the_pipeline(triton_server,
+                                                                         pipeline) -> None:
+    """Sampling the whole vocabulary of a random model draws arbitrary tokens (with this seed
+    one is a lone byte that decodes to U+FFFD): the streamed text still equals the one-shot
+    decode, and the seed gives the pipeline's tokens. Characters split across streamed
+    tokens are covered with the real tokenizer in test_triton_units.py."""
+    sampling = dict(temperature=1.0, top_k=0, top_p=1.0, seed=9)
+    want = expected(pipeline, "Say something.", max_tokens=24, **sampling)
+    assert "\ufffd" in want.text
+    got = grpc_ask(triton_server, prompt="Say something.", max_tokens=24, **sampling)
+    assert got.text == want.text
+
+
+def test_non_streaming_answer_comes_in_one_response(triton_server, pipeline) -> None:
+    got = grpc_ask(triton_server, prompt="Hello", images=[png(5, (96, 64))], stream=False)
+    assert [chunk for chunk in got.chunks if chunk] == [got.text]
+    assert got.text == expected(pipeline, "Hello", [png(5, (96, 64))]).text
+
+
+def test_concurrent_requests_get_their_own_answers(triton_server, pipeline) -> None:
+    cases = [(f"Question {i}: " + "what do you see? " * (i % 3),
+              [png(10 + i, (64 + 32 * (i % 3), 64))] if i % 4 else [], 6 + i)
+             for i in range(8)]
+    wanted = [expected(pipeline, p, imgs, max_tokens=n).text for p, imgs, n in cases]
+    assert len(set(wanted)) > 1, "the cases should not all have the same answer"
+    got: dict[int, str] = {}
+    failures: list[BaseException] = []
+    barrier = threading.Barrier(len(cases))
+
+    def run(i: int) -> None:
+        prompt, images, n = cases[i]
+        barrier.wait()
+        try:
+            got[i] = grpc_ask(triton_server, prompt=prompt, images=images, max_tokens=n).text
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(cases))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not failures
+    assert [got[i] for i in range(len(cases))] == wanted
+
+
+def test_repeated_image_hits_the_vision_cache(triton_server) -> None:
+    image = png(42, (128, 96))
+    hits, misses = (metric(triton_server, f"qvl_vision_cache_{k}_total")
+                    for k in ("hits", "misses"))
+    grpc_ask(triton_server, prompt="First look.", images=[image], max_tokens=2)
+    assert metric(triton_server, "qvl_vision_cache_misses_total") == misses + 1
+    grpc_ask(triton_server, prompt="Second look.", images=[image], max_tokens=2)
+    assert metric(triton_server, "qvl_vision_cache_hits_total") == hits + 1
+    assert metric(triton_server, "qvl_vision_cache_misses_total") == misses + 1
+
+
+# ---- bad requests ---------------------------------------------------------------------------
+
+def _oversized() -> bytes:
+    buf = io.BytesIO()
+    Image.new("1", (9000, 9000)).save(buf, "PNG")  # 81 M pixels, a few kB
+    return buf.getvalue()
+
+
+BAD_REQUESTS = {
+    "corrupt image": (dict(prompt="Hi", images=[png(1)[:60]]), "corrupt"),
+    "oversized image": (dict(prompt="Hi", images=[_oversized()]),
+                        "exceeds the limit of 67108864 decoded pixels"),
+    "too many images": (dict(prompt="Hi", images=[png(1), png(2), png(3)]),
+                        "request has 3 images, the engine allows 2"),
+    "prompt too long": (dict(prompt="word " * 900), "the engine allows 768"),
+    "max_tokens 0": (dict(prompt="Hi", max_tokens=0), "max_tokens = 0 must be at least 1"),
+    "max_tokens above the limit": (dict(prompt="Hi", max_tokens=5000),
+                                   "max_tokens = 5000 is above the limit"),
+    "malformed messages": (dict(messages="not a list"), "messages must be a non-empty"),
+    "remote image URL": (dict(messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]),
+        "remote image URL on host 'example.com' refused"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REQUESTS))
+def test_bad_request_gets_a_clear_error_and_the_server_keeps_serving(triton_server,
+                                                                      case) -> None:
+    kwargs, message = BAD_REQUESTS[case]
+    with pytest.raises(RequestFailed) as failed:
+        grpc_ask(triton_server, **kwargs)
+    assert message in str(failed.value)
+    assert "Traceback" not in str(failed.value)
+    assert grpc_ask(triton_server, prompt="Still there?", max_tokens=2).completion_tokens >= 1
+
+
+def test_malformed_json_over_http_is_refused_clearly(triton_server) -> None:
+    with pytest.raises(RequestFailed, match="messages is not valid JSON"):
+        http_ask(triton_server, {c.MESSAGES: "{oops", c.MAX_TOKENS: 4})
+
+
+def test_stop_string_ends_the_answer_after_it(triton_server, pipeline) -> None:
+    tokenizer = pipeline.preprocessor.prompts.tokenizer
+    full = expected(pipeline, "What is in the picture?", [png(0)])
+    stop_token = full.token_ids[1]
+    stop = tokenizer.decode([stop_token])
+    assert tokenizer.encode(stop, add_special_tokens=False) == [stop_token]
+    cut = full.token_ids[: full.token_ids.index(stop_token) + 1]
+    got = grpc_ask(triton_server, prompt="What is in the picture?", images=[png(0)],
+                   stop=[stop])
+    assert got.text == tokenizer.decode(list(cut), skip_special_tokens=True)
+    assert got.completion_tokens == len(cut)
+
+
+def test_a_request_of_several_batch_rows_is_refused(triton_server) -> None:
+    value = np.array([[b"one"], [b"two"]], object)
+    tensor = grpcclient.InferInput(c.TEXT_INPUT, list(value.shape), "BYTES")
+    tensor.set_data_from_numpy(value)
+    client = grpcclient.InferenceServerClient(triton_server.grpc_url)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put(error))
+    try:
+        client.async_stream_infer(c.ENSEMBLE, [tensor])
+        error = results.get(timeout=60)
+    finally:
+        client.stop_stream()
+        client.close()
+    assert error is not None and "send one request per conversation" in str(error)

@@ -1,0 +1,230 @@
+"""Pieces of the Triton repository that need no server: incremental detokenization, request
+parsing, word lists, the vision cache, config protobufs and the server command lines."""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qvl_trt.errors import ConfigError, InputError
+from qvl_trt.triton import contract as c
+from qvl_trt.triton.locate import TritonInstall
+from qvl_trt.triton.request_inputs import SamplingDefaults, UrlPolicy, chat_request
+from qvl_trt.triton.server import Ports, ServerOptions, format_command, server_command
+from qvl_trt.triton.vision_cache import RowCache
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tiny_ckpt: Path) -> Path:
+    return tiny_ckpt
+
+
+# ---- detokenization -------------------------------------------------------------------------
+
+def test_streamed_deltas_concatenate_to_the_one_shot_decode(tokenizer_dir: Path) -> None:
+    """Token by token, including characters split over byte tokens, invalid byte runs,
+    special tokens and ids beyond the vocabulary: the deltas add up to HF's decode."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from qvl_trt.triton.detokenizer import StreamDecoder, TokenBytes
+
+    tok = tokenizers.Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    table = TokenBytes.from_tokenizer_json(tokenizer_dir / "tokenizer.json")
+    rng = random.Random(0)
+    text = "Größe 你好，世界 🙂🦜 <think>x</think>"
+    split = tok.encode(text).ids
+    assert len(split) > len(text.split()), "expected characters split over several tokens"
+    cases = [split, split + [151645], [rng.randrange(151_936) for _ in range(40)]]
+    cases += [[rng.randrange(151_936) for _ in range(rng.randrange(1, 20))] for _ in range(200)]
+    for ids in cases:
+        stream = StreamDecoder(table)
+        deltas = [stream.push([t]) for t in ids] + [stream.push([], final=True)]
+        assert "".join(deltas) == tok.decode(ids, skip_special_tokens=True)
+        assert stream.tokens == len(ids)
+    # A split character shows nowhere half-done: no delta holds a replacement character.
+    stream = StreamDecoder(table)
+    assert all("\ufffd" not in stream.push([t]) for t in split)
+
+
+# ---- request parsing ------------------------------------------------------------------------
+
+def _png() -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (10, 20, 30)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _parse(**inputs):
+    return chat_request(inputs, urls=UrlPolicy(), defaults=SamplingDefaults())
+
+
+def test_messages_with_data_uri_images_and_the_text_form_agree() -> None:
+    png = _png()
+    uri = "data:image/png;base64," + base64.b64encode(png).decode()
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": uri}},
+                                             {"type": "text", "text": "What is it?"}]}]
+    a = _parse(messages=json.dumps(messages).encode(), max_tokens=np.int32(5))
+    b = _parse(text_input=b"What is it?", image_bytes=np.array([png], object),
+               max_tokens=np.int32(5))
+    assert a.images == b.images == (png,)
+    assert a.settings == b.settings
+    c_ = _parse(text_input=b"What is it?", image_bytes=np.array([uri.encode()], object))
+    assert c_.images == (png,)
+
+
+@pytest.mark.parametrize("inputs, message", [
+    ({"messages": b"{not json"}, "messages is not valid JSON"),
+    ({"messages": b"[]"}, "non-empty JSON list"),
+    ({}, "neither messages nor text_input"),
+    ({"text_input": b"hi", "max_tokens": np.int32(0)}, "max_tokens = 0 must be at least 1"),
+    ({"text_input": b"hi", "temperature": np.float32(-1)}, "temperature = -1.0 must be >= 0"),
+    ({"text_input": b"hi", "top_p": np.float32(0)}, "top_p = 0.0 must be in (0, 1]"),
+    ({"text_input": b"\xff"}, "text_input is not UTF-8"),
+    ({"text_input": b"hi", "image_bytes": np.array([b"data:image/png;base64,@@"], object)},
+     "invalid base64"),
+    ({"text_input": b"hi", "image_bytes": np.array([b"https://example.com/a.png"], object)},
+     "remote image URL on host 'example.com' refused"),
+])
+def test_bad_inputs_give_one_line_errors(inputs, message) -> None:
+    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")
+                       .replace("[", r"\[").replace("]", r"\]")):
+        _parse(**inputs)
+
+
+def test_remote_images_come_only_from_allowed_hosts(tmp_path) -> None:
+    """A real fetch from a local HTTP server whose host is on the allow-list; the same URL is
+    refused without it, and a file larger than the limit is refused."""
+    import functools
+    import http.server
+    import threading
+
+    png = _png()
+    (tmp_path / "cat.png").write_bytes(png)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    handler.log_message = lambda *args: None
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/cat.png"
+        messages = json.dumps([{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}]}]).encode()
+        allowed = UrlPolicy.from_parameter("example.com, 127.0.0.1")
+        request = chat_request({"messages": messages}, urls=allowed, defaults=SamplingDefaults())
+        assert request.images == (png,)
+        with pytest.raises(InputError, match="host '127.0.0.1' refused"):
+            _parse(messages=messages)
+        small = UrlPolicy(frozenset({"127.0.0.1"}), max_bytes=len(png) - 1)
+        with pytest.raises(InputError, match="exceeds"):
+            chat_request({"messages": messages}, urls=small, defaults=SamplingDefaults())
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_greedy_and_defaults() -> None:
+    settings = _parse(text_input=b"x").settings
+    assert (settings.temperature, settings.top_k, settings.stream) == (1.0, 0, False)
+    qwen = SamplingDefaults.from_generation_config(
+        {"do_sample": True, "temperature": 0.7, "top_k": 20, "top_p": 0.8})
+    assert (qwen.temperature, qwen.top_k, qwen.top_p) == (0.7, 20, 0.8)
+    assert SamplingDefaults.from_generation_config({}).temperature == 0.0
+
+
+def test_word_lists_round_trip() -> None:
+    from qvl_trt.triton.preprocess import stop_words_list, word_list_sequences
+
+    assert stop_words_list([]).tolist() == [[0], [-1]]
+    words = [[5, 6], [7], [8, 9, 10]]
+    table = stop_words_list(words)
+    assert table.tolist() == [[5, 6, 7, 8, 9, 10], [2, 3, 6, -1, -1, -1]]
+    assert word_list_sequences(table) == words
+    assert word_list_sequences(stop_words_list([])) == []
+
+
+# ---- vision cache ---------------------------------------------------------------------------
+
+def test_row_cache_is_bounded_in_bytes_and_least_recently_used_goes_first() -> None:
+    rows = np.zeros((4, 8), np.float16)  # 64 bytes
+    cache = RowCache(capacity_bytes=150)
+    cache.put(("a",), rows)
+    cache.put(("b",), rows)
+    assert cache.get(("a",)) is not None  # a is now the most recent
+    cache.put(("c",), rows)  # 192 bytes > 150: b goes
+    assert cache.get(("b",)) is None and cache.get(("c",)) is not None
+    cache.put(("huge",), np.zeros((100, 8), np.float16))  # larger than the cache: not kept
+    assert cache.get(("huge",)) is None
+    stats = cache.stats()
+    assert (stats.hits, stats.misses, stats.entries, stats.bytes) == (2, 2, 2, 128)
+    with pytest.raises(ValueError):
+        cache.get(("a",))[0, 0] = 1  # cached rows are shared read-only
+
+
+# ---- configs --------------------------------------------------------------------------------
+
+def test_config_protobufs_parse_back_with_bool_parameters_and_scalar_reshapes() -> None:
+    from qvl_trt.triton.configs import Flavor, StepSettings, step_configs
+    from qvl_trt.triton.pbconfig import parse_config, to_text
+
+    settings = StepSettings(c.ModelNames.for_build("b4"), Flavor.TRT, max_batch_size=4,
+                            hidden_size=64, patch_dim=1536, table_dtype="FP16",
+                            engine_dir="/models/b4_tensorrt_llm/1/engine")
+    configs = step_configs(settings)
+    assert set(configs) == {"b4", "b4_preprocessing", "b4_vision_encoder", "b4_tensorrt_llm",
+                            "b4_postprocessing"}
+    for name, config in configs.items():
+        text = to_text(config)
+        assert "${" not in text
+        back = parse_config(text, name)
+        assert back == config and back.max_batch_size == 4
+    llm = configs["b4_tensorrt_llm"]
+    params = {k: v.string_value for k, v in llm.parameters.items()}
+    assert params["enable_kv_cache_reuse"] == "true" and params["max_beam_width"] == "1"
+    assert params["gpt_model_type"] == "inflight_fused_batching"
+    assert llm.model_transaction_policy.decoupled
+    lengths = next(i for i in llm.input if i.name == c.INPUT_LENGTHS)
+    assert lengths.HasField("reshape") and list(lengths.reshape.shape) == []
+    table = next(i for i in llm.input if i.name == c.PROMPT_EMBEDDING_TABLE)
+    assert list(table.dims) == [-1, 64]
+    post = configs["b4_postprocessing"]
+    assert post.parameters["tensorrt_llm_model"].string_value == "b4_tensorrt_llm"
+    steps = [s.model_name for s in configs["b4"].ensemble_scheduling.step]
+    assert steps == ["b4_preprocessing", "b4_vision_encoder", "b4_postprocessing"]
+
+
+# ---- server command lines -------------------------------------------------------------------
+
+INSTALL = TritonInstall(Path("/opt/tritonserver/bin/tritonserver"),
+                        Path("/opt/tritonserver/backends"), "ngc", "2.71.0")
+
+
+def test_tensor_parallel_launch_is_one_rank_per_gpu_through_mpirun() -> None:
+    opts = ServerOptions(Path("/models"), Ports(9000, 9001, 9002), world_size=2,
+                         llm_models=("a_tensorrt_llm", "b_tensorrt_llm"), shm_prefix="run7_")
+    cmd = server_command(INSTALL, opts)
+    assert cmd[0] == "mpirun" and cmd.count(":") == 1
+    rank0, rank1 = " ".join(cmd).split(" : ")
+    assert rank0.count("-n 1") == 1 and rank1.startswith("-n 1 /opt/tritonserver/bin/tritonserver")
+    for rank, line in enumerate((rank0, rank1)):
+        assert f"shm-region-prefix-name=run7_r{rank}_" in line
+        assert "--model-repository=/models" in line and "--http-port=9000" in line
+    assert "--model-control-mode=explicit" not in rank0
+    assert ("--model-control-mode=explicit --load-model=a_tensorrt_llm "
+            "--load-model=b_tensorrt_llm") in rank1
+    assert format_command(cmd, INSTALL).startswith("mpirun ")
+
+
+def test_single_rank_and_bad_world_sizes() -> None:
+    opts = ServerOptions(Path("/models"), shm_prefix="p_")
+    assert server_command(INSTALL, opts)[0] == "/opt/tritonserver/bin/tritonserver"
+    with pytest.raises(ConfigError, match="world-size must be >= 1"):
+        server_command(INSTALL, ServerOptions(Path("/m"), world_size=0))
+    with pytest.raises(ConfigError, match="reference flavor"):
+        server_command(INSTALL, ServerOptions(Path("/m"), world_size=2))

@@ -1,0 +1,29 @@
+"""postprocessing (qvl-trt): runs the request through tensorrt_llm (BLS, streaming) and
+turns the tokens into text, incrementally for streams (a character split across streamed
+responses comes out whole). Decoupled. Runs the qvl_trt code bundled beside it."""
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "qvl_trt_runtime.zip"))
+
+from qvl_trt.triton.configs import LLM_MODEL_PARAMETER  # noqa: E402
+from qvl_trt.triton.pb_io import model_parameters  # noqa: E402
+from qvl_trt.triton.postprocess import Postprocessor  # noqa: E402
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = model_parameters(args)
+        self.postprocessor = Postprocessor(HERE / "tokenizer.json",
+                                           llm_model=params[LLM_MODEL_PARAMETER],
+                                           workers=int(params["workers"]))
+
+    def execute(self, requests):
+        for request in requests:
+            self.postprocessor.submit(request)
+        return None
+
+    def finalize(self):
+        self.postprocessor.close()
