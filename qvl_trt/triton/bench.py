@@ -1,0 +1,245 @@
+"""`qvl-trt bench`: a bounded closed-loop load generator over a deployment.
+
+At each concurrency C, C workers (threads, one connection each) send the level's N requests
+one after another until all N are answered; each request's send time and response arrival
+times become a `RequestRecord`, aggregated by `metrics.level_metrics`. The metric
+definitions are genai-perf's (see metrics.py).
+"""
+
+from __future__ import annotations
+
+import io
+import ipaddress
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+from .client import (
+    Endpoint,
+    GenerateClient,
+    GenerateRequest,
+    Generation,
+    RequestError,
+    parse_url,
+)
+from .metrics import LevelMetrics, RequestRecord, level_metrics
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp")
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    url: str
+    concurrency: tuple[int, ...]
+    requests: int  # per concurrency level
+    max_tokens: int
+    prompt: str = "Describe this image."
+    images_per_request: int = 1
+    warmup: int = 1  # requests sent (and not measured) before the first level
+    model: str = "ensemble"
+    allow_remote: bool = False  # load a server that is not on this machine
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    settings: dict[str, Any]  # BenchSettings plus where the images came from
+    environment: dict[str, Any]  # versions, git SHA, GPUs of the machine that measured
+    levels: tuple[LevelMetrics, ...]
+    records: dict[int, list[RequestRecord]]  # concurrency -> its requests, in send order
+
+
+def parse_concurrency(text: str) -> tuple[int, ...]:
+    """`1,4,16` -> (1, 4, 16)."""
+    try:
+        levels = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise InputError(f"--concurrency {text!r}: expected integers such as 1,4,16") from None
+    if not levels or min(levels) < 1:
+        raise InputError(f"--concurrency {text!r}: give one or more levels >= 1")
+    return levels
+
+
+def require_loopback(endpoint: Endpoint) -> None:
+    """Refuse to load a server that is not on this machine: a load generator pointed at a
+    shared deployment by mistake degrades it for everyone."""
+    try:
+        infos = socket.getaddrinfo(endpoint.host, endpoint.port, proto=socket.IPPROTO_TCP)
+    except socket.gaierror as exc:
+        raise InputError(f"cannot resolve {endpoint.host} ({exc}); check --url") from None
+    if not all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos):
+        raise InputError(f"{endpoint.host} is not a loopback address; bench loads only this "
+                         "machine's server unless you pass --allow-remote")
+
+
+# Image number -> encoded image; numbers count up over the whole run.
+ImageSource = Callable[[int], bytes]
+
+
+def synthetic_images(width: int, height: int) -> ImageSource:
+    """Random-noise JPEGs of one size, a different one per number (so the vision cache cannot
+    hide the encoder's cost), made when a request needs it rather than held in memory."""
+    from PIL import Image
+
+    if width < 1 or height < 1:
+        raise InputError(f"--synthetic {width}x{height}: both sides must be positive")
+
+    def image(n: int) -> bytes:
+        pixels = np.random.default_rng(n).integers(0, 256, (height, width, 3), dtype=np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, format="JPEG", quality=90)
+        return buf.getvalue()
+
+    return image
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """`640x480` -> (640, 480)."""
+    try:
+        width, height = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise InputError(f"--synthetic {text!r}: expected WIDTHxHEIGHT such as 640x480") \
+            from None
+    return width, height
+
+
+def folder_images(folder: Path) -> ImageSource:
+    """The images in `folder` (sorted by name, read once), taken in turn."""
+    if not folder.is_dir():
+        raise InputError(f"--images {folder}: not a folder of images")
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise InputError(f"--images {folder}: no {', '.join(IMAGE_SUFFIXES)} files in it")
+    images = [p.read_bytes() for p in files]
+    return lambda n: images[n % len(images)]
+
+
+def request_maker(settings: BenchSettings, images: ImageSource | None,
+                  first: int = 0) -> Callable[[int], GenerateRequest]:
+    """Request i of a level whose first request is number `first` of the run."""
+    per = settings.images_per_request if images else 0
+    base = GenerateRequest(settings.prompt, max_tokens=settings.max_tokens, stream=True)
+
+    def make(i: int) -> GenerateRequest:
+        n = (first + i) * per
+        return replace(base, images=tuple(images(n + k) for k in range(per)))
+
+    return make
+
+
+def run_level(
+    url: str,
+    make_request: Callable[[int], GenerateRequest],
+    count: int,
+    concurrency: int,
+    *,
+    image_tokens: Callable[[GenerateRequest], int],
+    model: str = "ensemble",
+    on_done: Callable[[RequestRecord], None] | None = None,
+) -> list[RequestRecord]:
+    """Send `count` requests with `concurrency` in flight; one record per request, in
+    order. A request is built before its send time is taken."""
+    records: list[RequestRecord | None] = [None] * count
+    next_index = iter(range(count))
+    lock = threading.Lock()
+
+    def worker() -> None:
+        with GenerateClient(url, model=model) as client:
+            while True:
+                with lock:
+                    i = next(next_index, None)
+                if i is None:
+                    return
+                req = make_request(i)
+                records[i] = record = measure(client, req, image_tokens(req))
+                if on_done:
+                    on_done(record)
+
+    threads = [threading.Thread(target=worker, daemon=True)
+               for _ in range(min(concurrency, count))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [r for r in records if r is not None]
+
+
+def measure(client: GenerateClient, req: GenerateRequest, image_tokens: int) -> RequestRecord:
+    """Send one request and time it; a failed request becomes a record with its error."""
+    sent_at: list[float] = []
+    try:
+        generation = Generation(0.0, tuple(client.stream(req, sent_at=sent_at)))
+    except RequestError as exc:
+        sent = sent_at[0] if sent_at else time.perf_counter()
+        return RequestRecord(sent, None, None, error=str(exc))
+    return record_of(replace(generation, sent=sent_at[0]), image_tokens)
+
+
+def record_of(generation: Generation, image_tokens: int) -> RequestRecord:
+    """A finished generation as metrics see it; text tokens = prompt tokens - image tokens."""
+    return RequestRecord(generation.sent, generation.first_token, generation.last_response,
+                         generation.completion_tokens,
+                         generation.prompt_tokens - image_tokens, image_tokens)
+
+
+def run_benchmark(
+    settings: BenchSettings,
+    images: ImageSource | None,
+    *,
+    source: str,
+    on_done: Callable[[int, RequestRecord], None] | None = None,
+) -> BenchReport:
+    """Warm up, then run every concurrency level of `settings` in turn; `images` None sends
+    text-only requests."""
+    if settings.requests < 1:
+        raise InputError(f"--requests must be >= 1, got {settings.requests}")
+    if not settings.allow_remote:
+        require_loopback(parse_url(settings.url))
+    with GenerateClient(settings.url, model=settings.model) as client:
+        image_tokens = client.image_token_counter()
+    if settings.warmup:
+        warm = request_maker(settings, images)
+        run_level(settings.url, warm, settings.warmup, 1, image_tokens=image_tokens,
+                  model=settings.model)
+    levels, records = [], {}
+    for n, concurrency in enumerate(settings.concurrency):
+        first = settings.warmup + n * settings.requests
+        make = request_maker(settings, images, first)
+        done = (lambda r, c=concurrency: on_done(c, r)) if on_done else None
+        records[concurrency] = run_level(settings.url, make, settings.requests, concurrency,
+                                         image_tokens=image_tokens, model=settings.model,
+                                         on_done=done)
+        levels.append(level_metrics(concurrency, records[concurrency]))
+    return BenchReport({**asdict(settings), "images": source}, environment(), tuple(levels),
+                       records)
+
+
+def environment() -> dict[str, Any]:
+    """What measured: tool versions, GPUs, the qvl-trt git commit when run from a checkout."""
+    from ..manifest import tool_versions
+
+    return {**tool_versions(), "git_sha": _git_sha(), "measured_at":
+            time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def _git_sha() -> str | None:
+    """The commit of the qvl-trt checkout this runs from; None for an installed package
+    (even one inside somebody else's git work tree)."""
+    package = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=package,
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.split()
+    if out.returncode != 0 or len(lines) != 2 or Path(lines[0]) / package.name != package:
+        return None
+    return lines[1]
+

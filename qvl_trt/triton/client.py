@@ -1,0 +1,374 @@
+"""A client of a qvl-trt deployment: builds the ensemble's request and streams its answer,
+over gRPC streaming (`grpc://host:port`, the default) or HTTP generate_stream
+(`http://host:port`, server-sent events).
+
+The ensemble is decoupled (its LLM step streams), so both transports use their streaming
+endpoint even when `stream` is false; the answer then comes as one response. Each response
+is stamped with `time.perf_counter()` on arrival, for TTFT and the benchmark.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import io
+import json
+import queue
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from ..deps import require
+from ..errors import InputError, QvlError
+from ..mm.geometry import image_token_count
+from . import contract as c
+
+GRPC_PORT = 8001
+HTTP_PORT = 8000
+
+
+class RequestError(QvlError):
+    """The server answered a request with an error (or did not answer)."""
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One question: a prompt, encoded images, and decoding options (greedy by default)."""
+
+    prompt: str
+    images: tuple[bytes, ...] = ()
+    max_tokens: int = 64
+    temperature: float = 0.0  # 0: greedy
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stream: bool = True
+
+
+@dataclass(frozen=True)
+class Response:
+    """One response of the ensemble."""
+
+    received: float  # time.perf_counter() on arrival
+    text: str  # the new text when streaming, the whole answer otherwise
+    prompt_tokens: int  # visual tokens included
+    completion_tokens: int  # generated so far
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A finished request: when it was sent and every response."""
+
+    sent: float
+    responses: tuple[Response, ...]
+
+    @property
+    def text(self) -> str:
+        return "".join(r.text for r in self.responses)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return max((r.prompt_tokens for r in self.responses), default=0)
+
+    @property
+    def completion_tokens(self) -> int:
+        return max((r.completion_tokens for r in self.responses), default=0)
+
+    @property
+    def first_token(self) -> float | None:
+        """Arrival of the first response that carried generated tokens."""
+        return next((r.received for r in self.responses if r.completion_tokens > 0), None)
+
+    @property
+    def last_response(self) -> float | None:
+        return self.responses[-1].received if self.responses else None
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    protocol: str  # "grpc" | "http"
+    host: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def parse_url(url: str) -> Endpoint:
+    """`grpc://host[:8001]`, `http://host[:8000]` or `host:port` (gRPC)."""
+    parts = urlsplit(url if "://" in url else f"grpc://{url}")
+    if parts.scheme not in ("grpc", "http") or not parts.hostname:
+        raise InputError(f"--url {url!r}: expected grpc://HOST:PORT or http://HOST:PORT")
+    default = GRPC_PORT if parts.scheme == "grpc" else HTTP_PORT
+    try:
+        port = parts.port or default
+    except ValueError:
+        raise InputError(f"--url {url!r}: the port is not a number") from None
+    return Endpoint(parts.scheme, parts.hostname, port)
+
+
+def image_data_uri(data: bytes) -> str:
+    """An encoded image as a data: URI (the form JSON transports carry); the server checks
+    the bytes, the media type only labels them."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            kind = (image.format or "octet-stream").lower()
+    except Exception:  # not an image: the server refuses it with the reason
+        kind = "octet-stream"
+    return f"data:image/{kind};base64,{base64.b64encode(data).decode()}"
+
+
+def image_tokens(data: bytes, *, min_pixels: int, max_pixels: int) -> int:
+    """Merged visual tokens of one encoded image under these pixel bounds."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+    except Exception:  # the server refuses it and the request is counted as an error
+        return 0
+    return image_token_count(height, width, min_pixels=min_pixels, max_pixels=max_pixels)
+
+
+def request_fields(req: GenerateRequest) -> dict[str, tuple[str, np.ndarray]]:
+    """Ensemble input name -> (Triton dtype, value with the batch dimension of 1)."""
+    if req.max_tokens <= 0:
+        raise InputError(f"max tokens must be positive, got {req.max_tokens}")
+    values: dict[str, np.ndarray] = {
+        c.TEXT_INPUT: np.array([[req.prompt.encode()]], dtype=object),
+        c.MAX_TOKENS: np.array([[req.max_tokens]], dtype=np.int32),
+        c.TEMPERATURE: np.array([[req.temperature]], dtype=np.float32),
+        c.STREAM: np.array([[req.stream]], dtype=bool),
+    }
+    if req.images:
+        values[c.IMAGE_BYTES] = np.array([list(req.images)], dtype=object)
+    if req.top_p is not None:
+        values[c.TOP_P] = np.array([[req.top_p]], dtype=np.float32)
+    if req.top_k is not None:
+        values[c.TOP_K] = np.array([[req.top_k]], dtype=np.int32)
+    if req.seed is not None:
+        values[c.SEED] = np.array([[req.seed]], dtype=np.uint64)
+    if req.stop:
+        values[c.STOP] = np.array([[s.encode() for s in req.stop]], dtype=object)
+    specs = {s.name: s for s in c.ENSEMBLE_INPUTS}
+    return {name: (specs[name].data_type, value) for name, value in values.items()}
+
+
+def http_body(req: GenerateRequest) -> dict:
+    """The generate-extension JSON of a request: images as data: URIs, scalars plain."""
+    body: dict = {}
+    for name, (_, value) in request_fields(req).items():
+        row = value[0]
+        if name == c.IMAGE_BYTES:
+            body[name] = [image_data_uri(bytes(v)) for v in row]
+        elif name == c.STOP:
+            body[name] = [bytes(v).decode() for v in row]
+        elif row.dtype == object:
+            body[name] = bytes(row[0]).decode()
+        else:
+            body[name] = row[0].item()
+    return body
+
+
+class GenerateClient:
+    """One connection to a deployment; one request at a time (one client per thread)."""
+
+    def __init__(self, url: str, *, model: str = c.ENSEMBLE, timeout_s: float = 600.0) -> None:
+        self.endpoint = parse_url(url)
+        self.model = model
+        self.timeout_s = timeout_s
+        self._grpc = None
+        self._responses: queue.Queue = queue.Queue()
+
+    def __enter__(self) -> GenerateClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._grpc is not None:
+            self._grpc.stop_stream()
+            self._grpc.close()
+            self._grpc = None
+
+    def model_config(self, model: str) -> dict:
+        """A loaded model's configuration as JSON (Triton's ModelConfig field names)."""
+        try:
+            if self.endpoint.protocol == "grpc":
+                return self.grpc_client().get_model_config(model, as_json=True)["config"]
+            conn = http.client.HTTPConnection(self.endpoint.host, self.endpoint.port,
+                                              timeout=self.timeout_s)
+            try:
+                conn.request("GET", f"/v2/models/{model}/config")
+                reply = conn.getresponse()
+                body = reply.read()
+            finally:
+                conn.close()
+        except QvlError:
+            raise
+        except OSError as exc:
+            raise RequestError(f"{self.endpoint.address}: {exc}") from None
+        except Exception as exc:  # tritonclient's InferenceServerException
+            raise RequestError(f"{self.endpoint.address}: {_one_line(str(exc))}") from None
+        if reply.status != 200:
+            raise RequestError(_http_error(reply.status, body))
+        return json.loads(body)
+
+    def request_limits(self) -> dict[str, int]:
+        """The deployment's per-request limits (max_images, max_input_len, max_seq_len,
+        min_pixels, max_pixels), as its preprocessing step's parameters state them."""
+        names = c.ModelNames() if self.model == c.ENSEMBLE else c.ModelNames.for_build(self.model)
+        params = self.model_config(names.preprocessing).get("parameters", {})
+        keys = ("max_images", "max_input_len", "max_seq_len", "min_pixels", "max_pixels")
+        try:
+            return {k: int(params[k]["string_value"]) for k in keys}
+        except (KeyError, ValueError):
+            raise RequestError(f"{names.preprocessing} on {self.endpoint.address} does not state "
+                               f"{', '.join(keys)}; regenerate the repository with "
+                               "`qvl-trt repo`") from None
+
+    def image_token_counter(self) -> Callable[[GenerateRequest], int]:
+        """Visual tokens a request's images become on this deployment: its pixel bounds
+        applied to each image's size (read from the file header)."""
+        limits = self.request_limits()
+        bounds = {k: limits[k] for k in ("min_pixels", "max_pixels")}
+        return lambda req: sum(image_tokens(data, **bounds) for data in req.images)
+
+    def generate(self, req: GenerateRequest) -> Generation:
+        """Send `req` and wait for its last response."""
+        sent_at: list[float] = []
+        responses = tuple(self.stream(req, sent_at=sent_at))
+        return Generation(sent_at[0], responses)
+
+    def stream(self, req: GenerateRequest, *, sent_at: list | None = None) -> Iterator[Response]:
+        """Yield the responses of `req` as they arrive; `sent_at`, if given, receives the
+        perf_counter time the request went out."""
+        if self.endpoint.protocol == "grpc":
+            yield from self._stream_grpc(req, sent_at)
+        else:
+            yield from self._stream_http(req, sent_at)
+
+    # ---- gRPC --------------------------------------------------------------------------
+
+    def grpc_client(self):
+        """The tritonclient gRPC client, its response stream started."""
+        if self._grpc is None:
+            grpc = require("tritonclient.grpc", extra="serve", why="talk to Triton over gRPC")
+            self._grpc = grpc.InferenceServerClient(self.endpoint.address)
+            # A queue per stream: a dead stream's late callbacks cannot reach the next one.
+            responses = self._responses = queue.Queue()
+            self._grpc.start_stream(callback=lambda result, error: responses.put(
+                (time.perf_counter(), result, error)))
+        return self._grpc
+
+    def _stream_grpc(self, req: GenerateRequest, sent_at: list | None) -> Iterator[Response]:
+        grpc = require("tritonclient.grpc", extra="serve", why="talk to Triton over gRPC")
+        client = self.grpc_client()
+        inputs = []
+        for name, (dtype, value) in request_fields(req).items():
+            tensor = grpc.InferInput(name, list(value.shape), dtype)
+            tensor.set_data_from_numpy(value)
+            inputs.append(tensor)
+        request_id = uuid.uuid4().hex
+        if sent_at is not None:
+            sent_at.append(time.perf_counter())
+        try:
+            client.async_stream_infer(self.model, inputs, request_id=request_id,
+                                      enable_empty_final_response=True)
+        except Exception as exc:  # the stream broke (server gone); the callback has the cause
+            causes = [e for _, _, e in list(self._responses.queue) if e is not None]
+            self.close()
+            raise RequestError(f"{self.endpoint.address}: "
+                               f"{_error_text(causes[0] if causes else exc)}") from None
+        while True:
+            try:
+                received, result, error = self._responses.get(timeout=self.timeout_s)
+            except queue.Empty:
+                self.close()
+                raise RequestError(f"no response from {self.endpoint.address} within "
+                                   f"{self.timeout_s:.0f} s") from None
+            if error is not None:
+                self.close()  # the next request starts a fresh stream
+                raise RequestError(_error_text(error))
+            response = result.get_response()
+            if response.id != request_id:
+                continue  # a late response of an abandoned request
+            if result.as_numpy(c.TEXT_OUTPUT) is not None:
+                yield Response(received, _text(result.as_numpy(c.TEXT_OUTPUT)),
+                               _int(result.as_numpy(c.PROMPT_TOKENS)),
+                               _int(result.as_numpy(c.COMPLETION_TOKENS)))
+            final = response.parameters.get("triton_final_response")
+            if final is not None and final.bool_param:
+                return
+
+    # ---- HTTP --------------------------------------------------------------------------
+
+    def _stream_http(self, req: GenerateRequest, sent_at: list | None) -> Iterator[Response]:
+        body = json.dumps(http_body(req))
+        conn = http.client.HTTPConnection(self.endpoint.host, self.endpoint.port,
+                                          timeout=self.timeout_s)
+        try:
+            if sent_at is not None:
+                sent_at.append(time.perf_counter())
+            conn.request("POST", f"/v2/models/{self.model}/generate_stream", body=body,
+                         headers={"Content-Type": "application/json"})
+            reply = conn.getresponse()
+            if reply.status != 200:
+                raise RequestError(_http_error(reply.status, reply.read()))
+            for line in reply:
+                if not line.startswith(b"data:"):
+                    continue
+                received = time.perf_counter()
+                event = json.loads(line[5:])
+                if "error" in event:
+                    raise RequestError(_one_line(event["error"]))
+                if c.TEXT_OUTPUT in event:
+                    yield Response(received, _text(event[c.TEXT_OUTPUT]),
+                                   _int(event.get(c.PROMPT_TOKENS, 0)),
+                                   _int(event.get(c.COMPLETION_TOKENS, 0)))
+        except OSError as exc:
+            raise RequestError(f"{self.endpoint.address}: {exc}") from None
+        finally:
+            conn.close()
+
+
+def _text(value) -> str:
+    """A BYTES output as text, whatever nesting (batch/element dims) it arrives in."""
+    while isinstance(value, (list, np.ndarray)):
+        if len(value) == 0:
+            return ""
+        value = value[0]
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _int(value) -> int:
+    if value is None:
+        return 0
+    return int(np.asarray(value).reshape(-1)[0])
+
+
+def _error_text(error: Exception) -> str:
+    """tritonclient's InferenceServerException (or any error) as one line."""
+    message = error.message() if hasattr(error, "message") else str(error)
+    return _one_line(message)
+
+
+def _http_error(status: int, body: bytes) -> str:
+    try:
+        message = json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        message = body.decode("utf-8", "replace")
+    return f"HTTP {status}: {_one_line(message)}"
+
+
+def _one_line(message: str) -> str:
+    return " ".join(str(message).split())

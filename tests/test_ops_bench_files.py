@@ -1,0 +1,136 @@
+"""Benchmark outputs (JSON, CSV, PNG, table) and request building, without a server."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import io
+import json
+
+import pytest
+from PIL import Image
+from rich.console import Console
+
+from qvl_trt.console import bench_tables
+from qvl_trt.errors import InputError
+from qvl_trt.triton import contract as c
+from qvl_trt.triton.bench import (
+    BenchReport,
+    BenchSettings,
+    parse_concurrency,
+    parse_size,
+    request_maker,
+    require_loopback,
+    synthetic_images,
+)
+from qvl_trt.triton.bench_report import report_csv, write_reports
+from qvl_trt.triton.client import (
+    GenerateRequest,
+    http_body,
+    image_tokens,
+    parse_url,
+    request_fields,
+)
+from qvl_trt.triton.metrics import RequestRecord, level_metrics
+
+LEVEL_1 = [RequestRecord(0.0, 0.1, 0.5, 5, 20, 64), RequestRecord(0.5, 0.6, 1.0, 5, 20, 64)]
+LEVEL_4 = [RequestRecord(0.0, 0.2, 0.6, 3, 20, 64), RequestRecord(0.0, 0.3, 0.7, 3, 20, 64),
+           RequestRecord(0.1, None, None, error="HTTP 400: image is corrupt")]
+
+
+@pytest.fixture
+def report() -> BenchReport:
+    levels = (level_metrics(1, LEVEL_1), level_metrics(4, LEVEL_4))
+    return BenchReport({"url": "grpc://127.0.0.1:1"}, {"qvl_trt": "0"}, levels,
+                       {1: LEVEL_1, 4: LEVEL_4})
+
+
+def test_files_agree_with_the_metrics(report, tmp_path):
+    paths = write_reports(report, tmp_path / "out")
+    data = json.loads(paths["json"].read_text())
+    c1, c4 = data["levels"]
+    assert c1["total_output_tokens"] == sum(r["output_tokens"] for r in c1["records"]) == 10
+    assert c4["errors"] == 1 and c4["records"][2]["error"].startswith("HTTP 400")
+    assert c1["metrics"]["request_latency"]["p50"] == pytest.approx(500.0)
+    assert c1["metrics"]["request_latency"]["unit"] == "ms"
+    assert "text tokens + image tokens" in data["input_sequence_length"]
+
+    rows = list(csv.DictReader(io.StringIO(paths["csv"].read_text())))
+    by = {(r["concurrency"], r["metric"]): r for r in rows}
+    assert float(by["4", "output_token_throughput"]["value"]) == pytest.approx(6 / 0.7)
+    assert float(by["1", "time_to_first_token"]["p99"]) == pytest.approx(100.0)
+    assert by["4", "errors"]["value"] == "1"
+
+    with Image.open(paths["png"]) as png:
+        assert png.format == "PNG" and png.size[0] > 400
+
+
+def test_table_shows_every_level(report):
+    console = Console(file=io.StringIO(), width=160)
+    for table in bench_tables(report.levels):
+        console.print(table)
+    text = " ".join(console.file.getvalue().split())
+    assert "concurrency 1: 2 requests, 0 errors" in text
+    assert "concurrency 4: 3 requests, 1 errors" in text
+    assert "TTFT (ms)" in text and "input sequence length counts both" in text
+
+
+def test_csv_has_a_row_per_level_and_metric(report):
+    rows = report_csv(report).splitlines()
+    assert rows[0].startswith("concurrency,metric,unit,value,avg")
+    assert len(rows) == 1 + 2 * (8 + 8)
+
+
+def test_request_fields_follow_the_contract():
+    req = GenerateRequest("hi", (b"img",), max_tokens=7, top_k=3, stop=("x",), stream=False)
+    fields = request_fields(req)
+    specs = {s.name: s for s in c.ENSEMBLE_INPUTS}
+    for name, (dtype, value) in fields.items():
+        assert dtype == specs[name].data_type and value.shape[0] == 1  # batch of one
+    assert fields[c.IMAGE_BYTES][1].shape == (1, 1)
+    assert c.TOP_P not in fields and c.SEED not in fields
+    body = http_body(req)
+    assert body[c.MAX_TOKENS] == 7 and body[c.STREAM] is False and body[c.STOP] == ["x"]
+    assert body[c.IMAGE_BYTES][0].startswith("data:image/octet-stream;base64,")
+    with pytest.raises(InputError, match="max tokens must be positive"):
+        request_fields(GenerateRequest("hi", max_tokens=0))
+
+
+def test_synthetic_images_differ_and_count_tokens():
+    make = synthetic_images(64, 48)
+    a, b = make(0), make(1)
+    assert a != b and make(0) == a
+    with Image.open(io.BytesIO(a)) as im:
+        assert im.size == (64, 48) and im.format == "JPEG"
+    # 64x48 rounds to 64x64 = 4 merged tokens of 32x32 without bounds in the way
+    assert image_tokens(a, min_pixels=32 * 32, max_pixels=10**6) == 4
+    assert http_body(GenerateRequest("q", (a,)))[c.IMAGE_BYTES][0].startswith(
+        "data:image/jpeg;base64,")
+    assert base64.b64decode(http_body(GenerateRequest("q", (a,)))[c.IMAGE_BYTES][0]
+                            .split(",", 1)[1]) == a
+
+
+def test_request_maker_gives_each_level_new_images():
+    calls = []
+    settings = BenchSettings("grpc://127.0.0.1:1", (1,), 3, 8, images_per_request=2)
+    make = request_maker(settings, lambda n: calls.append(n) or bytes([n]), first=5)
+    assert make(0).images == (bytes([10]), bytes([11])) and make(2).images == (b"\x0e", b"\x0f")
+    text_only = request_maker(settings, None)(0)
+    assert text_only.images == () and text_only.max_tokens == 8
+
+
+def test_option_parsing_and_loopback_guard():
+    assert parse_concurrency("1, 4,16") == (1, 4, 16)
+    assert parse_size("640x480") == (640, 480)
+    for bad in ("0", "a,b", ""):
+        with pytest.raises(InputError, match="--concurrency"):
+            parse_concurrency(bad)
+    with pytest.raises(InputError, match="WIDTHxHEIGHT"):
+        parse_size("640")
+    assert parse_url("127.0.0.1:9").protocol == "grpc"
+    assert parse_url("http://localhost").port == 8000
+    with pytest.raises(InputError, match="grpc://HOST:PORT"):
+        parse_url("ftp://x")
+    require_loopback(parse_url("grpc://localhost:8001"))
+    with pytest.raises(InputError, match="not a loopback address.*--allow-remote"):
+        require_loopback(parse_url("grpc://192.0.2.1:8001"))

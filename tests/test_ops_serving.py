@@ -1,0 +1,142 @@
+"""`infer`, `bench` and `verify` against a real tritonserver serving the reference-flavor
+repository of the tiny checkpoint (the shared `triton_server` fixture), through real
+tritonclient (gRPC) and HTTP generate_stream."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cli_harness import run_cli
+from PIL import Image
+
+from qvl_trt.triton.client import GenerateClient, GenerateRequest, image_tokens
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> list[Path]:
+    root = tmp_path_factory.mktemp("images")
+    paths = []
+    for n, (w, h) in enumerate(((128, 96), (64, 160))):
+        pixels = np.random.default_rng(n).integers(0, 256, (h, w, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(root / f"img{n}.png")
+        paths.append(root / f"img{n}.png")
+    return paths
+
+
+def _http(server) -> str:
+    return f"http://{server.http_url}"
+
+
+def _grpc(server) -> str:
+    return f"grpc://{server.grpc_url}"
+
+
+def test_infer_streams_over_grpc_and_http(triton_server, images):
+    args = ["--image", str(images[0]), "--prompt", "What is in the picture?",
+            "--max-tokens", "8"]
+    streamed = run_cli("infer", "--url", _grpc(triton_server), "--stream", *args)
+    assert streamed.returncode == 0, streamed.stderr
+    answer, summary = streamed.stdout.rstrip("\n").rsplit("\n", 1)
+    assert summary.startswith("TTFT ") and "tokens/s" in summary and "output tokens" in summary
+
+    data = json.loads(run_cli("infer", "--url", _http(triton_server), "--json", *args).stdout)
+    assert data["text"] == answer  # the same greedy answer, whole, over the other transport
+    assert 0 < data["time_to_first_token_ms"] <= data["request_latency_ms"]
+    assert 1 <= data["output_tokens"] <= 8
+    with GenerateClient(_grpc(triton_server)) as client:
+        bounds = client.request_limits()
+        generation = client.generate(GenerateRequest(
+            "What is in the picture?", (images[0].read_bytes(),), max_tokens=8))
+    expected_image = image_tokens(images[0].read_bytes(), min_pixels=bounds["min_pixels"],
+                                  max_pixels=bounds["max_pixels"])
+    assert data["input_image_tokens"] == expected_image > 0
+    assert data["input_text_tokens"] + expected_image == generation.prompt_tokens
+    assert generation.text == answer and len(generation.responses) > 1  # streamed in chunks
+    assert generation.completion_tokens == data["output_tokens"]
+
+
+def test_infer_reports_a_refused_request_in_one_line(triton_server, tmp_path):
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64)
+    result = run_cli("infer", "--url", _grpc(triton_server), "--image", str(broken), "--prompt", "?")
+    assert result.returncode == 1 and result.stderr.startswith("error: ")
+    assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
+
+
+def test_bench_numbers_are_consistent(triton_server, tmp_path):
+    out = tmp_path / "bench"
+    result = run_cli("bench", "--url", _grpc(triton_server), "--synthetic", "96x64",
+                     "--concurrency", "1,4", "--requests", "4", "--max-tokens", "6",
+                     "--warmup", "1", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "concurrency 1: 4 requests, 0 errors" in result.stdout
+    assert "concurrency 4: 4 requests, 0 errors" in result.stdout
+    report = json.loads((out / "bench.json").read_text())
+    assert [lv["concurrency"] for lv in report["levels"]] == [1, 4]
+    assert report["settings"]["requests"] == 4 and report["settings"]["max_tokens"] == 6
+    assert {"qvl_trt", "git_sha", "tensorrt_llm", "gpus"} <= set(report["environment"])
+    for lv in report["levels"]:
+        records = lv["records"]
+        assert len(records) == lv["requests"] == 4 and lv["errors"] == 0
+        assert lv["total_output_tokens"] == sum(r["output_tokens"] for r in records)
+        assert lv["total_input_image_tokens"] == sum(r["input_image_tokens"] for r in records)
+        for r in records:
+            assert r["sent"] < r["first_token"] <= r["last_response"]  # TTFT <= latency
+            assert 1 <= r["output_tokens"] <= 6 and r["input_image_tokens"] > 0
+        duration = max(r["last_response"] for r in records) - min(r["sent"] for r in records)
+        assert lv["duration_s"] == pytest.approx(duration)
+        assert lv["request_throughput"] == pytest.approx(4 / duration)
+        assert lv["output_token_throughput"] == pytest.approx(
+            lv["total_output_tokens"] / duration)
+        m = lv["metrics"]
+        assert m["time_to_first_token"]["max"] <= m["request_latency"]["max"]
+        assert m["request_latency"]["p50"] <= m["request_latency"]["p99"]
+        assert m["input_sequence_length"]["avg"] == pytest.approx(
+            m["input_text_tokens"]["avg"] + m["input_image_tokens"]["avg"])
+    rows = list(csv.DictReader((out / "bench.csv").open()))
+    assert {r["concurrency"] for r in rows} == {"1", "4"}
+    with Image.open(out / "bench.png") as png:
+        assert png.format == "PNG"
+
+
+@pytest.fixture(scope="module")
+def cases(images, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cases") / "cases.jsonl"
+    rows = [{"name": "one image", "prompt": "Describe it.", "images": [str(images[0])],
+             "max_tokens": 8},
+            {"name": "two images", "prompt": "Compare them.",
+             "images": [str(p) for p in images], "max_tokens": 6},
+            {"name": "text only", "prompt": "Say hello.", "max_tokens": 6}]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    return path
+
+
+def test_verify_matches_the_reference_pipeline_and_itself(triton_server, tiny_build, tiny_ckpt,
+                                                          cases):
+    result = run_cli("verify", "--url", _grpc(triton_server), "--against", "reference",
+                     "--model", str(tiny_ckpt), "--llm-checkpoint",
+                     str(tiny_build / "llm_checkpoint"), "--cases", str(cases))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 of 3 cases match" in result.stdout
+    itself = run_cli("verify", "--url", _grpc(triton_server), "--against", _grpc(triton_server),
+                     "--cases", str(cases), "--json")
+    assert itself.returncode == 0, itself.stderr
+    assert all(case["passed"] and case["first_divergence"] is None
+               for case in json.loads(itself.stdout))
+
+
+def test_verify_fails_against_another_model(triton_server, tmp_path, cases):
+    from qvl_trt.tiny_checkpoint import write_tiny_checkpoint
+
+    other = write_tiny_checkpoint(tmp_path / "other", seed=1)
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps([{"prompt": "Say hello.", "max_tokens": 4}]))
+    result = run_cli("verify", "--url", _grpc(triton_server), "--against", "reference",
+                     "--model", str(other), "--cases", str(one))
+    assert result.returncode == 1
+    assert "FAIL case 1: first divergence at token" in result.stdout
+    assert "0 of 1 cases match" in result.stdout
