@@ -56,9 +56,13 @@ def _user_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except QvlError as exc:
+            from rich.markup import escape
+
             from .console import err
 
-            err.print(f"[bold red]error:[/bold red] {exc}", highlight=False, markup=True)
+            # escape: "pip install 'qvl-trt[rtx]'" must not be read as a markup tag.
+            err.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False,
+                      markup=True)
             raise typer.Exit(exc.exit_code) from None
 
     return wrapper  # type: ignore[return-value]
@@ -198,8 +202,8 @@ def build(
     only: Annotated[
         str | None,
         typer.Option(
-            help="Comma-separated stages to run (inspect and plan always run): "
-            "vision,llm,repo,manifest."
+            help="Comma-separated stages to run (inspect and plan always run; llm runs "
+            "llm_checkpoint too): vision,llm,repo,manifest."
         ),
     ] = None,
     resume: Annotated[
@@ -232,25 +236,25 @@ def build(
     from .build import BuildOptions, Stage, resume_build, run_build
 
     started = time.perf_counter()
-    if resume:
-        if model or gpu or only:
+    stages = None
+    if only:
+        try:
+            stages = tuple(Stage(s.strip()) for s in only.split(",") if s.strip())
+        except ValueError:
             raise ConfigError(
-                "--resume takes its options from the manifest; drop --model, --gpu and --only"
+                f"--only {only!r}: stages are {', '.join(s.value for s in Stage)}"
+            ) from None
+    if resume:
+        if model or gpu:
+            raise ConfigError(
+                "--resume takes its options from the manifest; drop --model and --gpu"
             )
-        result = resume_build(resume, force=force)
+        result = resume_build(resume, only=stages, force=force)
     else:
         if model is None or gpu is None:
             raise ConfigError("build needs --model and --gpu (or --resume DIR)")
         if vision_dtype not in ("float16", "bfloat16"):
             raise ConfigError(f"--vision-dtype must be float16 or bfloat16, got {vision_dtype}")
-        stages = None
-        if only:
-            try:
-                stages = tuple(Stage(s.strip()) for s in only.split(",") if s.strip())
-            except ValueError:
-                raise ConfigError(
-                    f"--only {only!r}: stages are {', '.join(s.value for s in Stage)}"
-                ) from None
         options = BuildOptions(
             model=str(model.resolve()),
             gpu=_gpu_arg(gpu),
@@ -268,6 +272,512 @@ def build(
         f"{', '.join(built) or 'nothing'}; skipped {', '.join(skipped) or 'nothing'}"
         f" -> {result.out}"
     )
+
+
+@command()
+def convert(
+    model: ModelOpt,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the TensorRT-LLM "
+                                      "checkpoint into.", show_default=False)],
+    gpu: Annotated[str | None, typer.Option(
+        "--gpu", "-g", help="GPU profile whose limits.max_seq_len bounds "
+        "max_position_embeddings.")] = None,
+    max_seq_len: Annotated[int | None, typer.Option(
+        help="Engine max_seq_len (instead of --gpu).")] = None,
+    dtype: Annotated[str, typer.Option(help="float16, bfloat16 (or float32 for tests).")]
+    = "float16",
+    tp_size: Annotated[int, typer.Option(help="Tensor-parallel ranks.")] = 1,
+    force: Annotated[bool, typer.Option(help="Replace an existing --out folder.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Convert the language model of an HF Qwen3-VL checkpoint into a TensorRT-LLM checkpoint
+    (config.json + rank{N}.safetensors), streaming one tensor at a time."""
+    from .console import out as console
+    from .console import print_json
+    from .llm.convert import convert_checkpoint, resolve_max_seq_len
+
+    result = convert_checkpoint(model, out, max_seq_len=resolve_max_seq_len(gpu, max_seq_len),
+                                dtype=dtype, tp_size=tp_size, force=force)
+    if json_out:
+        print_json({"out": str(result.out), "rank_files": result.rank_files,
+                    "total_bytes": result.total_bytes, "seconds": round(result.seconds, 3),
+                    "config": result.config})
+        return
+    console.print(f"converted {model} -> {result.out}: {result.config.dtype}, TP "
+                  f"{result.config.tp_size}, max_position_embeddings "
+                  f"{result.config.max_position_embeddings}, "
+                  f"{result.total_bytes / 2**30:.2f} GiB in {result.seconds:.1f} s")
+
+
+@command()
+def matrix(
+    model: ModelOpt,
+    gpus: Annotated[str, typer.Option(help="`all`, or comma-separated profile names or "
+                                      ".toml paths.")] = "all",
+    build_root: Annotated[str, typer.Option(help="Folder holding one build folder per "
+                                            "profile.")] = "build",
+) -> None:
+    """Print a CI job matrix as JSON: one job per GPU profile with runner labels by compute
+    capability, container image and the build's cache key (computed without building).
+    GitHub Actions: `strategy.matrix: ${{ fromJSON(...) }}`; see .github/workflows/engines.yml."""
+    import json
+
+    from .matrix import ci_matrix
+
+    typer.echo(json.dumps(ci_matrix(model, gpus, build_root=build_root), indent=2))
+
+
+@command("export-vision")
+def export_vision(
+    model: ModelOpt,
+    dtype: Annotated[str, typer.Option(
+        help="float16 or bfloat16 (what the engine is built from), or float32 (the reference "
+        "graph).")] = "float16",
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Folder to create for model.onnx + its weights "
+        "[default: build/vision-onnx-DTYPE].", show_default=False)] = None,
+    trt_edition: Annotated[TrtEdition, typer.Option(
+        help="The TensorRT edition the graph is for: tensorrt_rtx writes attention as the "
+        "ONNX Attention op (opset 23), tensorrt as MatMul-Softmax-MatMul (opset 18, "
+        "TensorRT 10.13).")] = TrtEdition.TENSORRT_RTX,
+) -> None:
+    """Export the vision tower to ONNX with a dynamic patch count, then check it against the
+    Hugging Face tower: one line per output with the max difference and PASS/FAIL."""
+    from .checkpoint import open_checkpoint
+    from .console import out as console
+    from .vision.export import export_and_validate
+
+    onnx, validation = export_and_validate(
+        open_checkpoint(model), out or Path("build") / f"vision-onnx-{dtype}", dtype=dtype,
+        edition=trt_edition)
+    console.print(f"validation vs Hugging Face ({validation.graph}):", highlight=False)
+    for line in validation.lines():
+        console.print(f"  {line}", highlight=False)
+    validation.raise_if_failed()
+    console.print(f"exported {onnx.path} ({dtype}, opset {onnx.opset}, dynamic "
+                  f"num_patches) in {onnx.seconds:.1f} s", highlight=False)
+
+
+UrlOpt = Annotated[str, typer.Option(help="Deployment: grpc://HOST:PORT (streaming gRPC) or "
+                                     "http://HOST:PORT (HTTP generate_stream).")]
+ServedModelOpt = Annotated[str, typer.Option("--served-model", help="Ensemble name in the "
+                                             "repository (a named build's name).")]
+
+
+@command()
+def infer(
+    prompt: Annotated[str, typer.Option(help="The question.", show_default=False)],
+    url: UrlOpt = "grpc://127.0.0.1:8001",
+    image: Annotated[list[Path] | None, typer.Option(
+        help="Image file (repeat for several).")] = None,
+    stream: Annotated[bool, typer.Option(help="Print the answer as it is generated.")] = False,
+    max_tokens: Annotated[int, typer.Option(help="Most tokens to generate.")] = 128,
+    temperature: Annotated[float, typer.Option(help="0 is greedy.")] = 0.0,
+    top_p: Annotated[float | None, typer.Option(help="Nucleus sampling.")] = None,
+    top_k: Annotated[int | None, typer.Option(help="Top-k sampling.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
+    stop: Annotated[list[str] | None, typer.Option(help="Stop string (repeatable).")] = None,
+    served_model: ServedModelOpt = "ensemble",
+    json_out: JsonOpt = False,
+) -> None:
+    """Ask a deployment one question about images; prints the answer, then time to first
+    token, tokens/s and token counts."""
+    from .console import out as console
+    from .console import print_json
+    from .errors import InputError
+    from .triton.bench import record_of
+    from .triton.client import GenerateClient, GenerateRequest, Generation
+    from .triton.metrics import (
+        output_token_throughput_per_user,
+        request_latency,
+        time_to_first_token,
+    )
+
+    images = []
+    for path in image or []:
+        if not path.is_file():
+            raise InputError(f"--image {path}: no such file")
+        images.append(path.read_bytes())
+    req = GenerateRequest(prompt, tuple(images), max_tokens, temperature, top_p, top_k, seed,
+                          tuple(stop or ()), stream)
+    with GenerateClient(url, model=served_model) as client:
+        image_tokens = client.image_token_counter()(req) if images else 0
+        sent_at: list[float] = []
+        responses = []
+        for response in client.stream(req, sent_at=sent_at):
+            responses.append(response)
+            if stream and not json_out:
+                console.print(response.text, end="", markup=False, highlight=False)
+    record = record_of(Generation(sent_at[0], tuple(responses)), image_tokens)
+    text = "".join(r.text for r in responses)
+    per_user = output_token_throughput_per_user(record)
+    if json_out:
+        print_json({"text": text, "time_to_first_token_ms": time_to_first_token(record) * 1e3,
+                    "request_latency_ms": request_latency(record) * 1e3,
+                    "output_tokens_per_s": per_user, "output_tokens": record.output_tokens,
+                    "input_text_tokens": record.input_text_tokens,
+                    "input_image_tokens": record.input_image_tokens})
+        return
+    console.print(text if not stream else "", markup=False, highlight=False)
+    console.print(
+        f"[dim]TTFT {time_to_first_token(record) * 1e3:.1f} ms, "
+        f"{f'{per_user:.1f} tokens/s' if per_user else 'tokens/s n/a (needs --stream, > 1 token)'}"
+        f", latency "
+        f"{request_latency(record):.2f} s; {record.output_tokens} output tokens, prompt "
+        f"{record.input_text_tokens + record.input_image_tokens} tokens "
+        f"({record.input_text_tokens} text + {record.input_image_tokens} image)[/dim]")
+
+
+@command()
+def bench(
+    url: UrlOpt = "grpc://127.0.0.1:8001",
+    images: Annotated[Path | None, typer.Option(help="Folder of images, sent in turn.")]
+    = None,
+    synthetic: Annotated[str | None, typer.Option(
+        help="WIDTHxHEIGHT: random-noise images, a different one per request.")] = None,
+    concurrency: Annotated[str, typer.Option(help="Requests in flight, per level.")] = "1,4,16",
+    requests: Annotated[int, typer.Option(help="Requests per concurrency level.")] = 32,
+    max_tokens: Annotated[int, typer.Option(help="Tokens generated per request.")] = 128,
+    prompt: Annotated[str, typer.Option(help="The question of every request.")]
+    = "Describe this image.",
+    images_per_request: Annotated[int, typer.Option(help="Images per request.")] = 1,
+    warmup: Annotated[int, typer.Option(help="Unmeasured requests sent first.")] = 1,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for bench.json, bench.csv "
+                                      "and bench.png.")] = Path("bench-results"),
+    allow_remote: Annotated[bool, typer.Option(help="Allow a server that is not on this "
+                                               "machine.")] = False,
+    served_model: ServedModelOpt = "ensemble",
+) -> None:
+    """Benchmark a deployment at several concurrencies: TTFT, inter-token latency, request
+    latency, throughput (genai-perf's definitions, see the README). Writes JSON, CSV and a
+    PNG plot of latency vs throughput."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from .console import bench_tables
+    from .console import out as console
+    from .errors import InputError
+    from .triton.bench import (
+        BenchSettings,
+        folder_images,
+        parse_concurrency,
+        parse_size,
+        run_benchmark,
+        synthetic_images,
+    )
+    from .triton.bench_report import write_reports
+
+    if images and synthetic:
+        raise InputError("pass --images DIR or --synthetic WxH, not both")
+    if images:
+        source, name = folder_images(images), str(images)
+    elif synthetic:
+        source, name = synthetic_images(*parse_size(synthetic)), f"synthetic {synthetic}"
+    else:
+        source, name = None, "none (text only)"
+    settings = BenchSettings(url, parse_concurrency(concurrency), requests, max_tokens, prompt,
+                             images_per_request, warmup, served_model, allow_remote)
+    with Progress("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        tasks = {c: progress.add_task(f"concurrency {c}", total=requests)
+                 for c in settings.concurrency}
+        report = run_benchmark(settings, source, source=name,
+                               on_done=lambda c, _: progress.advance(tasks[c]))
+    for table in bench_tables(report.levels):
+        console.print(table)
+    paths = write_reports(report, out)
+    console.print(f"wrote {', '.join(str(p) for p in paths.values())}")
+
+
+@command()
+def preprocess(
+    model: ModelOpt,
+    prompt: Annotated[str, typer.Option(help="The question (one user turn, images first).",
+                                        show_default=False)],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The .npz file to write.",
+                                      show_default=False)],
+    image: Annotated[list[Path] | None, typer.Option(
+        help="Image file (repeat for several).")] = None,
+    gpu: Annotated[str | None, typer.Option(
+        "--gpu", "-g", help="GPU profile whose limits apply (pixel cap, image count, "
+        "max_input_len, MRoPE table length = max_seq_len) [default: the checkpoint's own, "
+        "a table of max_position_embeddings rows].")] = None,
+) -> None:
+    """Run one request's host preprocessing and save every tensor it produces (.npz, names in
+    the README): pixel values, grids, input ids before and after fake-id substitution,
+    position ids, MRoPE table and delta, vision index inputs."""
+    from .console import out as console
+    from .mm.request import prepare_files
+
+    request = prepare_files(model, image or [], prompt, gpu=_gpu_arg(gpu) if gpu else None)
+    path = request.save_npz(out)
+    console.print(f"{request.num_tokens} prompt tokens ({sum(request.image_token_counts)} "
+                  f"visual, {len(request.images)} images), position delta "
+                  f"{request.mrope_position_delta} -> {path}")
+
+
+@command()
+def generate(
+    model: ModelOpt,
+    prompt: Annotated[str, typer.Option(help="The user's text.", show_default=False)],
+    image: Annotated[list[Path] | None, typer.Option(
+        help="Image file (repeat for several); shown before the text.")] = None,
+    checkpoint: Annotated[Path | None, typer.Option(
+        help="TensorRT-LLM checkpoint written by `qvl-trt convert` from --model [default: "
+        "convert into a temporary folder].")] = None,
+    max_tokens: Annotated[int, typer.Option(help="Most tokens to generate.")] = 128,
+    greedy: Annotated[bool, typer.Option(help="Pick the most likely token.")] = False,
+    temperature: Annotated[float | None, typer.Option(
+        help="Sampling temperature [default: the checkpoint's generation_config].")] = None,
+    top_k: Annotated[int | None, typer.Option(help="Top-k (0 = off).")] = None,
+    top_p: Annotated[float | None, typer.Option(help="Nucleus mass (1 = off).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
+    stream: Annotated[bool, typer.Option(help="Print tokens as they are generated.")] = False,
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    max_seq_len: Annotated[int, typer.Option(
+        help="max_position_embeddings of the temporary conversion.")] = 8192,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the token ids and text as "
+                                           "JSON (with --stream: one JSON line per token).")]
+    = False,
+) -> None:
+    """Answer a prompt about images in process with the PyTorch reference pipeline (no
+    Triton): qvl_trt preprocessing -> vision tower -> prompt table -> reference decoder on the
+    converted TensorRT-LLM checkpoint."""
+    import json
+
+    from .console import out as console
+    from .console import print_json
+    from .llm.pipeline import ReferencePipeline, sampling_params
+
+    images = [_read_image(path) for path in image or []]
+    sampling = sampling_params(model, max_tokens=max_tokens, greedy=greedy,
+                               temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    pipeline = ReferencePipeline.load(model, checkpoint=checkpoint, device=device,
+                                      max_seq_len=max_seq_len)
+
+    def show(delta) -> None:
+        if json_out:
+            typer.echo(json.dumps({"token_id": delta.token_id, "text": delta.text}))
+        else:
+            console.print(delta.text, end="", markup=False, highlight=False)
+
+    result = pipeline.ask(prompt, images, sampling=sampling, on_text=show if stream else None)
+    if json_out:
+        summary = {"text": result.text, "token_ids": list(result.token_ids),
+                   "finish_reason": result.finish_reason, "prompt_tokens": result.prompt_tokens,
+                   "image_tokens": result.image_tokens,
+                   "completion_tokens": result.completion_tokens}
+        typer.echo(json.dumps(summary)) if stream else print_json(summary)
+        return
+    console.print("" if stream else result.text, markup=False, highlight=False)
+    console.print(f"[dim]{result.completion_tokens} tokens ({result.finish_reason.value}); "
+                  f"prompt {result.prompt_tokens} tokens, {result.image_tokens} of them for "
+                  "images[/dim]")
+
+
+def _read_image(path: Path) -> bytes:
+    from .errors import InputError
+
+    if not path.is_file():
+        raise InputError(f"--image {path}: no such file")
+    return path.read_bytes()
+
+
+@command()
+def verify(
+    cases: Annotated[Path, typer.Option(help="JSON (list) or JSON-lines file of cases: "
+                                        "prompt, images, max_tokens, must_match, name.",
+                                        show_default=False)],
+    against: Annotated[str, typer.Option(help="`reference` (in-process PyTorch pipeline) or "
+                                         "a second deployment's grpc://HOST:PORT.",
+                                         show_default=False)],
+    url: UrlOpt = "grpc://127.0.0.1:8001",
+    model: Annotated[Path | None, typer.Option(
+        "--model", "-m", help="HF checkpoint of the deployment (for --against reference).")]
+    = None,
+    llm_checkpoint: Annotated[Path | None, typer.Option(
+        help="Converted TensorRT-LLM checkpoint for the reference (a build's "
+        "llm_checkpoint folder) [default: convert --model on the fly].")] = None,
+    must_match: Annotated[int | None, typer.Option(
+        help="Leading tokens that must agree per case [default: all].")] = None,
+    served_model: ServedModelOpt = "ensemble",
+    json_out: JsonOpt = False,
+) -> None:
+    """Compare a deployment's greedy token ids with a reference, case by case; report the
+    first divergence; exit 1 if any case differs within its must-match prefix."""
+    import contextlib
+
+    from .console import out as console
+    from .console import print_json
+    from .errors import ConfigError
+    from .triton.verify import InProcessReference, StepwiseDeployment, load_cases
+    from .triton.verify import verify as run_verify
+
+    case_list = load_cases(cases)
+    with contextlib.ExitStack() as stack:
+        candidate = stack.enter_context(contextlib.closing(StepwiseDeployment(
+            url, model=served_model)))
+        if against == "reference":
+            if model is None:
+                raise ConfigError("--against reference needs --model (the deployment's HF "
+                                  "checkpoint)")
+            reference = InProcessReference(model, limits=candidate.client.request_limits(),
+                                           llm_checkpoint=llm_checkpoint)
+        else:
+            reference = stack.enter_context(contextlib.closing(StepwiseDeployment(
+                against, model=served_model)))
+
+        def show(r) -> None:
+            if json_out:
+                return
+            mark = "[green]ok[/green]" if r.passed else "[red]FAIL[/red]"
+            if r.first_divergence is None:
+                detail = f"{len(r.candidate)} tokens identical"
+            else:
+                i = r.first_divergence
+                ref = r.reference[i] if i < len(r.reference) else "end"
+                cand = r.candidate[i] if i < len(r.candidate) else "end"
+                detail = (f"first divergence at token {i}: reference {ref}, deployment {cand} "
+                          f"({r.must_match} must match)")
+            console.print(f"{mark} {r.name}: {detail}", highlight=False)
+
+        results = run_verify(case_list, reference, candidate, must_match=must_match,
+                             on_case=show)
+    failed = [r for r in results if not r.passed]
+    if json_out:
+        print_json([{**{k: getattr(r, k) for k in ("name", "first_divergence", "must_match",
+                                                   "reference", "candidate")},
+                     "passed": r.passed} for r in results])
+    else:
+        console.print(f"{len(results) - len(failed)} of {len(results)} cases match")
+    if failed:
+        raise typer.Exit(1)
+
+
+@command()
+def repo(
+    build: Annotated[list[str], typer.Option(
+        "--build", "-b", help="Build folder, or NAME=FOLDER; repeat for several builds in one "
+        "repository (each gets its own model names: NAME, NAME_preprocessing, ...).",
+        show_default=False)],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Repository folder to write.",
+                                      show_default=False)],
+    flavor: Annotated[str, typer.Option(
+        help="trt: vision engine + stock tensorrtllm backend; reference: PyTorch vision tower "
+        "and reference decoder (any machine, CPU included).")] = "trt",
+    mount_path: Annotated[str | None, typer.Option(
+        help="Where the repository will be mounted when served (the tensorrtllm backend takes "
+        "an absolute engine path) [default: --out].")] = None,
+    default_max_tokens: Annotated[int, typer.Option(
+        help="max_tokens of requests that give none.")] = 512,
+    vision_cache_mib: Annotated[int, typer.Option(
+        help="Size of the vision encoder's cache of image embeddings.")] = 512,
+    allow_image_host: Annotated[list[str] | None, typer.Option(
+        help="Host whose http(s) image URLs the server may fetch (repeatable) [default: none, "
+        "images come as data URIs or bytes].")] = None,
+    force: Annotated[bool, typer.Option(help="Replace an existing --out folder.")] = False,
+) -> None:
+    """Write a Triton model repository from one or more build folders."""
+    from .console import out as console
+    from .triton.configs import Flavor
+    from .triton.repository import BuildInput, RepoOptions, write_repo
+
+    try:
+        chosen = Flavor(flavor)
+    except ValueError:
+        raise ConfigError(f"--flavor {flavor!r}: choose trt or reference") from None
+    options = RepoOptions(flavor=chosen, mount_path=mount_path,
+                          default_max_tokens=default_max_tokens,
+                          vision_cache_mib=vision_cache_mib,
+                          image_url_allow_list=tuple(allow_image_host or ()))
+    result = write_repo([BuildInput.parse(b) for b in build], out, options, force=force)
+    ensembles = ", ".join(b.names.ensemble for b in result.builds)
+    console.print(f"wrote the {chosen.value} repository {result.path}: {len(result.models)} "
+                  f"models; ensemble{'s' if len(result.builds) > 1 else ''}: {ensembles}")
+
+
+@command()
+def validate(
+    repository: Annotated[Path, typer.Argument(help="Model repository folder.",
+                                               show_default=False)],
+    json_out: JsonOpt = False,
+) -> None:
+    """Check a model repository: configs parse, ensemble maps agree with the models (name,
+    dtype, dims), engines exist and match the GPU profile and TensorRT edition. Exit 1 on any
+    problem."""
+    from .console import out as console
+    from .console import print_json
+    from .triton.validate import validate_repo
+
+    report = validate_repo(repository)
+    if json_out:
+        print_json({"repo": str(report.repo), "ok": report.ok, "checks": report.checks,
+                    "models": report.models, "problems": [str(p) for p in report.problems]})
+    else:
+        for problem in report.problems:
+            console.print(f"[red]problem[/red] {problem}", highlight=False)
+        verdict = "[green]valid[/green]" if report.ok else f"[red]{len(report.problems)} " \
+            "problem(s)[/red]"
+        console.print(f"{report.repo}: {len(report.models)} models, {report.checks} checks, "
+                      f"{verdict}", highlight=False)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@command()
+def serve(
+    repository: Annotated[Path, typer.Argument(help="Model repository folder.",
+                                               show_default=False)],
+    http_port: Annotated[int, typer.Option(help="HTTP port.")] = 8000,
+    grpc_port: Annotated[int, typer.Option(help="gRPC port.")] = 8001,
+    metrics_port: Annotated[int, typer.Option(help="Prometheus metrics port.")] = 8002,
+    free_ports: Annotated[bool, typer.Option(
+        help="Pick three free ports instead of the port options.")] = False,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    world_size: Annotated[int, typer.Option(
+        help="GPUs (tensor-parallel ranks) of the LLM engine: > 1 launches one tritonserver "
+        "rank per GPU through mpirun.")] = 1,
+    log_file: Annotated[Path | None, typer.Option(
+        help="Write the server's log here instead of the terminal.")] = None,
+    log_verbose: Annotated[int, typer.Option(help="Triton's --log-verbose level.")] = 0,
+    dry_run: Annotated[bool, typer.Option(
+        help="Print the command it would run, and exit.")] = False,
+) -> None:
+    """Run tritonserver on a repository (PATH, /opt/tritonserver or the nvidia-pytriton
+    binary); wait until it is ready, print its addresses, stop it cleanly on Ctrl-C."""
+    from .console import out as console
+    from .triton.repository import point_engine_paths, tensorrtllm_models
+    from .triton.server import (
+        Ports,
+        ServerOptions,
+        TritonServer,
+        format_command,
+        require_tritonserver,
+        server_command,
+    )
+    from .triton.server import free_ports as pick_ports
+
+    if not repository.is_dir():
+        raise ConfigError(f"{repository} is not a folder; pass a model repository written by "
+                          "`qvl-trt repo`")
+    install = require_tritonserver()
+    ports = pick_ports(host if host != "0.0.0.0" else "127.0.0.1") if free_ports else \
+        Ports(http_port, grpc_port, metrics_port)
+    opts = ServerOptions(repository, ports, host=host, world_size=world_size,
+                         llm_models=tuple(tensorrtllm_models(repository)),
+                         log_verbose=log_verbose)
+    if dry_run:
+        console.print(format_command(server_command(install, opts), install), highlight=False,
+                      markup=False, soft_wrap=True)
+        return
+    point_engine_paths(repository)
+    server = TritonServer(opts, install=install, log_file=log_file)
+    server.start()
+    console.print(f"tritonserver ({install.origin}) ready: HTTP {server.http_url}, gRPC "
+                  f"{server.grpc_url}, metrics {server.metrics_url}; Ctrl-C stops it",
+                  highlight=False)
+    code = server.wait()
+    if code not in (0, None):
+        raise typer.Exit(code)
 
 
 def _gpu_arg(gpu: str) -> str:

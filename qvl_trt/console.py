@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.logging import RichHandler
@@ -15,6 +15,9 @@ from .doctor import Report
 from .plan import GIB, Plan
 from .profiles import GpuProfile
 from .typed_config import to_jsonable
+
+if TYPE_CHECKING:
+    from .triton.metrics import LevelMetrics
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -161,3 +164,39 @@ def doctor_tables(report: Report) -> list[Table]:
     for row in report.profiles:
         support.add_row(row.profile, row.vision_engine, row.llm_engine)
     return [env, support]
+
+
+def bench_tables(levels: tuple[LevelMetrics, ...]) -> list[Table]:
+    """One genai-perf style table per concurrency level: per-request metrics by statistic
+    (TTFT: time to first token, ITL: inter-token latency; input tokens = text + image), then
+    the level's throughput and totals."""
+    labels = {  # short, so the table fits 80 columns; the files carry the long names
+        "request_latency": "latency (ms)",
+        "time_to_first_token": "TTFT (ms)",
+        "inter_token_latency": "ITL (ms)",
+        "output_token_throughput_per_user": "tokens/s per user",
+        "output_sequence_length": "output tokens",
+        "input_sequence_length": "input tokens",
+        "input_text_tokens": "input text tokens",
+        "input_image_tokens": "input image tokens",
+    }
+    stats_shown = ("avg", "min", "max", "p50", "p90", "p99")  # std: in the files
+    tables = []
+    for lv in levels:
+        t = Table(title=f"concurrency {lv.concurrency}: {lv.requests} requests, {lv.errors} "
+                        f"errors, {lv.duration_s:.2f} s")
+        t.add_column("metric", no_wrap=True)
+        for stat in stats_shown:
+            t.add_column(stat, justify="right")
+        for name, label in labels.items():
+            stats = lv.metrics[name]
+            values = [f"{getattr(stats, s):.1f}" for s in stats_shown] if stats else \
+                ["-"] * len(stats_shown)
+            t.add_row(label, *values)
+        t.caption = (f"request throughput {lv.request_throughput:.2f} requests/s, output token "
+                     f"throughput {lv.output_token_throughput:.1f} tokens/s; "
+                     f"{lv.total_output_tokens} output, {lv.total_input_text_tokens} text + "
+                     f"{lv.total_input_image_tokens} image input tokens (input sequence length "
+                     "counts both)")
+        tables.append(t)
+    return tables

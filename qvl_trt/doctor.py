@@ -4,6 +4,7 @@ Versions come from package metadata, so nothing heavy is imported."""
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import subprocess
@@ -25,6 +26,7 @@ PACKAGES: dict[str, tuple[str, ...]] = {
     "tensorrt_llm": ("tensorrt-llm", "tensorrt_llm"),
     "tritonclient": ("tritonclient",),
     "nvidia-pytriton": ("nvidia-pytriton",),
+    "cuda_runtime": ("nvidia-cuda-runtime", "nvidia-cuda-runtime-cu13", "nvidia-cuda-runtime-cu12"),
 }
 
 
@@ -61,6 +63,12 @@ def package_version(key: str) -> str | None:
         except metadata.PackageNotFoundError:
             continue
     return None
+
+
+def cuda_version() -> str | None:
+    """The CUDA toolkit version: $CUDA_VERSION as NVIDIA's containers set it, else the CUDA
+    runtime wheel's (pip installs of torch or TensorRT bring one)."""
+    return os.environ.get("CUDA_VERSION") or package_version("cuda_runtime")
 
 
 def detect_gpus() -> tuple[Gpu, ...]:

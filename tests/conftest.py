@@ -19,3 +19,127 @@ def tiny_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from qvl_trt.tiny_checkpoint import write_tiny_checkpoint
 
     return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt")
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_model(tiny_ckpt: Path):
+    """transformers' Qwen3VLForConditionalGeneration of the tiny checkpoint (fp32, eval), loaded
+    once per session. Read-only: do not change its weights or move it to another device."""
+    import torch
+    import transformers
+
+    model = transformers.Qwen3VLForConditionalGeneration.from_pretrained(
+        str(tiny_ckpt), dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_vision_onnx(tmp_path_factory: pytest.TempPathFactory, tiny_ckpt: Path):
+    """(dtype, edition="tensorrt_rtx") -> the tiny checkpoint's vision tower exported to ONNX
+    (qvl_trt.vision.export.VisionOnnx), each exported once per session. Read-only."""
+    from qvl_trt.checkpoint import open_checkpoint
+    from qvl_trt.profiles import TrtEdition
+    from qvl_trt.vision.export import export_vision_onnx
+
+    root = tmp_path_factory.mktemp("vision_onnx")
+    exports = {}
+
+    def get(dtype: str, edition: TrtEdition = TrtEdition.TENSORRT_RTX):
+        key = (dtype, TrtEdition(edition))
+        if key not in exports:
+            exports[key] = export_vision_onnx(open_checkpoint(tiny_ckpt),
+                                              root / f"{dtype}-{key[1].value}", dtype=dtype,
+                                              edition=key[1])
+        return exports[key]
+
+    return get
+
+
+# ---- Triton repository and server (tests/test_triton_*.py) ---------------------------------
+
+# A GPU profile with small limits, so requests on the tiny checkpoint stay cheap on a CPU:
+# images become 4..64 visual tokens, the MRoPE table 1024 positions.
+TRITON_TEST_PROFILE = """\
+[gpu]
+description = "test profile: RTX 4090 D facts, small limits"
+compute_capability = "8.9"
+memory_gib = 24
+memory_bandwidth_gbs = 1008
+fp16_tensor_tflops = 147.0
+trt_edition = "tensorrt_rtx"
+
+[limits]
+max_batch_size = 8
+max_input_len = 768
+max_seq_len = 1024
+max_num_tokens = 1024
+tokens_per_block = 32
+kv_cache_free_gpu_mem_fraction = 0.9
+vision_min_pixels = 4096
+vision_max_pixels = 65536
+max_images_per_request = 2
+
+[vision_build]
+builder_optimization_level = 0
+workspace_gib = 1
+"""
+
+
+@pytest.fixture(scope="session")
+def triton_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The small-limits GPU profile file of the Triton tests."""
+    path = tmp_path_factory.mktemp("profile") / "tiny-test.toml"
+    path.write_text(TRITON_TEST_PROFILE)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_build(tmp_path_factory: pytest.TempPathFactory, tiny_ckpt: Path,
+               triton_profile: Path) -> Path:
+    """A build folder of the tiny checkpoint for `triton_profile` with its converted LLM
+    checkpoint (`qvl-trt build --only llm_checkpoint`): what the reference repository needs.
+    Read-only; `tiny_vision_build` adds the vision engine to the same folder."""
+    from qvl_trt.build import BuildOptions, Stage, run_build
+
+    out = tmp_path_factory.mktemp("triton_build") / "tiny"
+    run_build(BuildOptions(model=str(tiny_ckpt), gpu=str(triton_profile)), out,
+              only=(Stage.LLM_CHECKPOINT,))
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_vision_build(tiny_build: Path) -> Path:
+    """`tiny_build` plus its TensorRT-RTX vision engine (built without a GPU). Read-only."""
+    from qvl_trt.build import Stage, resume_build
+
+    resume_build(tiny_build, only=(Stage.VISION,))
+    return tiny_build
+
+
+@pytest.fixture(scope="session")
+def triton_server(tmp_path_factory: pytest.TempPathFactory, tiny_build: Path):
+    """A real tritonserver (the nvidia-pytriton build) serving the reference-flavor
+    repository of `tiny_build` on free ports, for the whole session. At the end it is stopped
+    and the test checks that nothing is left: no process, no /dev/shm region."""
+    from qvl_trt.triton.configs import Flavor
+    from qvl_trt.triton.locate import find_tritonserver
+    from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo
+    from qvl_trt.triton.server import SHM_DIR, ServerOptions, TritonServer, free_ports
+
+    pytest.importorskip("tritonclient.grpc", reason="needs tritonclient: pip install "
+                        "'qvl-trt[serve]'")
+    if find_tritonserver() is None:
+        pytest.skip("needs a tritonserver: pip install 'qvl-trt[serve]' (nvidia-pytriton)")
+    root = tmp_path_factory.mktemp("triton_server")
+    repo = write_repo([BuildInput(tiny_build)], root / "repo",
+                      RepoOptions(flavor=Flavor.REFERENCE, preprocessing_instances=1,
+                                  vision_cache_mib=64))
+    server = TritonServer(ServerOptions(repo.path, free_ports()), log_file=root / "server.log",
+                          startup_timeout_s=180)
+    server.start()
+    pid = server.process.pid
+    yield server
+    server.stop()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)  # the server's whole process group is gone
+    assert not list(SHM_DIR.glob(f"{server.opts.shm_prefix}*")), "shared memory left behind"
