@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .atomic import leftovers, staged_dir, write_json_atomic
 from .checkpoint import Checkpoint, open_checkpoint
 from .errors import BuildError, StageUnavailable
 from .manifest import (
@@ -31,7 +32,6 @@ from .manifest import (
     fingerprint,
     reproduce_script,
     tool_versions,
-    write_json_atomic,
 )
 from .plan import check_fits, make_plan
 from .profiles import GpuProfile, TrtEdition, load_profile
@@ -218,14 +218,8 @@ def _run_stage(spec: StageSpec, ctx: BuildContext, force: bool) -> StageResult:
         return StageResult(spec.stage, "skipped", 0.0, record.get("summary", {}))
     log.info("stage %s: started", name)
     started = time.perf_counter()
-    work = ctx.out / f".staging-{name}-{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
-    try:
+    with staged_dir(final) as work:
         summary = spec.run(ctx, work)
-        _replace_dir(work, final)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     seconds = time.perf_counter() - started
     ctx.manifest.stages[name] = {
         "fingerprint": fp,
@@ -245,18 +239,9 @@ def _outputs_intact(root: Path, outputs: dict[str, str], hasher: FileHasher) -> 
     return root.is_dir() and hasher.hash_tree(root) == outputs
 
 
-def _replace_dir(src: Path, dst: Path) -> None:
-    """Move `src` to `dst`, replacing an older `dst` only once `src` is complete."""
-    old = dst.with_name(f".old-{dst.name}-{os.getpid()}")
-    if dst.exists():
-        os.replace(dst, old)
-    os.replace(src, dst)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def _remove_leftovers(out: Path) -> None:
     """Staging folders of a build that was killed; safe to remove while holding the lock."""
-    for path in [*out.glob(".staging-*"), *out.glob(".old-*")]:
+    for path in leftovers(out):
         log.info("removing %s, left by an interrupted build", path.name)
         shutil.rmtree(path, ignore_errors=True)
 

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 import shlex
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .atomic import write_json_atomic
 from .errors import BuildError
 
 MANIFEST_NAME = "manifest.json"
@@ -174,18 +173,3 @@ def reproduce_script(manifest: Manifest) -> str:
         "EOF\n"
         f'{" ".join(build)} "$@"\n'
     )
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON through a temporary file and a rename, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp makes 0600; others (Triton, CI caches) read these
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

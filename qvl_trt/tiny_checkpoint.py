@@ -14,12 +14,11 @@ import dataclasses
 import hashlib
 import json
 import math
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .atomic import staged_dir
 from .deps import require
 from .errors import ConfigError
 from .tokenizer_files import CHAT_TEMPLATE, write_tokenizer_files
@@ -406,17 +405,8 @@ def _write_atomically(out: Path, fill: Callable[[Path], None]) -> Path:
     interrupted run leaves no half-written checkpoint behind."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"{out} already exists and is not an empty directory")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
-    try:
+    with staged_dir(out) as staging:
         fill(staging)
-        staging.chmod(0o755)  # mkdtemp's 0700 would surprise users sharing the checkpoint
-        if out.exists():
-            out.rmdir()
-        staging.rename(out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return out
 
 

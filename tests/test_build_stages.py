@@ -8,6 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from qvl_trt.atomic import leftovers
 from qvl_trt.build import BuildOptions, Stage, run_build
 from qvl_trt.cli import app
 from qvl_trt.errors import BuildError
@@ -37,7 +38,7 @@ def test_a_failing_stage_leaves_nothing_half_written(tmp_path):
     result = CliRunner().invoke(app, ["build", "-m", str(model), "-g", "4090d", "-o", str(out)])
     assert result.exit_code == 1 and "does not fit profile 4090d" in result.output
     assert not (out / "plan").exists()
-    assert not list(out.glob(".staging-*"))
+    assert leftovers(out) == []
     assert set(json.loads((out / "manifest.json").read_text())["stages"]) == {"inspect"}
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from cli_harness import run_cli
 
+from qvl_trt.atomic import leftovers
 from qvl_trt.build import BuildOptions, Stage, checkpoint_hashes, run_build
 from qvl_trt.manifest import FileHasher
 
@@ -214,7 +215,8 @@ def test_lock_refuses_a_second_build_process(tiny_ckpt, tmp_path):
 
 def test_leftovers_of_a_killed_build_are_removed(tiny_ckpt, tmp_path):
     out = tmp_path / "b"
-    (out / ".staging-vision-99999").mkdir(parents=True)
-    (out / ".staging-vision-99999" / "half.onnx").write_bytes(b"\0")
+    (out / ".vision.partial-99999").mkdir(parents=True)
+    (out / ".vision.partial-99999" / "half.onnx").write_bytes(b"\0")
+    (out / ".plan.old-99999").mkdir()
     run_build(BuildOptions(str(tiny_ckpt), "4090d"), out, only=(Stage.PLAN,))
-    assert not list(out.glob(".staging-*"))
+    assert leftovers(out) == []

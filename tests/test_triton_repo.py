@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from cli_harness import run_cli
 
+from qvl_trt.atomic import leftovers
 from qvl_trt.build import Stage, resume_build
 from qvl_trt.deps import available
 from qvl_trt.errors import ConfigError
@@ -86,7 +87,7 @@ def test_several_builds_get_their_own_model_names(tmp_path, tiny_build) -> None:
         write_repo([BuildInput(tiny_build, "x"), BuildInput(tiny_build, "x")],
                    tmp_path / "dup", RepoOptions(flavor=Flavor.REFERENCE))
     assert not (tmp_path / "dup").exists()
-    assert not list(tmp_path.glob(".dup.staging-*")), "a failed write leaves nothing behind"
+    assert leftovers(tmp_path) == [], "a failed write leaves nothing behind"
 
 
 def test_repo_command_and_build_stage(tmp_path, tiny_build) -> None:

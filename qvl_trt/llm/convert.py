@@ -11,13 +11,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..atomic import staged_dir
 from ..checkpoint import Checkpoint, open_checkpoint
 from ..deps import require
 from ..errors import CheckpointError, ConfigError
@@ -66,16 +64,9 @@ def convert_checkpoint(
               for name, srcs in sources.items()}
     log.info("converting %s -> %s (%s, TP %d, max_position_embeddings %d)", ckpt.path, out,
              dtype, tp_size, config.max_position_embeddings)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
-    try:
+    with staged_dir(out) as staging:
         _write_ranks(ckpt, staging, config, sources, shapes)
         (staging / CONFIG_NAME).write_text(json.dumps(to_jsonable(config), indent=2) + "\n")
-        staging.chmod(0o755)  # mkdtemp's 0700 would surprise users sharing the folder
-        _install(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     files = tuple(rank_file(r) for r in range(tp_size))
     total = sum((out / f).stat().st_size for f in files)
     seconds = time.perf_counter() - started
@@ -171,12 +162,3 @@ def _cast(tensor, target, name: str):
         raise CheckpointError(f"tensor {name} holds values that are not finite in "
                               f"{str(target).removeprefix('torch.')}{hint}")
     return cast
-
-
-def _install(staging: Path, out: Path) -> None:
-    """Move the finished folder to `out`, replacing an older one only now."""
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    if out.exists():
-        os.replace(out, old)
-    os.replace(staging, out)
-    shutil.rmtree(old, ignore_errors=True)

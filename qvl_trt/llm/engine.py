@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..atomic import write_json_atomic
 from ..deps import require
 from ..errors import BuildError, ConfigError, DependencyError, QvlError, StageUnavailable
-from ..manifest import write_json_atomic
 from ..profiles import BuildLimits, GpuProfile
 from .layout import DTYPES, read_llm_config
 

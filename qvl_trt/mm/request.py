@@ -7,8 +7,6 @@ preprocessing model runs it per request.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +15,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from ..atomic import staged_file
 from ..checkpoint import Checkpoint, open_checkpoint
 from ..errors import ConfigError, InputError
 from ..profiles import GpuProfile, load_profile
@@ -110,15 +109,8 @@ class PreparedRequest:
     def save_npz(self, path: Path) -> Path:
         """Write `tensors()` (uncompressed) through a temporary file and a rename."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **self.tensors())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with staged_file(path) as f:
+            np.savez(f, **self.tensors())
         return path
 
 

@@ -9,8 +9,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ..atomic import write_json_atomic
 from ..deps import require
-from ..manifest import write_json_atomic
 from .bench import BenchReport
 from .metrics import REQUEST_METRICS, LevelMetrics
 

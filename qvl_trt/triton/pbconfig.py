@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ..atomic import staged_file
 from ..deps import require
 from ..errors import ConfigError, DependencyError
 from .contract import TensorSpec
@@ -98,10 +97,8 @@ def write_config(config: Any, model_dir: Path) -> Path:
     path = Path(model_dir) / CONFIG_FILE
     text = to_text(config)
     parse_config(text, str(path))  # what we write must read back
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".config-", suffix=".pbtxt")
-    with os.fdopen(fd, "w") as f:
+    with staged_file(path, "w") as f:
         f.write(text)
-    os.replace(tmp, path)
     return path
 
 

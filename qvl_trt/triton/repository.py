@@ -21,7 +21,6 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..atomic import staged_dir, write_json_atomic
 from ..checkpoint import Checkpoint, open_checkpoint
 from ..errors import BuildError, ConfigError
-from ..manifest import Manifest, write_json_atomic
+from ..manifest import Manifest
 from ..profiles import GpuProfile
 from ..resources import data_dir
 from ..typed_config import load_dataclass, to_jsonable
@@ -113,9 +113,7 @@ def write_repo(builds: Sequence[BuildInput], out: Path, options: RepoOptions = R
     if out.exists() and not force:
         raise ConfigError(f"{out} exists; pass --force to replace it or pick another --out")
     named = _resolve_names(builds)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.staging-"))
-    try:
+    with staged_dir(out) as staging:
         runtime = staging / f".{RUNTIME_ZIP}"
         write_runtime_zip(runtime)
         results, models = [], []
@@ -126,10 +124,6 @@ def write_repo(builds: Sequence[BuildInput], out: Path, options: RepoOptions = R
             results.append(RepoBuild(name, names, build.path.resolve()))
             models += names.all()
         runtime.unlink()
-        _replace(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     log.info("wrote the %s repository %s (%d models)", options.flavor.value, out, len(models))
     return RepoResult(out, options.flavor, tuple(results), tuple(models))
 
@@ -150,14 +144,6 @@ def _resolve_names(builds: Sequence[BuildInput]) -> list[tuple[BuildInput, str |
             raise ConfigError(f"two builds are named {name!r}; name them with --build NAME=DIR")
         seen.add(name)
     return pairs
-
-
-def _replace(staging: Path, out: Path) -> None:
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    if out.exists():
-        os.replace(out, old)
-    os.replace(staging, out)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 # ---- one build ------------------------------------------------------------------------------

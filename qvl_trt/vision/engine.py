@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import resource
 import shlex
 import subprocess
@@ -27,9 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..atomic import staged_file, write_json_atomic
 from ..deps import available, require
 from ..errors import BuildError, ConfigError, QvlError, StageUnavailable
-from ..manifest import FileHasher, write_json_atomic
+from ..manifest import FileHasher
 from ..profiles import TrtEdition
 from ..typed_config import load_dataclass, to_jsonable
 from .spec import GraphSpec, PatchRange, TensorSpec
@@ -237,10 +237,8 @@ def _build_in_this_process(folder: Path, config: EngineBuildConfig) -> None:
         raise BuildError(f"{name} could not build the engine: "
                          f"{' | '.join(logger.errors[-3:]) or 'no error logged'}")
     engine = folder / ENGINE_NAME
-    tmp = engine.with_name(engine.name + ".partial")
-    with tmp.open("wb") as f:
+    with staged_file(engine) as f:
         f.write(plan)
-    os.replace(tmp, engine)
     seconds = time.perf_counter() - started
     write_json_atomic(folder / CONFIG_NAME, {
         "edition": config.edition.value, "trt_version": trt.__version__,

@@ -11,9 +11,6 @@ import contextlib
 import io
 import json
 import logging
-import os
-import shutil
-import tempfile
 import time
 import warnings
 from collections.abc import Iterator
@@ -22,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..atomic import staged_dir, write_json_atomic
 from ..checkpoint import VISION_PREFIX, Checkpoint
 from ..deps import require
 from ..errors import BuildError
-from ..manifest import write_json_atomic
 from ..profiles import TrtEdition
 from ..typed_config import to_jsonable
 from .spec import MERGE_BLOCKS, MIN_BLOCKS, GraphSpec, vision_graph_spec
@@ -106,9 +103,7 @@ def export_vision_onnx(ckpt: Checkpoint, out: Path, *, dtype: str = "float16",
     del exported, tower
     _name_output_axes(program, spec)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
-    try:
+    with staged_dir(out) as staging:
         program.save(staging / ONNX_NAME, external_data=True)
         del program
         check_onnx_io(staging / ONNX_NAME, spec)
@@ -118,13 +113,6 @@ def export_vision_onnx(ckpt: Checkpoint, out: Path, *, dtype: str = "float16",
             "spec": to_jsonable(spec),
             "example_grid": list(EXAMPLE_GRID), "export_seconds": round(seconds, 3),
             "inputs": inputs or {}})
-        staging.chmod(0o755)
-        if out.exists():
-            out.rmdir()  # empty, checked above
-        os.replace(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     log.info("exported %s in %.1f s", out / ONNX_NAME, seconds)
     return VisionOnnx(out / ONNX_NAME, dtype, edition, opset, spec, seconds)
 
