@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from small_profile import small_profile_toml
 
 # Set before any test imports huggingface_hub, which reads these once at import time.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -59,37 +60,13 @@ def tiny_vision_onnx(tmp_path_factory: pytest.TempPathFactory, tiny_ckpt: Path):
 
 # A GPU profile with small limits, so requests on the tiny checkpoint stay cheap on a CPU:
 # images become 4..64 visual tokens, the MRoPE table 1024 positions.
-TRITON_TEST_PROFILE = """\
-[gpu]
-description = "test profile: RTX 4090 D facts, small limits"
-compute_capability = "8.9"
-memory_gib = 24
-memory_bandwidth_gbs = 1008
-fp16_tensor_tflops = 147.0
-trt_edition = "tensorrt_rtx"
-
-[limits]
-max_batch_size = 8
-max_input_len = 768
-max_seq_len = 1024
-max_num_tokens = 1024
-tokens_per_block = 32
-kv_cache_free_gpu_mem_fraction = 0.9
-vision_min_pixels = 4096
-vision_max_pixels = 65536
-max_images_per_request = 2
-
-[vision_build]
-builder_optimization_level = 0
-workspace_gib = 1
-"""
 
 
 @pytest.fixture(scope="session")
 def triton_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The small-limits GPU profile file of the Triton tests."""
     path = tmp_path_factory.mktemp("profile") / "tiny-test.toml"
-    path.write_text(TRITON_TEST_PROFILE)
+    path.write_text(small_profile_toml())
     return path
 
 

@@ -2,7 +2,7 @@
 26.07-trtllm-python-py3): engine builds of the tiny checkpoint, and greedy tokens of the engine
 run through the stock C++ runtime (ModelRunnerCpp) equal to the PyTorch reference decoder's on
 the same inputs: input_ids with fake ids, a prompt table with DeepStack rows and the
-interleaved MRoPE table, all made by qvl_trt.mm. Run: scripts/verify_trtllm.sh.
+interleaved MRoPE table, all made by qvl_trt.mm. Run: scripts/verify_gpu.sh.
 
 A float32 engine is compared with the float32 reference: equal greedy tokens, and logits of
 every prompt position and generated step within TF32 rounding. The shipped FP16 engine is
@@ -19,6 +19,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from PIL import Image
+from small_profile import small_profile_toml
 
 from qvl_trt.checkpoint import open_checkpoint
 from qvl_trt.llm.convert import convert_checkpoint
@@ -36,36 +37,12 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(
         importlib.util.find_spec("tensorrt_llm") is None or not torch.cuda.is_available(),
-        reason="needs TensorRT-LLM 1.2 and a GPU; run scripts/verify_trtllm.sh (NGC "
+        reason="needs TensorRT-LLM 1.2 and a GPU; run scripts/verify_gpu.sh (NGC "
         "container nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3)"),
 ]
 
 MAX_TOKENS = 32
 END_ID = 151645  # <|im_end|>
-PROFILE = """
-[gpu]
-description = "test GPU"
-compute_capability = "9.0"
-memory_gib = 16
-memory_bandwidth_gbs = 1000
-fp16_tensor_tflops = 100.0
-trt_edition = "tensorrt"
-
-[limits]
-max_batch_size = 4
-max_input_len = 512
-max_seq_len = 640
-max_num_tokens = 2048
-tokens_per_block = 32
-kv_cache_free_gpu_mem_fraction = 0.3
-vision_min_pixels = 4096
-vision_max_pixels = 65536
-max_images_per_request = 2
-
-[vision_build]
-builder_optimization_level = 3
-workspace_gib = 1
-"""
 # Prompt text and image sizes (height, width) of the four requests.
 CASES = {
     "text": ("Write a short poem about the sea.", []),
@@ -78,7 +55,10 @@ CASES = {
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory):
     path = tmp_path_factory.mktemp("profile") / "tiny-gpu.toml"
-    path.write_text(PROFILE)
+    path.write_text(small_profile_toml(
+        compute_capability="9.0", trt_edition="tensorrt", max_batch_size=4,
+        max_input_len=512, max_seq_len=640, max_num_tokens=2048,
+        kv_cache_free_gpu_mem_fraction=0.3))
     return load_profile(str(path))
 
 

@@ -338,7 +338,7 @@ def test_bad_checkpoint_folder(converted, tmp_path) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(),
-                    reason="needs a CUDA GPU: run scripts/verify_reference_gpu.sh on a GPU "
+                    reason="needs a CUDA GPU: run scripts/verify_gpu.sh on a GPU "
                            "machine")
 @pytest.mark.parametrize("dtype, tolerance", [("float32", TOLERANCE), ("float16", 2e-2)])
 def test_cuda_matches_hf_on_cuda(tiny_ckpt, preprocessor, tmp_path, dtype: str,

@@ -2,7 +2,7 @@
 26.07-trtllm-python-py3) on a GPU: the tiny checkpoint built end to end (vision engine with
 full TensorRT, LLM engine with TensorRT-LLM), `qvl-trt repo` (trt flavor) passes validate,
 the stock tensorrtllm backend serves it, and a streamed greedy answer starts with the
-reference decoder's first token. Run: scripts/verify_triton_trt.sh.
+reference decoder's first token. Run: scripts/verify_gpu.sh.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import io
 import numpy as np
 import pytest
 from PIL import Image
+from small_profile import small_profile_toml
 
 from qvl_trt.build import BuildOptions, run_build
 from qvl_trt.triton.repository import BuildInput, write_repo
@@ -26,37 +27,17 @@ pytestmark = [
     pytest.mark.skipif(
         importlib.util.find_spec("tensorrt_llm") is None or not torch.cuda.is_available(),
         reason="needs TensorRT-LLM 1.2, the tensorrtllm Triton backend and a GPU; run "
-        "scripts/verify_triton_trt.sh (NGC container "
+        "scripts/verify_gpu.sh (NGC container "
         "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3)"),
 ]
 
 
 def _profile_text() -> str:
     major, minor = torch.cuda.get_device_capability()
-    return f"""
-[gpu]
-description = "this GPU"
-compute_capability = "{major}.{minor}"
-memory_gib = 16
-memory_bandwidth_gbs = 1000
-fp16_tensor_tflops = 100.0
-trt_edition = "tensorrt"
-
-[limits]
-max_batch_size = 4
-max_input_len = 512
-max_seq_len = 640
-max_num_tokens = 2048
-tokens_per_block = 32
-kv_cache_free_gpu_mem_fraction = 0.3
-vision_min_pixels = 4096
-vision_max_pixels = 65536
-max_images_per_request = 2
-
-[vision_build]
-builder_optimization_level = 3
-workspace_gib = 1
-"""
+    return small_profile_toml(
+        compute_capability=f"{major}.{minor}", trt_edition="tensorrt", max_batch_size=4,
+        max_input_len=512, max_seq_len=640, max_num_tokens=2048,
+        kv_cache_free_gpu_mem_fraction=0.3)
 
 
 def test_trt_flavor_builds_validates_and_serves(tmp_path, tiny_ckpt) -> None:

@@ -1,7 +1,7 @@
 """Vision engines running on a GPU, against the fp32 PyTorch tower (itself checked against
 Hugging Face in test_vision_export.py): the full-TensorRT engine (NGC TensorRT-LLM container,
 any data-center GPU) and the TensorRT-RTX engine (RTX-class GPU: compute capability 8.0, 8.6,
-8.9 or 12.x; TensorRT-RTX refuses 9.0). Run: scripts/verify_vision_gpu.sh."""
+8.9 or 12.x; TensorRT-RTX refuses 9.0). Run: scripts/verify_gpu.sh."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(),
-                       reason="needs a CUDA GPU; run scripts/verify_vision_gpu.sh on one"),
+                       reason="needs a CUDA GPU; run scripts/verify_gpu.sh on one"),
 ]
 
 GRIDS = [(1, 16, 16), (1, 8, 12), (1, 30, 4), (1, 36, 36)]
@@ -74,7 +74,7 @@ def _check_against_pytorch(ckpt, folder, dtype: str) -> None:
 @pytest.mark.trt
 @pytest.mark.skipif(not available("tensorrt"),
                     reason="needs full TensorRT (NGC TensorRT-LLM container); run "
-                    "scripts/verify_vision_gpu.sh there")
+                    "scripts/verify_gpu.sh there")
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_tensorrt_engine_matches_pytorch(tmp_path, tiny_ckpt, tiny_vision_onnx, dtype) -> None:
     ckpt, folder = _build(tmp_path, tiny_ckpt, tiny_vision_onnx, TrtEdition.TENSORRT, dtype)
