@@ -105,6 +105,16 @@ class BuildContext:
         reruns when, and only when, what it reads from them changed."""
         return {s.value: fingerprint(self.stage_outputs(s)) for s in stages}
 
+    def container_command(self) -> str:
+        """The `docker run` line that resumes this build in the TensorRT-LLM container,
+        mounting the checkpoint and a user's own profile file (shipped ones come with
+        qvl-trt)."""
+        from .llm.engine import container_command
+
+        own_profile = self.options.gpu.endswith(".toml")
+        inputs = [Path(self.options.model)] + ([Path(self.profile.source)] if own_profile else [])
+        return container_command(self.out, inputs)
+
     @cached_property
     def tools(self) -> dict[str, Any]:
         """Tool versions of this machine, looked up once per build and only if a stage runs."""
@@ -375,17 +385,15 @@ def _llm_inputs(ctx: BuildContext) -> dict[str, Any]:
 
 
 def _run_llm(ctx: BuildContext, work: Path) -> dict[str, Any]:
-    from .llm.engine import build_engines, container_command
+    from .llm.engine import build_engines
 
     checkpoint = ctx.stage_dir(Stage.LLM_CHECKPOINT)
     try:
         result = build_engines(checkpoint, work, _llm_build_config(ctx))
     except StageUnavailable as exc:
-        own_profile = ctx.options.gpu.endswith(".toml")  # shipped ones come with qvl-trt
-        inputs = [Path(ctx.options.model)] + ([Path(ctx.profile.source)] if own_profile else [])
         raise StageUnavailable(
             f"stage llm: {exc}; the converted checkpoint is kept in {checkpoint}. Finish the "
-            f"build inside the TensorRT-LLM 1.2 container: {container_command(ctx.out, inputs)}"
+            f"build inside the TensorRT-LLM 1.2 container: {ctx.container_command()}"
         ) from None
     return {"tp_size": result.tp_size, "engine_bytes": result.engine_bytes}
 

@@ -59,7 +59,8 @@ def run_vision_stage(ctx: BuildContext, work: Path) -> dict[str, Any]:
     inputs = vision_stage_inputs(ctx)
     engine = inputs["engine"]
     ccs = tuple(engine["compute_capabilities"])
-    check_edition_here(ctx.trt_edition, ccs, _finish_elsewhere(ctx))
+    # The TensorRT-LLM container has full TensorRT; the target GPU must be there too.
+    check_edition_here(ctx.trt_edition, ccs, ctx.container_command())
 
     onnx_dir = work / ONNX_DIR
     previous = ctx.stage_dir(Stage.VISION) / ONNX_DIR
@@ -96,16 +97,6 @@ def run_vision_stage(ctx: BuildContext, work: Path) -> dict[str, Any]:
             "compute_capabilities": built["compute_capabilities"],
             "patches": built["patches"], "engine_mib": round(built["engine_bytes"] / 2**20, 1),
             "onnx": "reused" if reused else "exported"}
-
-
-def _finish_elsewhere(ctx: BuildContext) -> str:
-    """The command that resumes this build where full TensorRT and the target GPU are: the
-    TensorRT-LLM container has both."""
-    from ..llm.engine import container_command
-
-    own_profile = ctx.options.gpu.endswith(".toml")  # shipped ones come with qvl-trt
-    inputs = [Path(ctx.options.model)] + ([Path(ctx.profile.source)] if own_profile else [])
-    return container_command(ctx.out, inputs)
 
 
 def _reuse_export(previous: Path, dest: Path, export: dict[str, Any],
