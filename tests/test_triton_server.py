@@ -59,8 +59,8 @@ class RequestFailed(Exception):
 def grpc_ask(server, *, prompt: str | None = None, images=(), messages=None,
              max_tokens: int = 12, temperature: float = 0.0, top_k: int | None = None,
              top_p: float | None = None, seed: int | None = None, stream: bool = True,
-             stop=()) -> Answer:
-    """One request through the ensemble over gRPC streaming."""
+             stop=(), model: str = c.ENSEMBLE) -> Answer:
+    """One request through the ensemble (`model`) over gRPC streaming."""
     values = {c.MAX_TOKENS: np.array([[max_tokens]], np.int32),
               c.TEMPERATURE: np.array([[temperature]], np.float32),
               c.STREAM: np.array([[stream]])}
@@ -89,7 +89,7 @@ def grpc_ask(server, *, prompt: str | None = None, images=(), messages=None,
     client.start_stream(callback=lambda result, error: results.put((result, error)))
     answer = Answer([], 0, 0)
     try:
-        client.async_stream_infer(c.ENSEMBLE, inputs, enable_empty_final_response=True)
+        client.async_stream_infer(model, inputs, enable_empty_final_response=True)
         while True:
             result, error = results.get(timeout=120)
             if error is not None:
@@ -309,3 +309,31 @@ def test_a_request_of_several_batch_rows_is_refused(triton_server) -> None:
         client.stop_stream()
         client.close()
     assert error is not None and "send one request per conversation" in str(error)
+
+
+def test_two_builds_in_one_repository_are_served_side_by_side(tmp_path, tiny_build,
+                                                             triton_profile, triton_server):
+    """`qvl-trt repo --build a=B1 --build b=B2`: one server keeps both resident and the
+    client picks one by its ensemble name."""
+    from qvl_trt.build import BuildOptions, Stage, run_build
+    from qvl_trt.tiny_checkpoint import write_tiny_checkpoint
+    from qvl_trt.triton.configs import Flavor
+    from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo
+    from qvl_trt.triton.server import ServerOptions, TritonServer, free_ports
+
+    other = write_tiny_checkpoint(tmp_path / "other", seed=1)
+    run_build(BuildOptions(model=str(other), gpu=str(triton_profile)), tmp_path / "other-build",
+              only=(Stage.LLM_CHECKPOINT,))
+    repo = write_repo([BuildInput(tiny_build, "a"), BuildInput(tmp_path / "other-build", "b")],
+                      tmp_path / "repo", RepoOptions(flavor=Flavor.REFERENCE,
+                                                     preprocessing_instances=1,
+                                                     vision_cache_mib=16))
+    question = {"prompt": "What is in this picture?", "images": [png(11)]}
+    with TritonServer(ServerOptions(repo.path, free_ports()), log_file=tmp_path / "server.log",
+                      startup_timeout_s=180) as server:
+        a = grpc_ask(server, model="a", **question)
+        b = grpc_ask(server, model="b", **question)
+        with pytest.raises(RequestFailed, match="ensemble"):
+            grpc_ask(server, **question)  # no unnamed ensemble in a repository of two builds
+    assert a.text == grpc_ask(triton_server, **question).text  # build a: the session's model
+    assert b.text != a.text  # build b: another checkpoint
