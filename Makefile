@@ -35,4 +35,4 @@ demo: install
 	$(BIN)/python scripts/demo_serve.py demo/build/repo/reference --work-dir demo
 
 lint: install
-	$(BIN)/ruff check qvl_trt tests scripts
+	$(BIN)/ruff check qvl_trt tests scripts triton_repo

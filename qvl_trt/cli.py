@@ -68,11 +68,12 @@ def _user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def command(name: str | None = None, **kwargs) -> Callable[[F], F]:
-    """`app.command` with user errors turned into one-line messages."""
+def command(name: str | None = None, *, panel: str) -> Callable[[F], F]:
+    """`app.command` with user errors turned into one-line messages, listed under `panel` in
+    the help."""
 
     def register(fn: F) -> F:
-        return app.command(name, **kwargs)(_user_errors(fn))
+        return app.command(name, rich_help_panel=panel)(_user_errors(fn))
 
     return register
 
@@ -103,7 +104,7 @@ def _main(
     setup_logging(verbose)
 
 
-@command()
+@command(panel="Inspect and debug")
 def gpus(json_out: JsonOpt = False) -> None:
     """List the shipped GPU profiles and their build limits."""
     from .console import gpus_table, out, print_json
@@ -116,7 +117,7 @@ def gpus(json_out: JsonOpt = False) -> None:
         out.print(gpus_table(profiles))
 
 
-@command()
+@command(panel="Inspect and debug")
 def inspect(model: ModelOpt, json_out: JsonOpt = False) -> None:
     """Describe a checkpoint: variant, dimensions, parameters, files."""
     from .checkpoint import open_checkpoint
@@ -146,7 +147,7 @@ def inspect(model: ModelOpt, json_out: JsonOpt = False) -> None:
     )
 
 
-@command()
+@command(panel="Build")
 def plan(model: ModelOpt, gpu: GpuOpt, json_out: JsonOpt = False) -> None:
     """Check that a checkpoint fits a GPU profile: weights, KV cache, prompt table, capacity."""
     from .checkpoint import open_checkpoint
@@ -164,7 +165,7 @@ def plan(model: ModelOpt, gpu: GpuOpt, json_out: JsonOpt = False) -> None:
     check_fits(result)
 
 
-@command()
+@command(panel="Inspect and debug")
 def doctor(json_out: JsonOpt = False) -> None:
     """Report Python, GPUs, TensorRT editions, TensorRT-LLM and Triton found here, and which
     profiles this machine can build for."""
@@ -179,7 +180,7 @@ def doctor(json_out: JsonOpt = False) -> None:
         out.print(table)
 
 
-@command()
+@command(panel="Build")
 def build(
     model: Annotated[
         Path | None,
@@ -230,9 +231,9 @@ def build(
         bool, typer.Option(help="Rebuild stages whose inputs did not change.")
     ] = False,
 ) -> None:
-    """Build engines and the Triton repository: inspect -> plan -> vision -> llm -> repo ->
-    manifest. Unchanged stages are skipped; exit code 3 means a stage needs another machine
-    (the message says which command finishes it)."""
+    """Build engines and the Triton repository: inspect -> plan -> vision -> llm_checkpoint ->
+    llm -> repo -> manifest. Unchanged stages are skipped; exit code 3 means a stage needs
+    another machine (the message says which command finishes it)."""
     from .build import BuildOptions, Stage, resume_build, run_build
 
     started = time.perf_counter()
@@ -274,7 +275,7 @@ def build(
     )
 
 
-@command()
+@command(panel="Build")
 def convert(
     model: ModelOpt,
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the TensorRT-LLM "
@@ -309,7 +310,7 @@ def convert(
                   f"{result.total_bytes / 2**30:.2f} GiB in {result.seconds:.1f} s")
 
 
-@command()
+@command(panel="Build")
 def matrix(
     model: ModelOpt,
     gpus: Annotated[str, typer.Option(help="`all`, or comma-separated profile names or "
@@ -327,7 +328,7 @@ def matrix(
     typer.echo(json.dumps(ci_matrix(model, gpus, build_root=build_root), indent=2))
 
 
-@command("export-vision")
+@command("export-vision", panel="Build")
 def export_vision(
     model: ModelOpt,
     dtype: Annotated[str, typer.Option(
@@ -364,7 +365,7 @@ ServedModelOpt = Annotated[str, typer.Option("--served-model", help="Ensemble na
                                              "repository (a named build's name).")]
 
 
-@command()
+@command(panel="Serve and measure")
 def infer(
     prompt: Annotated[str, typer.Option(help="The question.", show_default=False)],
     url: UrlOpt = "grpc://127.0.0.1:8001",
@@ -428,7 +429,7 @@ def infer(
         f"({record.input_text_tokens} text + {record.input_image_tokens} image)[/dim]")
 
 
-@command()
+@command(panel="Serve and measure")
 def bench(
     url: UrlOpt = "grpc://127.0.0.1:8001",
     images: Annotated[Path | None, typer.Option(help="Folder of images, sent in turn.")]
@@ -488,7 +489,7 @@ def bench(
     console.print(f"wrote {', '.join(str(p) for p in paths.values())}")
 
 
-@command()
+@command(panel="Inspect and debug")
 def preprocess(
     model: ModelOpt,
     prompt: Annotated[str, typer.Option(help="The question (one user turn, images first).",
@@ -515,7 +516,7 @@ def preprocess(
                   f"{request.mrope_position_delta} -> {path}")
 
 
-@command()
+@command(panel="Inspect and debug")
 def generate(
     model: ModelOpt,
     prompt: Annotated[str, typer.Option(help="The user's text.", show_default=False)],
@@ -582,7 +583,7 @@ def _read_image(path: Path) -> bytes:
     return path.read_bytes()
 
 
-@command()
+@command(panel="Serve and measure")
 def verify(
     cases: Annotated[Path, typer.Option(help="JSON (list) or JSON-lines file of cases: "
                                         "prompt, images, max_tokens, must_match, name.",
@@ -653,7 +654,7 @@ def verify(
         raise typer.Exit(1)
 
 
-@command()
+@command(panel="Build")
 def repo(
     build: Annotated[list[str], typer.Option(
         "--build", "-b", help="Build folder, or NAME=FOLDER; repeat for several builds in one "
@@ -695,7 +696,7 @@ def repo(
                   f"models; ensemble{'s' if len(result.builds) > 1 else ''}: {ensembles}")
 
 
-@command()
+@command(panel="Inspect and debug")
 def validate(
     repository: Annotated[Path, typer.Argument(help="Model repository folder.",
                                                show_default=False)],
@@ -723,7 +724,7 @@ def validate(
         raise typer.Exit(1)
 
 
-@command()
+@command(panel="Serve and measure")
 def serve(
     repository: Annotated[Path, typer.Argument(help="Model repository folder.",
                                                show_default=False)],
