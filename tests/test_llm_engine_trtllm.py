@@ -12,12 +12,12 @@ random-weight model).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import replace
 
 import numpy as np
 import pytest
+from gpu_tiers import trtllm_gpu_marks
 from PIL import Image
 from small_profile import small_profile_toml
 
@@ -32,14 +32,7 @@ from qvl_trt.mm.request import RequestLimits, RequestPreprocessor
 from qvl_trt.profiles import load_profile
 
 torch = pytest.importorskip("torch")
-pytestmark = [
-    pytest.mark.trtllm,
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        importlib.util.find_spec("tensorrt_llm") is None or not torch.cuda.is_available(),
-        reason="needs TensorRT-LLM 1.2 and a GPU; run scripts/verify_gpu.sh (NGC "
-        "container nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3)"),
-]
+pytestmark = trtllm_gpu_marks("TensorRT-LLM 1.2 and a GPU")
 
 MAX_TOKENS = 32
 END_ID = 151645  # <|im_end|>

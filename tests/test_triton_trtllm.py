@@ -7,11 +7,11 @@ reference decoder's first token. Run: scripts/verify_gpu.sh.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 
 import numpy as np
 import pytest
+from gpu_tiers import trtllm_gpu_marks
 from PIL import Image
 from small_profile import small_profile_toml
 
@@ -21,15 +21,7 @@ from qvl_trt.triton.server import ServerOptions, TritonServer, free_ports
 from qvl_trt.triton.validate import validate_repo
 
 torch = pytest.importorskip("torch")
-pytestmark = [
-    pytest.mark.trtllm,
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        importlib.util.find_spec("tensorrt_llm") is None or not torch.cuda.is_available(),
-        reason="needs TensorRT-LLM 1.2, the tensorrtllm Triton backend and a GPU; run "
-        "scripts/verify_gpu.sh (NGC container "
-        "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3)"),
-]
+pytestmark = trtllm_gpu_marks("TensorRT-LLM 1.2, the tensorrtllm Triton backend and a GPU")
 
 
 def _profile_text() -> str:
