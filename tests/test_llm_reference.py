@@ -125,19 +125,21 @@ def cases(preprocessor, hf_model) -> dict[str, Case]:
 @pytest.fixture(scope="module")
 def hf_greedy(hf_model, cases) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Per case: HF greedy tokens and HF logits over prompt + those tokens."""
-    out = {}
-    for name, case in cases.items():
-        inputs = case.hf_inputs
-        prompt = inputs["input_ids"].shape[1]
-        with torch.no_grad():
-            tokens = hf_model.generate(**inputs, max_new_tokens=GREEDY_TOKENS, do_sample=False)
-            full = {**inputs, "input_ids": tokens}
-            if "mm_token_type_ids" in inputs:
-                full["mm_token_type_ids"] = torch.nn.functional.pad(
-                    inputs["mm_token_type_ids"], (0, GREEDY_TOKENS))
-            logits = hf_model(**full).logits[0]
-        out[name] = (tokens[0, prompt:], logits)
-    return out
+    return {name: run_hf_greedy(hf_model, case.hf_inputs, GREEDY_TOKENS)
+            for name, case in cases.items()}
+
+
+def run_hf_greedy(model, inputs: dict, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's `steps` greedy tokens, and its logits over prompt + those tokens (fp32, CPU)."""
+    prompt = inputs["input_ids"].shape[1]
+    with torch.no_grad():
+        tokens = model.generate(**inputs, max_new_tokens=steps, do_sample=False)
+        full = {**inputs, "input_ids": tokens}
+        if "mm_token_type_ids" in inputs:
+            full["mm_token_type_ids"] = torch.nn.functional.pad(inputs["mm_token_type_ids"],
+                                                                (0, steps))
+        logits = model(**full).logits[0].float().cpu()
+    return tokens[0, prompt:].cpu(), logits
 
 
 def assert_matches_hf(decoder: ReferenceDecoder, case: Case, expected) -> None:
@@ -358,17 +360,11 @@ def test_cuda_matches_hf_on_cuda(tiny_ckpt, preprocessor, tmp_path, dtype: str,
                          sampling=SamplingParams(max_tokens=steps, greedy=True))
         inputs = {k: v.cuda() for k, v in case.hf_inputs.items()}
         prompt = inputs["input_ids"].shape[1]
-        with torch.no_grad():
-            tokens = hf_cuda.generate(**inputs, max_new_tokens=steps, do_sample=False)
-            full = {**inputs, "input_ids": tokens}
-            if "mm_token_type_ids" in inputs:
-                full["mm_token_type_ids"] = torch.nn.functional.pad(
-                    inputs["mm_token_type_ids"], (0, steps))
-            expected = hf_cuda(**full).logits[0].float().cpu()
+        tokens, expected = run_hf_greedy(hf_cuda, inputs, steps)
         result = decoder.generate([case.request])[0]
         context = (result.context_logits.cpu() - expected[:prompt]).abs().max().item()
         assert context <= tolerance, f"{dtype} prompt logits differ by {context:.2e}"
         generation = (result.generation_logits - expected[prompt - 1: prompt - 1 + steps])
         assert generation.abs().max().item() <= tolerance
         if dtype == "float32":
-            assert list(result.token_ids) == tokens[0, prompt:].tolist()
+            assert list(result.token_ids) == tokens.tolist()
