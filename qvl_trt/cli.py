@@ -385,7 +385,7 @@ def infer(
     token, tokens/s and token counts."""
     from .console import out as console
     from .console import print_json
-    from .errors import InputError
+    from .mm.image_input import read_image_files
     from .triton.bench import record_of
     from .triton.client import GenerateClient, GenerateRequest, Generation
     from .triton.metrics import (
@@ -394,11 +394,7 @@ def infer(
         time_to_first_token,
     )
 
-    images = []
-    for path in image or []:
-        if not path.is_file():
-            raise InputError(f"--image {path}: no such file")
-        images.append(path.read_bytes())
+    images = read_image_files(image or [])
     req = GenerateRequest(prompt, tuple(images), max_tokens, temperature, top_p, top_k, seed,
                           tuple(stop or ()), stream)
     with GenerateClient(url, model=served_model) as client:
@@ -548,8 +544,9 @@ def generate(
     from .console import out as console
     from .console import print_json
     from .llm.pipeline import ReferencePipeline, sampling_params
+    from .mm.image_input import read_image_files
 
-    images = [_read_image(path) for path in image or []]
+    images = read_image_files(image or [])
     sampling = sampling_params(model, max_tokens=max_tokens, greedy=greedy,
                                temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     pipeline = ReferencePipeline.load(model, checkpoint=checkpoint, device=device,
@@ -573,14 +570,6 @@ def generate(
     console.print(f"[dim]{result.completion_tokens} tokens ({result.finish_reason.value}); "
                   f"prompt {result.prompt_tokens} tokens, {result.image_tokens} of them for "
                   "images[/dim]")
-
-
-def _read_image(path: Path) -> bytes:
-    from .errors import InputError
-
-    if not path.is_file():
-        raise InputError(f"--image {path}: no such file")
-    return path.read_bytes()
 
 
 @command(panel="Serve and measure")

@@ -8,6 +8,8 @@ sees; EXIF orientation is applied first, as HF's `load_image` does for files.
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
+from pathlib import Path
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
@@ -18,6 +20,14 @@ ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
 DEFAULT_MAX_DECODED_PIXELS = 8192 * 8192
 _EXIF_ORIENTATION = 0x0112
 _ACCEPTED = "JPEG, PNG, WebP, GIF or BMP"
+
+
+def read_image_files(paths: Sequence[Path]) -> list[bytes]:
+    """The bytes of each `--image` file, refusing a missing one by name."""
+    for path in paths:
+        if not Path(path).is_file():
+            raise InputError(f"--image {path}: no such file")
+    return [Path(path).read_bytes() for path in paths]
 
 
 def load_rgb(image: bytes | bytearray | memoryview | Image.Image, *,

@@ -20,7 +20,7 @@ from ..checkpoint import Checkpoint, open_checkpoint
 from ..errors import ConfigError, InputError
 from ..profiles import GpuProfile, load_profile
 from .chat import PromptBuilder, user_message
-from .image_input import DEFAULT_MAX_DECODED_PIXELS, load_rgb
+from .image_input import DEFAULT_MAX_DECODED_PIXELS, load_rgb, read_image_files
 from .pixels import ImagePatches, PixelConfig, image_patches
 from .prompt_table import fake_token_ids, prompt_table_extra_ids
 from .rope import mrope_cos_sin_table, rope_index
@@ -201,11 +201,7 @@ def prepare_files(model: str | Path, images: Sequence[Path], prompt: str, *,
                   gpu: str | None = None) -> PreparedRequest:
     """`qvl-trt preprocess`: one user turn (the images, then `prompt`) with a profile's limits
     (`gpu`) or the checkpoint's own."""
-    data = []
-    for path in images:
-        if not Path(path).is_file():
-            raise InputError(f"--image {path}: no such file")
-        data.append(Path(path).read_bytes())
+    data = read_image_files(images)
     limits = RequestLimits.from_profile(load_profile(gpu)) if gpu else None
     preprocessor = RequestPreprocessor.from_checkpoint(model, limits)
     return preprocessor.prepare(messages=user_message(prompt, len(data)), images=data)
