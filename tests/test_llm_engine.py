@@ -15,9 +15,11 @@ from cli_harness import run_cli
 from qvl_trt.build import Stage, resume_build
 from qvl_trt.checkpoint import open_checkpoint
 from qvl_trt.errors import BuildError, ConfigError, StageUnavailable
+from qvl_trt.llm.convert import convert_checkpoint
 from qvl_trt.llm.engine import (
     TRTLLM_CONTAINER,
     _run_rank,
+    build_engines,
     container_command,
     engine_build_config,
 )
@@ -76,10 +78,55 @@ def test_build_config_dtypes():
     profile = load_profile("h100")
     bf16 = engine_build_config(profile, deepstack_layers=3, dtype="bfloat16")["plugin_config"]
     assert bf16["gemm_plugin"] == bf16["gpt_attention_plugin"] == "bfloat16"
-    fp32 = engine_build_config(profile, deepstack_layers=3, dtype="float32")["plugin_config"]
-    assert not fp32["context_fmha"] and not fp32["use_paged_context_fmha"]
+    assert bf16["context_fmha"] is True and bf16["use_paged_context_fmha"] is True
+    with pytest.raises(ConfigError, match="^LLM engine dtype float32 cannot place image tokens: "
+                       "MRoPE needs fused context attention, which TensorRT-LLM has only for "
+                       "float16 and bfloat16; build with one of those$"):
+        engine_build_config(profile, deepstack_layers=3, dtype="float32")
     with pytest.raises(ConfigError, match="'int8' is not one of float16, bfloat16, float32"):
         engine_build_config(profile, deepstack_layers=3, dtype="int8")
+
+
+@pytest.fixture(scope="module")
+def converted(tiny_ckpt, tmp_path_factory):
+    """dtype -> the tiny checkpoint converted at the 4090d profile's max_seq_len."""
+    root = tmp_path_factory.mktemp("converted")
+    max_seq_len = load_profile("4090d").limits.max_seq_len
+    return {dtype: convert_checkpoint(tiny_ckpt, root / dtype, max_seq_len=max_seq_len,
+                                      dtype=dtype).out for dtype in ("float16", "float32")}
+
+
+def _edited(**plugins) -> dict:
+    """engine_build_config's settings with plugin_config keys changed (as by hand in
+    build_config.json); None removes a key."""
+    config = engine_build_config(load_profile("4090d"), deepstack_layers=3)
+    plugin_config = {**config["plugin_config"], **plugins}
+    return {**config, "plugin_config": {k: v for k, v in plugin_config.items()
+                                        if v is not None}}
+
+
+@pytest.mark.parametrize("dtype, settings, reason", [
+    ("float16", _edited(context_fmha=False), "build_config.json sets context_fmha False"),
+    ("float16", _edited(context_fmha="disable"), "build_config.json sets context_fmha disable"),
+    ("float16", _edited(context_fmha=None), "build_config.json sets context_fmha None"),
+    ("float16", _edited(gpt_attention_plugin="float32"), "gpt_attention_plugin is float32"),
+    ("float32", _edited(), "checkpoint dtype is float32"),
+    ("float32", _edited(gpt_attention_plugin="auto"), "checkpoint dtype is float32"),
+])
+def test_rank_child_refuses_unfused_context_attention(converted, tmp_path, dtype, settings,
+                                                      reason):
+    """The rank child (what reproduce.sh runs) re-checks the settings it reads, with or
+    without TensorRT-LLM: a hand-edited build_config.json or a float32 checkpoint would make
+    the plugin fall back to unfused attention, which ignores the MRoPE table."""
+    with pytest.raises(BuildError, match=f"{reason}: MRoPE needs fused context attention"):
+        build_engines(converted[dtype], tmp_path, settings)
+
+
+@needs_no_trtllm
+def test_rank_child_passes_the_shipped_settings_on(converted, tmp_path):
+    """The check above lets engine_build_config's own settings through to TensorRT-LLM."""
+    with pytest.raises(StageUnavailable, match="tensorrt_llm"):
+        build_engines(converted["float16"], tmp_path, _edited())
 
 
 def test_container_command_mounts_what_the_build_reads(tmp_path):

@@ -6,6 +6,13 @@ Each tensor-parallel rank is built by `python -m qvl_trt.llm.engine` in a child 
 crash or an out-of-memory kill becomes a clean BuildError and GPU memory is freed after each
 rank. A child that cannot import tensorrt_llm exits with code 3, which the build turns into
 StageUnavailable (the build can be resumed in the TensorRT-LLM container).
+
+Engines are float16 or bfloat16 with fused context attention (context_fmha): the attention
+plugin reads the MRoPE table only on that path, which TensorRT-LLM has for fp16/bf16 alone
+(cpp/tensorrt_llm/common/attentionOp.cpp: "Fall back to unfused MHA because of unsupported
+data type"); the unfused path rotates image tokens at their 1-D index, so text still looks
+right while images land at wrong positions. engine_build_config refuses float32, and each
+rank's child refuses a build_config.json (editable by hand) or checkpoint that would fall back.
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ BUILD_CONFIG_NAME = "build_config.json"
 TIMING_CACHE_NAME = "timing.cache"
 REPRODUCE_NAME = "reproduce.sh"
 UNAVAILABLE_EXIT = 3
+# The dtypes TensorRT-LLM's fused context attention (the only reader of the MRoPE table) runs.
+FUSED_ATTENTION_DTYPES = ("float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -59,10 +68,11 @@ def engine_build_config(profile: GpuProfile, *, deepstack_layers: int,
     """
     if dtype not in DTYPES:
         raise ConfigError(f"LLM engine dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if dtype not in FUSED_ATTENTION_DTYPES:
+        raise ConfigError(f"LLM engine dtype {dtype} cannot place image tokens: MRoPE needs "
+                          "fused context attention, which TensorRT-LLM has only for "
+                          f"{' and '.join(FUSED_ATTENTION_DTYPES)}; build with one of those")
     lim = profile.limits
-    # TensorRT-LLM's fused context attention has no fp32 kernels; paged context attention
-    # needs it. fp32 engines exist only to check the network against the reference decoder.
-    fused = dtype != "float32"
     return {
         "max_batch_size": lim.max_batch_size,
         "max_input_len": lim.max_input_len,
@@ -78,8 +88,8 @@ def engine_build_config(profile: GpuProfile, *, deepstack_layers: int,
             "gpt_attention_plugin": dtype,
             "paged_kv_cache": True,
             "remove_input_padding": True,
-            "context_fmha": fused,
-            "use_paged_context_fmha": fused,
+            "context_fmha": True,
+            "use_paged_context_fmha": True,
             "tokens_per_block": lim.tokens_per_block,
             "multiple_profiles": True,
         },
@@ -163,7 +173,31 @@ def _write_reproduce(path: Path, commands: list[list[str]]) -> None:
 
 # ---- child process -----------------------------------------------------------------------
 
+def check_fused_context_attention(settings: dict[str, Any], checkpoint_dtype: str) -> None:
+    """Raise BuildError unless these BuildConfig settings and checkpoint dtype give the
+    attention plugin its fused context path, the only one that reads the MRoPE table."""
+    plugins = settings.get("plugin_config", {})
+    # PluginConfig.update_from_dict takes "enable" for True; a missing key is refused too,
+    # since engine_build_config always writes it.
+    if plugins.get("context_fmha") not in (True, "enable"):
+        raise BuildError(f"build_config.json sets context_fmha {plugins.get('context_fmha')}: "
+                         "MRoPE needs fused context attention, or image tokens get wrong "
+                         "positions; set plugin_config.context_fmha to true")
+    # The plugin's type is its own setting; "auto" means the checkpoint's dtype.
+    attention = plugins.get("gpt_attention_plugin", "auto")
+    attention = checkpoint_dtype if attention == "auto" else attention
+    for what, dtype in (("checkpoint dtype", checkpoint_dtype),
+                        ("gpt_attention_plugin", attention)):
+        if dtype not in FUSED_ATTENTION_DTYPES:
+            raise BuildError(f"{what} is {dtype}: MRoPE needs fused context attention, which "
+                             f"TensorRT-LLM has only for {' and '.join(FUSED_ATTENTION_DTYPES)}; "
+                             "convert and build with float16 or bfloat16")
+
+
 def _build_rank(checkpoint: Path, engine_dir: Path, rank: int, config_file: Path) -> None:
+    settings = json.loads(config_file.read_text())
+    # Checked before TensorRT-LLM is imported: refused anywhere, not only in its container.
+    check_fused_context_attention(settings, read_llm_config(checkpoint).dtype)
     require("tensorrt_llm", extra="trtllm", why="build the LLM engine")
     from tensorrt_llm.builder import BuildConfig, build
     from tensorrt_llm.logger import logger
@@ -171,7 +205,6 @@ def _build_rank(checkpoint: Path, engine_dir: Path, rank: int, config_file: Path
     from .network import Qwen3VLConfig, Qwen3VLForCausalLM
 
     logger.set_level("info")
-    settings = json.loads(config_file.read_text())
     config = Qwen3VLConfig.from_checkpoint(str(checkpoint))
     if config.max_position_embeddings != settings["max_seq_len"]:
         # Below max_seq_len the attention kernel would fall back to a path that ignores the

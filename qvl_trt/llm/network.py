@@ -13,8 +13,13 @@ tasks, prompt_vocab_size, mrope_rotary_cos_sin, mrope_position_deltas).
   (MultimodalModelRunner) hard-codes the contiguous [16, 24, 24] split, and we do not use it.
 - DeepStack: each visual token owns 1+K consecutive prompt-table rows (main embedding, then
   DeepStack feature k) and carries the fake id vocab_size + (1+K)i. The embedding returns
-  the main row as the layer-0 input and, for k < K, row i+1+k (zero on text tokens), which is
-  added to the hidden state after decoder layer k.
+  the main row as the layer-0 input and, for k < K, row i+1+k (selected to zero on text
+  tokens with `where`, never multiplied by a mask: the runtime's table buffer is not
+  zeroed), which is added to the hidden state after decoder layer k.
+- Precision: float16 or bfloat16 only. The attention plugin reads `mrope_rotary_cos_sin`
+  only on its fused (FMHA) context path, which exists for fp16/bf16 alone (attentionOp.cpp:
+  "Fall back to unfused MHA because of unsupported data type"); the unfused path rotates
+  image tokens at their 1-D index. qvl_trt.llm.engine refuses float32 and context_fmha off.
 
 Only imported where tensorrt_llm is present (the engine build's child process, the trtllm
 tests). Importing it registers the class in tensorrt_llm.models.MODEL_MAP, which
@@ -89,13 +94,19 @@ class DeepStackEmbedding(Module):
         keep = unsqueeze(visual, -1)
 
         def rows(shift: int) -> Tensor:
-            # Text tokens read the block's first row, which always exists, and are masked.
+            # Text tokens read the block's first row, which always exists; `where` drops it.
             index = where(visual, offset + shift, 0) + block
             return embedding(index, prompt_embedding_table)
 
         hidden = where(keep, rows(0), text)
+        # The runtime never zeroes its table buffer, so the row a text token reads may hold
+        # stale NaN/Inf bits and a 0/1 mask product would keep them (NaN x 0 = NaN): select.
+        # The zero is made in the table's dtype as functional.embedding's TP path does
+        # (cast mask minus itself): where() turns a Python 0.0 into a float32 constant
+        # (constants_to_tensors_), which a strongly typed fp16/bf16 select refuses.
         mask = cast(keep, hidden.dtype)
-        return hidden, [rows(1 + k) * mask for k in range(self.deepstack_layers)]
+        zero = mask - mask
+        return hidden, [where(keep, rows(1 + k), zero) for k in range(self.deepstack_layers)]
 
 
 class Qwen3VLDecoderLayer(Module):
