@@ -219,6 +219,30 @@ def test_batch_equals_single_requests(decoders, cases) -> None:
         assert (result.generation_logits - alone.generation_logits).abs().max() < 1e-5
 
 
+def test_unreferenced_prompt_table_rows_do_not_leak(decoders, cases) -> None:
+    """The engine's prompt-table buffer is never zeroed: a text-only request's table (the
+    row its text tokens read) and rows no fake id references may hold NaN/Inf. They must not
+    change a single logit; poisoning a row a visual token does read shows the check bites."""
+    decoder = decoders[1]
+    text, image = cases["text"].request, cases["one_image"].request
+    per_token = decoder.config.rows_per_visual_token
+    poison = np.full((per_token, decoder.config.hidden_size), np.nan, np.float32)
+    poison[1::2] = np.inf
+    clean = [dataclasses.replace(text, prompt_table=np.zeros_like(poison)), image]
+    poisoned = [dataclasses.replace(text, prompt_table=poison),
+                dataclasses.replace(image, prompt_table=np.concatenate(
+                    [image.prompt_table, poison]))]
+    for want, got in zip(decoder.generate(clean), decoder.generate(poisoned), strict=True):
+        assert got.token_ids == want.token_ids
+        assert torch.equal(got.context_logits, want.context_logits)
+        assert torch.equal(got.generation_logits, want.generation_logits)
+
+    read = image.prompt_table.copy()
+    read[1] = np.nan  # DeepStack feature 0 of visual token 0
+    broken = decoder.generate([dataclasses.replace(image, prompt_table=read)])[0]
+    assert not torch.isfinite(broken.context_logits).all()
+
+
 def test_stream_and_callback(decoders, cases) -> None:
     decoder = decoders[2]
     requests = [dataclasses.replace(cases["text"].request, sampling=SamplingParams(

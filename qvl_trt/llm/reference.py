@@ -15,7 +15,9 @@ by frequency i):
   mrope_position_deltas[batch_idx]`), with the engine's fp32 inverse frequencies.
 DeepStack: the visual token with fake id vocab_size + (1+K)i takes prompt-table row (1+K)i
 as its embedding, and row (1+K)i+1+k is added to its hidden state after decoder layer k;
-text tokens get nothing.
+text tokens get nothing. Rows no fake id references are never read (assigned at visual
+positions only, never multiplied by a 0/1 mask), as strict as the engine, whose table buffer
+is never zeroed and whose text tokens read a stale row that `where` drops.
 """
 
 from __future__ import annotations
