@@ -96,6 +96,9 @@ class VisionEngine:
                              f"({' | '.join(self._logger.errors) or 'no error logged'}); "
                              f"{REBUILD}")
         self.context = self.engine.create_execution_context()
+        # Our own stream, not the caller's current one (the legacy default stream unless
+        # they set one, which serialises with all other work on the device).
+        self._stream = torch.cuda.Stream()
         self.patches = self.config["patches"]
         self._dtypes = {t["name"]: getattr(torch, t["dtype"])
                         for t in self.config["inputs"] + self.config["outputs"]}
@@ -115,22 +118,40 @@ class VisionEngine:
         inputs = {"pixel_values": pixel_values,
                   **{k: torch.from_numpy(np.ascontiguousarray(v))
                      for k, v in index.as_dict().items()}}
-        bound = {}
+        # IExecutionContext.set_input_shape returns False for a shape outside the profile
+        # (TensorRT 10 Python API); execution would then fail with a less useful message.
         for spec in self.config["inputs"]:
             name = spec["name"]
-            t = inputs[name].to(device=device, dtype=self._dtypes[name]).contiguous()
-            bound[name] = t
-            self.context.set_input_shape(name, tuple(t.shape))
-            self.context.set_tensor_address(name, t.data_ptr())
+            shape = tuple(inputs[name].shape)
+            if not self.context.set_input_shape(name, shape):
+                low, _, high = self.engine.get_tensor_profile_shape(name, 0)
+                raise InputError(
+                    f"vision engine input {name} of shape {list(shape)} is outside the "
+                    f"engine's range {list(low)}..{list(high)}; resize the image within the "
+                    "profile's pixel limits")
+        caller = torch.cuda.current_stream(device)
         outputs = {}
         for spec in self.config["outputs"]:
             name = spec["name"]
             shape = tuple(self.context.get_tensor_shape(name))
+            # Allocated on the caller's stream, which uses them after we return.
             outputs[name] = torch.empty(shape, dtype=self._dtypes[name], device=device)
             self.context.set_tensor_address(name, outputs[name].data_ptr())
-        stream = torch.cuda.current_stream(device)
-        if not self.context.execute_async_v3(stream.cuda_stream):
-            raise BuildError(f"TensorRT failed to run the vision engine on {n} patches: "
-                             f"{' | '.join(self._logger.errors[-3:]) or 'no error logged'}")
-        stream.synchronize()  # `bound` holds the inputs until the kernels are done
+        # pixel_values may still be being written on the caller's stream, and the outputs'
+        # memory may have been in use there: start after that work.
+        self._stream.wait_stream(caller)
+        bound = {}
+        with torch.cuda.stream(self._stream):
+            # The copies run on our stream, so they precede the engine's kernels in order.
+            for spec in self.config["inputs"]:
+                name = spec["name"]
+                bound[name] = inputs[name].to(device=device,
+                                              dtype=self._dtypes[name]).contiguous()
+                self.context.set_tensor_address(name, bound[name].data_ptr())
+            if not self.context.execute_async_v3(self._stream.cuda_stream):
+                raise BuildError(f"TensorRT failed to run the vision engine on {n} patches: "
+                                 f"{' | '.join(self._logger.errors[-3:]) or 'no error logged'}")
+        # enqueueV3 only enqueues: `bound` must live, and the outputs are complete for the
+        # caller's stream, once our stream has finished.
+        self._stream.synchronize()
         return outputs
