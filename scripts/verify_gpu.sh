@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The test tiers that skip on CPU machines (markers gpu, trt, trtllm):
-#   tests/test_llm_engine_trtllm.py  the Qwen3-VL TensorRT-LLM engine (FP16, FP32, TP=2) run
-#                                    by ModelRunnerCpp against the reference decoder
+#   tests/test_llm_engine_trtllm.py  the Qwen3-VL TensorRT-LLM engine (FP16, BF16, TP=2) run
+#                                    by ModelRunnerCpp against the fp32 reference decoder
+#                                    (prompt and generation logits within the stated
+#                                    tolerances), a NaN-filled text-only prompt table, the
+#                                    table size = prompt_table_rows and a full per-request
+#                                    table accepted
 #   tests/test_triton_trtllm.py      the trt-flavor repository served by the stock
 #                                    tensorrtllm backend against the reference decoder
 #   tests/test_vision_gpu.py         vision engines (full TensorRT; TensorRT-RTX on an

@@ -13,6 +13,11 @@ How TensorRT-LLM 1.2 consumes the table (position_embedding_type rope_m, GPT-Neo
   half_rotary_dim + rotary_position * half_rotary_dim + i` for frequency i, where
   rotary_position is its index in the sequence (past KV length + index in the chunk); the
   delta is not used. x[i] and x[i + half] rotate by that (cos, sin).
+- Only the fused (FMHA) context path reads the table, and TensorRT-LLM has it for fp16/bf16
+  alone (cpp/tensorrt_llm/common/attentionOp.cpp: "Fall back to unfused MHA because of
+  unsupported data type"); the unfused path applies plain RoPE at the 1-D index. So float32
+  engines and context_fmha off are refused (qvl_trt.llm.engine): image tokens would sit at
+  wrong positions while text-only prompts still look right.
 - The table is ignored, and the delta-shifted 1D rope used instead (wrong for image tokens),
   by the v1 kernel that invokeApplyBiasRopeUpdateKVCacheDispatch falls back to when
   max_kv_seq_len > rotary_embedding_max_positions: the table must span the engine's
