@@ -104,8 +104,9 @@ def make_plan(ckpt: Checkpoint, profile: GpuProfile) -> Plan:
         problems.append(
             f"weights and buffers need {plan.fixed_bytes / GIB:.1f} GiB of the "
             f"{profile.gpu.memory_gib:g} GiB on {profile.name}: use a smaller checkpoint or a "
-            "card with more memory, or lower limits.max_batch_size (prompt table) and "
-            "limits.max_num_tokens (activations)"
+            "card with more memory, or lower limits.max_batch_size and "
+            "limits.max_visual_tokens_per_request (prompt table) and limits.max_num_tokens "
+            "(activations)"
         )
     elif plan.prompt_table_elements >= MAX_TABLE_ELEMENTS:
         problems.append(
