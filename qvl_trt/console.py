@@ -47,6 +47,12 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
+def _copy_ms(plan: Plan, profile: GpuProfile) -> float:
+    """A device-to-device copy reads and writes every byte once."""
+    seconds = 2 * plan.prompt_table_copy_bytes_per_step / (profile.gpu.memory_bandwidth_gbs * 1e9)
+    return seconds * 1e3
+
+
 def plan_table(plan: Plan, profile: GpuProfile) -> Table:
     lim = profile.limits
     t = Table(
@@ -73,12 +79,24 @@ def plan_table(plan: Plan, profile: GpuProfile) -> Table:
             _gib(plan.llm_activation_bytes),
             f"estimate at max_num_tokens {lim.max_num_tokens}",
         ),
-        ("runtime overhead", _gib(plan.runtime_overhead_bytes), "CUDA context, workspaces"),
+        ("runtime overhead", _gib(plan.runtime_overhead_bytes), "CUDA contexts, workspaces"),
         (
             "prompt table",
             _gib(plan.prompt_table_bytes),
-            f"{plan.prompt_table_rows} rows = batch {lim.max_batch_size} x (1+DeepStack) x "
-            f"{lim.max_visual_tokens} visual tokens",
+            f"{plan.prompt_table_rows:,} rows = batch {lim.max_batch_size} x (1+DeepStack) x "
+            f"{lim.max_visual_tokens_per_request} visual tokens per request; "
+            f"{plan.prompt_table_elements:,} elements (limit 2^31)",
+        ),
+        (
+            "table rows per request",
+            f"{plan.prompt_table_rows_per_request:,}",
+            "the runtime's cap: table rows / max_batch_size",
+        ),
+        (
+            "table copy per step",
+            _gib(plan.prompt_table_copy_bytes_per_step),
+            "device to device, every slot at the cap (context and generation steps); "
+            f"~{_copy_ms(plan, profile):.2f} ms at {profile.gpu.memory_bandwidth_gbs:g} GB/s",
         ),
         (
             "MRoPE tables",
@@ -95,7 +113,11 @@ def plan_table(plan: Plan, profile: GpuProfile) -> Table:
             _gib(plan.kv_cache_bytes),
             f"{lim.kv_cache_free_gpu_mem_fraction:g} of what is left",
         ),
-        ("KV capacity", f"{plan.kv_capacity_tokens:,} tokens", f"blocks of {lim.tokens_per_block}"),
+        (
+            "KV budget",
+            f"{plan.kv_capacity_tokens:,} tokens",
+            f"max_tokens_in_paged_kv_cache alone on the card, blocks of {lim.tokens_per_block}",
+        ),
         (
             "typical requests at once",
             str(plan.concurrent_typical_requests),

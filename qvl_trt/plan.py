@@ -7,18 +7,27 @@ the config; activation workspaces are estimates (stated as such) from the profil
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from fractions import Fraction
+from pathlib import Path
 
 from .checkpoint import Checkpoint
 from .errors import PlanError
+from .llm.engine import prompt_table_rows
 from .mm.geometry import image_token_count
-from .profiles import GpuProfile
+from .profiles import BuildLimits, GpuProfile
 
 GIB = 1024**3
 FP16 = 2
 # CUDA context, cuBLAS workspaces and the TensorRT-LLM runtime's own buffers: a measured
 # rule of thumb, not derived from the model.
 RUNTIME_OVERHEAD_BYTES = 1 * GIB
+# The vision engine runs in its own python-backend process: a second CUDA context and the
+# TensorRT runtime (its activations are vision_activation_bytes). A rule of thumb as well.
+VISION_PROCESS_OVERHEAD_BYTES = GIB // 2
+# A gather input above 2^31 elements is unverified in TensorRT (STOCK_BACKEND.md).
+MAX_TABLE_ELEMENTS = 2**31
 
 # The request the capacity line is stated for.
 TYPICAL_IMAGE = (1080, 1920)  # height, width
@@ -40,18 +49,28 @@ class Plan:
     model: str
     variant: str
     profile: str
+    limits: BuildLimits
     gpu_memory_bytes: int
     vision_weight_bytes: int
     llm_weight_bytes: int
     vision_activation_bytes: int  # estimate
     llm_activation_bytes: int  # estimate
-    runtime_overhead_bytes: int
-    prompt_table_rows: int
+    runtime_overhead_bytes: int  # TensorRT-LLM process + vision process
+    prompt_table_rows: int  # max_prompt_embedding_table_size
+    prompt_table_rows_per_request: int  # the runtime's cap: rows / max_batch_size
+    prompt_table_elements: int  # rows x hidden_size
     prompt_table_bytes: int
+    # Bytes PromptTuningBuffers::fill copies into the slots on every step (context and
+    # generation) with every slot holding a request at the cap: device to device, each
+    # request's table having been moved to the GPU once at its context step.
+    prompt_table_copy_bytes_per_step: int
     mrope_table_bytes_per_request: int
     mrope_table_bytes: int
     kv_bytes_per_token: int
     kv_cache_bytes: int
+    # The build's deterministic KV budget alone on the card, for the backend's
+    # max_tokens_in_paged_kv_cache: kv_cache_free_gpu_mem_fraction of what fixed_bytes leave,
+    # in whole blocks. See repository_kv_budgets for why it is load-order proof.
     kv_capacity_tokens: int
     typical_request: TypicalRequest
     concurrent_typical_requests: int
@@ -85,8 +104,15 @@ def make_plan(ckpt: Checkpoint, profile: GpuProfile) -> Plan:
         problems.append(
             f"weights and buffers need {plan.fixed_bytes / GIB:.1f} GiB of the "
             f"{profile.gpu.memory_gib:g} GiB on {profile.name}: use a smaller checkpoint or a "
-            "card with more memory, or lower limits.max_batch_size (prompt table) and "
-            "limits.max_num_tokens (activations)"
+            "card with more memory, or lower limits.max_batch_size and "
+            "limits.max_visual_tokens_per_request (prompt table) and limits.max_num_tokens "
+            "(activations)"
+        )
+    elif plan.prompt_table_elements >= MAX_TABLE_ELEMENTS:
+        problems.append(
+            f"the prompt table holds {plan.prompt_table_elements:,} elements, at or above "
+            f"2^31 where TensorRT gathers are unverified: lower "
+            "limits.max_visual_tokens_per_request or limits.max_batch_size"
         )
     elif plan.kv_capacity_tokens < lim.max_seq_len:
         problems.append(
@@ -126,41 +152,113 @@ def _figures(ckpt: Checkpoint, profile: GpuProfile) -> Plan:
         lim.max_num_tokens * (qkv + 3 * t.hidden_size + 2 * t.intermediate_size) * FP16
         + lim.max_batch_size * t.vocab_size * 4
     )  # fp32 logits of the last tokens
-    rows = lim.max_batch_size * (1 + v.deepstack_count) * lim.max_visual_tokens
+    rows = prompt_table_rows(lim, v.deepstack_count)
+    row_bytes = t.hidden_size * FP16
     # (cos, sin) per position and frequency, fp32, positions bounded by max_seq_len.
     mrope_per_request = lim.max_seq_len * t.head_dim * 4
-    kv_per_token = t.kv_bytes_per_token_fp16
     plan = Plan(
         model=str(ckpt.path),
         variant=ckpt.variant,
         profile=profile.name,
+        limits=lim,
         gpu_memory_bytes=int(profile.gpu.memory_gib * GIB),
         vision_weight_bytes=params["vision"] * FP16,
         llm_weight_bytes=(params["llm"] + lm_head_copy) * FP16,
         vision_activation_bytes=vision_act,
         llm_activation_bytes=llm_act,
-        runtime_overhead_bytes=RUNTIME_OVERHEAD_BYTES,
+        runtime_overhead_bytes=RUNTIME_OVERHEAD_BYTES + VISION_PROCESS_OVERHEAD_BYTES,
         prompt_table_rows=rows,
-        prompt_table_bytes=rows * t.hidden_size * FP16,
+        prompt_table_rows_per_request=rows // lim.max_batch_size,
+        prompt_table_elements=rows * t.hidden_size,
+        prompt_table_bytes=rows * row_bytes,
+        prompt_table_copy_bytes_per_step=lim.max_batch_size
+        * (rows // lim.max_batch_size) * row_bytes,
         mrope_table_bytes_per_request=mrope_per_request,
         mrope_table_bytes=mrope_per_request * lim.max_batch_size,
-        kv_bytes_per_token=kv_per_token,
+        kv_bytes_per_token=t.kv_bytes_per_token_fp16,
         kv_cache_bytes=0,
         kv_capacity_tokens=0,
         typical_request=_typical_request(profile),
         concurrent_typical_requests=0,
         problems=(),
     )
-    kv_bytes = max(
-        0, int((plan.gpu_memory_bytes - plan.fixed_bytes) * lim.kv_cache_free_gpu_mem_fraction)
-    )
-    capacity = kv_bytes // kv_per_token // lim.tokens_per_block * lim.tokens_per_block
+    kv_bytes = _kv_shares([plan])[0]
+    capacity = _whole_blocks(kv_bytes, plan)
     return replace(
         plan,
         kv_cache_bytes=kv_bytes,
         kv_capacity_tokens=capacity,
         concurrent_typical_requests=capacity // plan.typical_request.kv_tokens,
     )
+
+
+def repository_kv_budgets(plans: Sequence[Plan]) -> tuple[int, ...]:
+    """max_tokens_in_paged_kv_cache for each build when one tritonserver serves them all on
+    one GPU.
+
+    The tensorrtllm backend passes both max_tokens_in_paged_kv_cache and
+    kv_cache_free_gpu_mem_fraction to the executor's KvCacheConfig, and the KV cache manager
+    takes the smaller of the two (TensorRT-LLM cpp/tensorrt_llm/batch_manager/
+    kvCacheManager.cpp: BaseKVCacheManager::calculateMaxNumBlocks, `std::min(maxTokensFromConfig,
+    maxTokens)`; calculateFreeMemBytes warns "The smaller value will be used"). The fraction
+    applies to the memory free when that model loads, which depends on what Triton happened
+    to load first; max_tokens does not. So the budgets are sized to stay the smaller value in
+    every load order, which makes them the ones the executor uses.
+
+    Design: every build's fixed_bytes (weights, activations, prompt table, MRoPE tables,
+    runtime overhead) stay resident; of what is left, R, the KV caches get f x R together
+    (f: the smallest kv_cache_free_gpu_mem_fraction among the builds, so the profile's
+    headroom is kept), split in proportion to each build's full-batch demand w_i
+    (max_batch_size x max_seq_len x KV bytes per token). In the worst load order build i
+    loads last and sees f_i x (R - f x (1 - w_i) x R) >= f x w_i x R of fraction-derived
+    cache, since f <= f_i and w_i <= 1: its max_tokens stays the smaller value. One build
+    alone gets f x R, the budget make_plan reports. Budgets are whole KV blocks.
+
+    Raises PlanError when the builds plan for cards of different sizes, or when the fixed
+    bytes leave no room or some build gets less than one max_seq_len sequence.
+    """
+    if not plans:
+        return ()
+    names = ", ".join(_build_name(p) for p in plans)
+    if len({p.gpu_memory_bytes for p in plans}) > 1:
+        raise PlanError(
+            f"builds {names} plan for GPUs of different memory sizes; serve builds that share "
+            "a GPU from profiles of that one card"
+        )
+    shares = _kv_shares(plans)
+    budgets = tuple(_whole_blocks(b, p) for b, p in zip(shares, plans, strict=True))
+    short = [p for p, tokens in zip(plans, budgets, strict=True) if tokens < p.limits.max_seq_len]
+    if short:
+        fixed = sum(p.fixed_bytes for p in plans)
+        raise PlanError(
+            f"builds {names} do not fit together on one "
+            f"{plans[0].gpu_memory_bytes / GIB:g} GiB GPU: their weights and buffers take "
+            f"{fixed / GIB:.1f} GiB and {_build_name(short[0])} is left less KV cache than one "
+            f"limits.max_seq_len sequence; serve them on separate GPUs or lower "
+            "limits.max_batch_size and limits.max_seq_len"
+        )
+    return budgets
+
+
+def _kv_shares(plans: Sequence[Plan]) -> list[int]:
+    """Bytes of KV cache per build; see repository_kv_budgets."""
+    left = plans[0].gpu_memory_bytes - sum(p.fixed_bytes for p in plans)
+    if left <= 0:
+        return [0] * len(plans)
+    demand = [p.limits.max_batch_size * p.limits.max_seq_len * p.kv_bytes_per_token
+              for p in plans]
+    # Exact arithmetic: one build alone gets exactly floor(f x left).
+    f = min(Fraction(p.limits.kv_cache_free_gpu_mem_fraction) for p in plans)
+    return [math.floor(f * left * d / sum(demand)) for d in demand]
+
+
+def _whole_blocks(kv_bytes: int, plan: Plan) -> int:
+    block = plan.limits.tokens_per_block
+    return kv_bytes // plan.kv_bytes_per_token // block * block
+
+
+def _build_name(plan: Plan) -> str:
+    return f"{Path(plan.model).name} ({plan.variant}, {plan.profile})"
 
 
 def _typical_request(profile: GpuProfile) -> TypicalRequest:

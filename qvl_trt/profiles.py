@@ -49,16 +49,14 @@ class BuildLimits:
     vision_min_pixels: int
     vision_max_pixels: int
     max_images_per_request: int
+    # Visual tokens one request may carry in all; sizes the engine's prompt table (1 + K rows
+    # per token and batch slot), which the runtime re-copies for every request every step.
+    max_visual_tokens_per_request: int
 
     @property
     def max_image_tokens(self) -> int:
         """Merged visual tokens of the largest image the profile admits."""
         return self.vision_max_pixels // PIXELS_PER_IMAGE_TOKEN
-
-    @property
-    def max_visual_tokens(self) -> int:
-        """Visual tokens of the largest request (every image at the pixel cap)."""
-        return self.max_image_tokens * self.max_images_per_request
 
 
 @dataclass(frozen=True)
@@ -150,6 +148,7 @@ def _check(p: GpuProfile, where: str) -> None:
         "limits.vision_min_pixels": lim.vision_min_pixels,
         "limits.vision_max_pixels": lim.vision_max_pixels,
         "limits.max_images_per_request": lim.max_images_per_request,
+        "limits.max_visual_tokens_per_request": lim.max_visual_tokens_per_request,
         "vision_build.workspace_gib": p.vision_build.workspace_gib,
     }
     for key, value in positive.items():
@@ -179,12 +178,24 @@ def _check(p: GpuProfile, where: str) -> None:
             f"{where}: limits.vision_max_pixels ({lim.vision_max_pixels}) is below one 64x64 "
             "image; raise it"
         )
-    if lim.max_visual_tokens >= lim.max_input_len:
+    cap, image = lim.max_visual_tokens_per_request, lim.max_image_tokens
+    if cap < image:
         raise ConfigError(
-            f"{where}: {lim.max_images_per_request} images of {lim.vision_max_pixels} pixels "
-            f"make {lim.max_visual_tokens} visual tokens, which leaves no room for text in "
-            f"limits.max_input_len ({lim.max_input_len}); lower limits.vision_max_pixels or "
-            "limits.max_images_per_request, or raise limits.max_input_len"
+            f"{where}: limits.max_visual_tokens_per_request ({cap}) is below the {image} tokens "
+            f"of one image at limits.vision_max_pixels ({lim.vision_max_pixels}); raise it to "
+            f"at least {image} or lower limits.vision_max_pixels"
+        )
+    if cap > image * lim.max_images_per_request:
+        raise ConfigError(
+            f"{where}: limits.max_visual_tokens_per_request ({cap}) exceeds what "
+            f"{lim.max_images_per_request} images at limits.vision_max_pixels can make "
+            f"({image * lim.max_images_per_request}), which only enlarges the prompt table; "
+            "lower it to that or raise limits.max_images_per_request"
+        )
+    if cap >= lim.max_input_len:
+        raise ConfigError(
+            f"{where}: limits.max_visual_tokens_per_request ({cap}) leaves no room for text in "
+            f"limits.max_input_len ({lim.max_input_len}); lower it or raise limits.max_input_len"
         )
     if not 0 <= p.vision_build.builder_optimization_level <= 5:
         raise ConfigError(

@@ -13,6 +13,7 @@ LIMITS = {
     "vision_min_pixels": 4096,
     "vision_max_pixels": 65536,
     "max_images_per_request": 2,
+    "max_visual_tokens_per_request": 128,  # both images at vision_max_pixels
 }
 
 

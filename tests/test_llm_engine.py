@@ -60,7 +60,7 @@ def test_build_config_follows_the_profile(name, tmp_path_factory):
         "max_batch_size": lim.max_batch_size, "max_input_len": lim.max_input_len,
         "max_seq_len": lim.max_seq_len, "max_num_tokens": lim.max_num_tokens}
     assert config["max_prompt_embedding_table_size"] == (
-        lim.max_batch_size * 4 * lim.max_images_per_request * (lim.vision_max_pixels // 1024))
+        lim.max_batch_size * 4 * lim.max_visual_tokens_per_request)
     assert config["use_mrope"] is True and config["max_beam_width"] == 1
     assert config["plugin_config"] == {
         "gemm_plugin": "float16", "gpt_attention_plugin": "float16", "paged_kv_cache": True,

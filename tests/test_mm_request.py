@@ -162,6 +162,23 @@ def test_prompt_longer_than_the_engine_allows(tiny_ckpt, limits):
         short.prepare(messages=user_message("Describe.", 1), images=[_png(256, 256, 5)])
 
 
+def test_visual_tokens_above_the_prompt_table_cap_are_refused(tiny_ckpt, limits):
+    from dataclasses import replace
+
+    assert limits.max_visual_tokens == load_profile("4090").limits.max_visual_tokens_per_request
+    images = [_png(256, 256, 6), _png(256, 256, 7)]  # 64 visual tokens each
+    at_cap = RequestPreprocessor.from_checkpoint(tiny_ckpt, replace(limits, max_visual_tokens=128))
+    assert sum(at_cap.prepare(messages=user_message("Compare.", 2), images=images)
+               .image_token_counts) == 128
+    # Break it: one token less than the two images make.
+    capped = RequestPreprocessor.from_checkpoint(tiny_ckpt, replace(limits, max_visual_tokens=127))
+    with pytest.raises(InputError, match=r"request has 128 visual tokens in 2 images, the "
+                                         r"engine's prompt table holds 127 per request: send "
+                                         r"fewer or smaller images, or rebuild with a larger "
+                                         r"limits\.max_visual_tokens_per_request$"):
+        capped.prepare(messages=user_message("Compare.", 2), images=images)
+
+
 def test_preprocess_cli_round_trip(tiny_ckpt, pre, tmp_path):
     """The CLI's .npz equals prepare() called directly."""
     paths = []
@@ -209,3 +226,24 @@ def test_preprocessing_never_imports_torch(tiny_ckpt):
                             timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_the_triton_preprocessing_step_enforces_the_profile_cap(tmp_path, tiny_build, tiny_ckpt,
+                                                                  triton_profile):
+    """repository.py writes the cap into the preprocessing model's parameters and
+    PreprocessLimits reads it back: a request over it is refused there."""
+    from qvl_trt.triton.configs import Flavor
+    from qvl_trt.triton.pbconfig import read_config
+    from qvl_trt.triton.preprocess import PreprocessLimits, Preprocessor
+    from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo
+
+    repo = write_repo([BuildInput(tiny_build)], tmp_path / "repo",
+                      RepoOptions(flavor=Flavor.REFERENCE)).path
+    params = {k: v.string_value for k, v in read_config(repo / "preprocessing").parameters.items()}
+    cap = load_profile(str(triton_profile)).limits.max_visual_tokens_per_request
+    assert int(params["max_visual_tokens"]) == cap == 128
+    params["max_visual_tokens"] = "127"
+    step = Preprocessor(tiny_ckpt, PreprocessLimits.from_parameters(params))
+    with pytest.raises(InputError, match="holds 127 per request"):
+        step.requests.prepare(messages=user_message("Compare.", 2),
+                              images=[_png(256, 256, 6), _png(256, 256, 7)])

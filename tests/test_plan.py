@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,9 @@ from typer.testing import CliRunner
 
 from qvl_trt.checkpoint import open_checkpoint
 from qvl_trt.cli import app
-from qvl_trt.plan import make_plan
-from qvl_trt.profiles import load_profile
+from qvl_trt.errors import PlanError
+from qvl_trt.plan import GIB, MAX_TABLE_ELEMENTS, make_plan, repository_kv_budgets
+from qvl_trt.profiles import load_profile, profile_names
 from qvl_trt.tiny_checkpoint import write_config_only
 
 
@@ -56,8 +58,14 @@ def test_capacity_figures_are_consistent(released):
     plan = make_plan(open_checkpoint(released["2b"]), profile)
     assert plan.fits
     lim = profile.limits
-    assert plan.prompt_table_rows == lim.max_batch_size * 4 * lim.max_visual_tokens
-    assert plan.prompt_table_bytes == plan.prompt_table_rows * 2048 * 2
+    # Hand-computed: batch 16 x (1 + 3 DeepStack) x 4096 visual tokens; 2B rows are 2048 wide.
+    assert lim.max_visual_tokens_per_request == 4096
+    assert plan.prompt_table_rows == 16 * 4 * 4096 == 262144
+    assert plan.prompt_table_rows_per_request == 4 * 4096
+    assert plan.prompt_table_elements == 262144 * 2048 == 2**29
+    assert plan.prompt_table_bytes == 2**30
+    # Every slot at the cap: the whole table crosses the device every step.
+    assert plan.prompt_table_copy_bytes_per_step == 16 * 4 * 4096 * 2048 * 2
     assert plan.mrope_table_bytes_per_request == lim.max_seq_len * 128 * 4
     assert plan.kv_capacity_tokens * plan.kv_bytes_per_token <= plan.kv_cache_bytes
     assert plan.kv_capacity_tokens % lim.tokens_per_block == 0
@@ -91,3 +99,129 @@ def test_plan_json(released):
 
 def test_tiny_checkpoint_fits_the_demo_profile(tiny_ckpt):
     assert make_plan(open_checkpoint(tiny_ckpt), load_profile("4090d")).fits
+
+
+def test_every_shipped_profile_keeps_the_prompt_table_below_2_31(released):
+    for name in profile_names():
+        profile = load_profile(name)
+        for variant, config in released.items():
+            plan = make_plan(open_checkpoint(config), profile)
+            # Not vacuous: the profiles are sized for 2B/4B, and 8B fits every card >= 40 GiB.
+            assert plan.fits or (variant == "8b" and profile.gpu.memory_gib < 40), (name, variant)
+            if plan.fits:
+                assert plan.prompt_table_elements < 2**31, (name, variant)
+                assert plan.prompt_table_rows_per_request == \
+                    4 * profile.limits.max_visual_tokens_per_request
+
+
+def _profile_file(tmp_path, name, **limits):
+    text = Path(load_profile(name).source).read_text()
+    for key, value in limits.items():
+        old = f"{key} = {getattr(load_profile(name).limits, key)}"
+        assert old in text
+        text = text.replace(old, f"{key} = {value}")
+    path = tmp_path / f"{name}-edited.toml"
+    path.write_text(text)
+    return load_profile(str(path))
+
+
+def test_a_prompt_table_at_2_31_elements_is_refused(released, tmp_path):
+    # The old sizing: h100's batch 32 x 4 x four 2048-token images x 2048 wide = 2^31 for 2B.
+    old = _profile_file(tmp_path, "h100", max_visual_tokens_per_request=8192)
+    plan = make_plan(open_checkpoint(released["2b"]), old)
+    assert plan.prompt_table_elements == 32 * 4 * 8192 * 2048 == MAX_TABLE_ELEMENTS
+    assert not plan.fits and "at or above 2^31" in plan.problems[0]
+    assert "lower limits.max_visual_tokens_per_request or limits.max_batch_size" in plan.problems[0]
+    # One row per request less per slot is below the limit again.
+    below = _profile_file(tmp_path, "h100", max_visual_tokens_per_request=8191)
+    assert make_plan(open_checkpoint(released["2b"]), below).fits
+
+
+def test_plan_shows_table_and_kv_budget(released):
+    result = CliRunner().invoke(app, ["plan", "-m", str(released["4b"]), "-g", "h200", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    # 48 x 4 x 2048 rows of 2560 halves.
+    assert data["prompt_table_rows"] == 393216 and data["prompt_table_rows_per_request"] == 8192
+    assert data["prompt_table_bytes"] == data["prompt_table_copy_bytes_per_step"] == \
+        393216 * 2560 * 2
+    assert data["kv_capacity_tokens"] > 0 and data["kv_capacity_tokens"] % 64 == 0
+    text = CliRunner().invoke(app, ["plan", "-m", str(released["4b"]), "-g", "h200"]).output
+    for label in ("table rows per request", "table copy per step", "KV budget",
+                  "max_tokens_in_paged_kv_cache"):
+        assert label in text
+
+
+# --- KV budgets in one server -------------------------------------------------------------
+
+KV_BYTES = 128 * 1024  # per token, a round figure for the hand computations
+
+
+def _synthetic(plan, *, fixed_gib: float, batch: int = 32, gpu_gib: int = 100,
+               fraction: float = 0.9, model: str = "a"):
+    """`plan` with every resident buffer in the LLM weights: fixed_bytes = fixed_gib."""
+    zero = dict(vision_weight_bytes=0, vision_activation_bytes=0, llm_activation_bytes=0,
+                runtime_overhead_bytes=0, prompt_table_bytes=0, mrope_table_bytes=0)
+    limits = replace(plan.limits, max_batch_size=batch, max_seq_len=16384, tokens_per_block=64,
+                     kv_cache_free_gpu_mem_fraction=fraction)
+    return replace(plan, **zero, model=model, limits=limits, gpu_memory_bytes=gpu_gib * GIB,
+                   llm_weight_bytes=int(fixed_gib * GIB), kv_bytes_per_token=KV_BYTES)
+
+
+def _safe_in_every_load_order(plans, budgets) -> bool:
+    """The loaded-last build's fraction of what is free still exceeds its max_tokens."""
+    left = plans[0].gpu_memory_bytes - sum(p.fixed_bytes for p in plans)
+    kv = [b * p.kv_bytes_per_token for b, p in zip(budgets, plans, strict=True)]
+    return all(p.limits.kv_cache_free_gpu_mem_fraction * (left - (sum(kv) - own)) >= own
+               for p, own in zip(plans, kv, strict=True))
+
+
+@pytest.fixture(scope="module")
+def base_plan(released):
+    return make_plan(open_checkpoint(released["2b"]), load_profile("h100"))
+
+
+def test_one_build_alone_gets_the_fraction_of_what_is_left(base_plan):
+    plan = _synthetic(base_plan, fixed_gib=20)
+    # 0.9 x (100 - 20) GiB / 128 KiB per token = 589824 tokens, 9216 blocks of 64.
+    assert repository_kv_budgets([plan]) == (589824,)
+    # The same figure make_plan reports for a real build alone on its card.
+    assert repository_kv_budgets([base_plan]) == (base_plan.kv_capacity_tokens,)
+
+
+def test_builds_in_one_server_split_what_is_left(base_plan):
+    a = _synthetic(base_plan, fixed_gib=20, model="a")
+    b = _synthetic(base_plan, fixed_gib=20, model="b")
+    # 0.9 x (100 - 40) GiB, half each: 27 GiB = 221184 tokens.
+    assert repository_kv_budgets([a, b]) == (221184, 221184)
+    # In proportion to max_batch_size x max_seq_len x KV bytes: 32 vs 16 -> 36 and 18 GiB.
+    small = _synthetic(base_plan, fixed_gib=20, batch=16, model="b")
+    budgets = repository_kv_budgets([a, small])
+    assert budgets == (294912, 147456)
+    assert _safe_in_every_load_order([a, small], budgets)
+    # Break on purpose: each build taking the fraction of everything, as
+    # kv_cache_free_gpu_mem_fraction alone does for whichever loads first, is not safe.
+    alone = repository_kv_budgets([a])[0] * 60 // 80
+    assert not _safe_in_every_load_order([a, small], (alone, alone))
+
+
+def test_builds_that_do_not_fit_together(base_plan):
+    crowd = [_synthetic(base_plan, fixed_gib=49, model=m) for m in ("a", "b")]
+    # 0.9 x 2 GiB / 2 per build = 7372 tokens, fewer than max_seq_len 16384.
+    with pytest.raises(PlanError, match=r"builds a \(2b, h100\), b \(2b, h100\) do not fit "
+                                        r"together on one 100 GiB GPU.*separate GPUs") as err:
+        repository_kv_budgets(crowd)
+    assert "\n" not in str(err.value)
+    with pytest.raises(PlanError, match="do not fit together"):
+        repository_kv_budgets([_synthetic(base_plan, fixed_gib=60, model=m) for m in "ab"])
+    with pytest.raises(PlanError, match="GPUs of different memory sizes"):
+        repository_kv_budgets([_synthetic(base_plan, fixed_gib=20),
+                               _synthetic(base_plan, fixed_gib=20, gpu_gib=80)])
+
+
+def test_two_real_builds_share_an_h200(released):
+    h200 = load_profile("h200")
+    plans = [make_plan(open_checkpoint(released[v]), h200) for v in ("2b", "4b")]
+    budgets = repository_kv_budgets(plans)
+    assert all(b < p.kv_capacity_tokens for b, p in zip(budgets, plans, strict=True))
+    assert _safe_in_every_load_order(plans, budgets)

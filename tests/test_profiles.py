@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,9 @@ def test_every_required_profile_ships_and_loads():
     for name in profile_names():
         p = load_profile(name)
         assert p.name == name
-        assert p.limits.max_visual_tokens < p.limits.max_input_len < p.limits.max_seq_len
+        lim = p.limits
+        assert lim.max_image_tokens <= lim.max_visual_tokens_per_request < lim.max_input_len
+        assert lim.max_input_len < lim.max_seq_len
 
 
 def test_editions_follow_the_card_class():
@@ -56,14 +59,20 @@ def _write(tmp_path: Path, text: str) -> str:
         ("kv_cache_free_gpu_mem_fraction = 0.9", "kv_cache_free_gpu_mem_fraction = 1.5", "between 0 and 1"),
         ("tokens_per_block = 64", "tokens_per_block = 48", "power of two"),
         ("max_seq_len = 8192", "max_seq_len = 4096", "must exceed limits.max_input_len"),
-        ("max_images_per_request = 2", "max_images_per_request = 3", "leaves no room for text"),
+        ("max_visual_tokens_per_request = 4096", "max_visual_tokens_per_request = 2047",
+         "limits.max_visual_tokens_per_request (2047) is below the 2048 tokens of one image at "
+         "limits.vision_max_pixels (2097152); raise it to at least 2048"),
+        ("max_visual_tokens_per_request = 4096", "max_visual_tokens_per_request = 4097",
+         "exceeds what 2 images at limits.vision_max_pixels can make (4096)"),
+        ("max_input_len = 6144", "max_input_len = 4096", "(4096) leaves no room for text"),
+        ("max_visual_tokens_per_request = 4096\n", "", "missing key 'max_visual_tokens_per_request'"),
         ("max_batch_size = 16", "max_batch_size = 0", "max_batch_size must be positive"),
         ("[vision_build]", "[vision]", "unknown key 'vision'"),
     ],
 )
 def test_bad_profile_names_the_key(tmp_path, old, new, message):
     assert old in GOOD
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")) as err:
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
         load_profile(_write(tmp_path, GOOD.replace(old, new, 1)))
     assert "\n" not in str(err.value)
 

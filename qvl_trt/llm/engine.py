@@ -54,9 +54,11 @@ class EngineBuild:
 
 
 def prompt_table_rows(limits: BuildLimits, deepstack_layers: int) -> int:
-    """Rows of the engine's prompt-table buffer: every request of a full batch at the
-    profile's largest visual input, each visual token with 1 + K rows."""
-    return limits.max_batch_size * (1 + deepstack_layers) * limits.max_visual_tokens
+    """max_prompt_embedding_table_size: every slot of a full batch at the per-request cap
+    (limits.max_visual_tokens_per_request), each visual token with 1 + K rows. The runtime
+    admits table / max_batch_size rows per request (PromptTuningBuffers, TensorRT-LLM
+    cpp/tensorrt_llm/batch_manager/promptTuningBuffers.cpp), so the cap is exact per slot."""
+    return limits.max_batch_size * (1 + deepstack_layers) * limits.max_visual_tokens_per_request
 
 
 def engine_build_config(profile: GpuProfile, *, deepstack_layers: int,

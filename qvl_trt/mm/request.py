@@ -40,13 +40,17 @@ class RequestLimits:
     min_pixels: int | None = None
     max_pixels: int | None = None
     max_decoded_pixels: int = DEFAULT_MAX_DECODED_PIXELS
+    # Visual tokens of all images together: the engine's prompt table holds (1+K) rows per
+    # token for this many (limits.max_visual_tokens_per_request); None: no cap.
+    max_visual_tokens: int | None = None
 
     @classmethod
     def from_profile(cls, profile: GpuProfile) -> RequestLimits:
         lim = profile.limits
         return cls(max_images=lim.max_images_per_request, max_input_len=lim.max_input_len,
                    max_positions=lim.max_seq_len, min_pixels=lim.vision_min_pixels,
-                   max_pixels=lim.vision_max_pixels)
+                   max_pixels=lim.vision_max_pixels,
+                   max_visual_tokens=lim.max_visual_tokens_per_request)
 
     @classmethod
     def of_checkpoint(cls, checkpoint: Checkpoint) -> RequestLimits:
@@ -162,6 +166,11 @@ class RequestPreprocessor:
         prepared = tuple(self._image(n, image) for n, image in enumerate(images, 1))
         merge = ckpt.vision.spatial_merge_size ** 2
         counts = tuple(image.patches.num_patches // merge for image in prepared)
+        if lim.max_visual_tokens is not None and sum(counts) > lim.max_visual_tokens:
+            raise InputError(
+                f"request has {sum(counts)} visual tokens in {len(images)} images, the engine's "
+                f"prompt table holds {lim.max_visual_tokens} per request: send fewer or smaller "
+                "images, or rebuild with a larger limits.max_visual_tokens_per_request")
         input_ids = self.prompts.tokenize(text, counts)
         if input_ids.size > lim.max_input_len:
             raise InputError(

@@ -27,6 +27,7 @@ class PreprocessLimits:
     max_seq_len: int
     min_pixels: int
     max_pixels: int
+    max_visual_tokens: int
     default_max_tokens: int
     image_url_allow_list: str = ""
 
@@ -36,6 +37,7 @@ class PreprocessLimits:
             max_images=int(params["max_images"]), max_input_len=int(params["max_input_len"]),
             max_seq_len=int(params["max_seq_len"]), min_pixels=int(params["min_pixels"]),
             max_pixels=int(params["max_pixels"]),
+            max_visual_tokens=int(params["max_visual_tokens"]),
             default_max_tokens=int(params["default_max_tokens"]),
             image_url_allow_list=params.get("image_url_allow_list", ""))
 
@@ -46,7 +48,7 @@ class Preprocessor:
         self.requests = RequestPreprocessor.from_checkpoint(checkpoint_dir, RequestLimits(
             max_images=limits.max_images, max_input_len=limits.max_input_len,
             max_positions=limits.max_seq_len, min_pixels=limits.min_pixels,
-            max_pixels=limits.max_pixels))
+            max_pixels=limits.max_pixels, max_visual_tokens=limits.max_visual_tokens))
         gen_path = Path(checkpoint_dir) / "generation_config.json"
         generation = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
         self.defaults = SamplingDefaults.from_generation_config(generation)

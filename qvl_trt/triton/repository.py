@@ -242,6 +242,7 @@ def _python_parameters(build: _Build, options: RepoOptions) -> dict[str, dict[st
             "max_images": lim.max_images_per_request, "max_input_len": lim.max_input_len,
             "max_seq_len": lim.max_seq_len, "min_pixels": lim.vision_min_pixels,
             "max_pixels": lim.vision_max_pixels,
+            "max_visual_tokens": lim.max_visual_tokens_per_request,
             "default_max_tokens": options.default_max_tokens,
             "image_url_allow_list": ",".join(options.image_url_allow_list),
         },
