@@ -257,11 +257,13 @@ class ReferenceLlm:
             ))
         made = 0
         try:
-            # Rows whose request is done (a multi-token stop word, a cancel) leave the batch.
-            for event in self.decoder.stream(requests, wanted=lambda i: not wave[i].done):
+            # Rows whose request is done (a multi-token stop word) or cancelled leave the batch
+            # after each step.
+            wanted = lambda i: not self._check_cancel(wave[i])  # noqa: E731
+            for event in self.decoder.stream(requests, wanted=wanted):
                 made += 1
                 job = wave[event.request]
-                if job.done or self._check_cancel(job):
+                if self._check_cancel(job):
                     continue
                 r = job.request
                 if event.token_id == r.end_id:
@@ -277,7 +279,9 @@ class ReferenceLlm:
             self.count_tokens(made)
 
     def _check_cancel(self, job: _Job) -> bool:
-        """End a cancelled (or, at unload, any) request; True if it was ended."""
+        """End a cancelled (or, at unload, any) request; True if it has ended."""
+        if job.done:
+            return True
         if self._closing.is_set():
             self._end(job, error=CLOSING)
         elif job.cancelled():

@@ -2,9 +2,10 @@
 
 Every config parses as a Triton ModelConfig and holds no "${...}" placeholder; every
 ensemble step's map matches the producing and consuming models (name, dtype, dims), no step
-mixes tensors that came through different decoupled models (Triton refuses that), the
-postprocessing -> tensorrt_llm call matches the LLM's inputs, and the engines and weights
-each model reads exist and agree with the GPU profile and TensorRT edition the repository
+mixes tensors that came through different decoupled models (Triton refuses that), the BLS
+calls (postprocessing -> tensorrt_llm; tensorrt_llm_bls -> preprocessing, vision_encoder,
+tensorrt_llm) match the called models' inputs, and the engines and weights each model reads
+exist and agree with the GPU profile and TensorRT edition the repository
 was built for (`<ensemble>/1/build.json`).
 """
 
