@@ -58,7 +58,8 @@ def test_reference_repository_is_valid_and_self_contained(tmp_path, tiny_build) 
                         RepoOptions(flavor=Flavor.REFERENCE))
     repo = result.path
     assert sorted(p.name for p in repo.iterdir()) == sorted(result.models) == [
-        "ensemble", "postprocessing", "preprocessing", "tensorrt_llm", "vision_encoder"]
+        "ensemble", "postprocessing", "preprocessing", "tensorrt_llm", "tensorrt_llm_bls",
+        "vision_encoder"]
     assert problems(repo) == []
     for path in repo.glob(f"*/{CONFIG_FILE}"):
         text = path.read_text()
@@ -66,12 +67,34 @@ def test_reference_repository_is_valid_and_self_contained(tmp_path, tiny_build) 
         parse_config(text, str(path))
     # Each python model imports qvl_trt from the zip beside it, not an installed qvl-trt.
     zips = sorted(repo.glob(f"*/1/{RUNTIME_ZIP}"))
-    assert len(zips) == 4 and len({z.read_bytes() for z in zips}) == 1
+    assert len(zips) == 5 and len({z.read_bytes() for z in zips}) == 1
     probe = ("import sys; sys.path.insert(0, sys.argv[1]); import qvl_trt.triton.postprocess, "
              "qvl_trt; print(qvl_trt.__file__)")
     done = subprocess.run([sys.executable, "-c", probe, str(zips[0])], capture_output=True,
                           text=True, cwd=tmp_path, check=True)
     assert done.stdout.strip().startswith(str(zips[0]))
+
+
+@pytest.mark.parametrize("breakage, reason", [
+    ("step missing", "tensorrt_llm_bls: calls nowhere, which is not in the repository"),
+    ("llm input retyped", "tensorrt_llm_bls -> tensorrt_llm: mrope_position_deltas: dtype INT64 "
+                          "is produced, INT32 expected"),
+])
+def test_tensorrt_llm_bls_calls_are_validated(tmp_path, tiny_build, breakage, reason) -> None:
+    repo = write_repo([BuildInput(tiny_build)], tmp_path / "repo",
+                      RepoOptions(flavor=Flavor.REFERENCE)).path
+
+    def retype(config) -> None:
+        next(i for i in config.input
+             if i.name == "mrope_position_deltas").data_type = data_type("INT32")
+
+    if breakage == "step missing":
+        edit_config(repo / "tensorrt_llm_bls", lambda cfg: cfg.parameters[
+            "preprocessing_model"].__setattr__("string_value", "nowhere"))
+    else:
+        edit_config(repo / "tensorrt_llm", retype)
+    found = problems(repo)
+    assert any(reason in p for p in found), found
 
 
 def test_several_builds_get_their_own_model_names(tmp_path, tiny_build) -> None:

@@ -177,8 +177,9 @@ def test_config_protobufs_parse_back_with_bool_parameters_and_scalar_reshapes() 
                             hidden_size=64, patch_dim=1536, table_dtype="FP16",
                             engine_dir="/models/b4_tensorrt_llm/1/engine")
     configs = step_configs(settings)
-    assert set(configs) == {"b4", "b4_preprocessing", "b4_vision_encoder", "b4_tensorrt_llm",
-                            "b4_postprocessing"}
+    assert set(configs) == set(c.ModelNames.for_build("b4").all()) == {
+        "b4", "b4_preprocessing", "b4_vision_encoder", "b4_tensorrt_llm", "b4_postprocessing",
+        "b4_tensorrt_llm_bls"}
     for name, config in configs.items():
         text = to_text(config)
         assert "${" not in text
@@ -197,6 +198,13 @@ def test_config_protobufs_parse_back_with_bool_parameters_and_scalar_reshapes() 
     assert post.parameters["tensorrt_llm_model"].string_value == "b4_tensorrt_llm"
     steps = [s.model_name for s in configs["b4"].ensemble_scheduling.step]
     assert steps == ["b4_preprocessing", "b4_vision_encoder", "b4_postprocessing"]
+    bls = configs["b4_tensorrt_llm_bls"]
+    assert bls.model_transaction_policy.decoupled
+    assert {k: v.string_value for k, v in bls.parameters.items()} == {
+        "preprocessing_model": "b4_preprocessing", "vision_encoder_model": "b4_vision_encoder",
+        "tensorrt_llm_model": "b4_tensorrt_llm", "workers": "8"}
+    assert [i.name for i in bls.input] == [s.name for s in c.ENSEMBLE_INPUTS]
+    assert [o.name for o in bls.output] == [s.name for s in c.ENSEMBLE_OUTPUTS]
 
 
 # ---- server command lines -------------------------------------------------------------------

@@ -134,13 +134,16 @@ class ReferenceDecoder:
             if on_token is not None:
                 on_token(event)
 
-    def stream(self, requests: Sequence[DecodeRequest]) -> Iterator[TokenEvent]:
-        """The tokens of a batch of requests, one event per token, as they are produced."""
-        yield from self._run(requests)
+    def stream(self, requests: Sequence[DecodeRequest], *,
+               wanted: Callable[[int], bool] | None = None) -> Iterator[TokenEvent]:
+        """The tokens of a batch of requests, one event per token, as they are produced.
+        `wanted(i)`, asked after each step, false: request i is dropped (e.g. cancelled)."""
+        yield from self._run(requests, wanted)
 
     # ---- generation loop -----------------------------------------------------------------
 
-    def _run(self, requests: Sequence[DecodeRequest]):
+    def _run(self, requests: Sequence[DecodeRequest],
+             wanted: Callable[[int], bool] | None = None):
         torch = require("torch", extra="export", why="run the reference decoder")
         if not requests:
             return []
@@ -181,7 +184,8 @@ class ReferenceDecoder:
                     finish[b] = FinishReason.LENGTH
                 next_ids.append(token)
                 yield TokenEvent(b, token, finish[b])
-            keep = [row for row, b in enumerate(active) if finish[b] is None]
+            keep = [row for row, b in enumerate(active)
+                    if finish[b] is None and (wanted is None or wanted(b))]
             if not keep:
                 break
             if len(keep) < len(active):

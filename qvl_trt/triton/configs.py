@@ -15,8 +15,14 @@ from typing import Any
 from . import contract as c
 from .pbconfig import add_inputs, add_outputs, new_config, pb2, set_parameters
 
-# The postprocessing parameter naming the tensorrt_llm model it calls.
+# Parameters of the models that call others by BLS: the tensorrt_llm model postprocessing and
+# tensorrt_llm_bls call, and the steps tensorrt_llm_bls runs before it.
 LLM_MODEL_PARAMETER = "tensorrt_llm_model"
+PREPROCESSING_MODEL_PARAMETER = "preprocessing_model"
+VISION_MODEL_PARAMETER = "vision_encoder_model"
+# A python model's worker threads, each holding one request (and one BLS call of the python
+# backend's thread pool): the server sizes thread-pool-size from their sum.
+WORKERS_PARAMETER = "workers"
 # Where the TensorRT-LLM container installs the executor worker (orchestrator mode).
 EXECUTOR_WORKER_PATH = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
 
@@ -47,13 +53,14 @@ class StepSettings:
 
 
 def step_configs(s: StepSettings) -> dict[str, Any]:
-    """Model name -> ModelConfig for the five models of one build."""
+    """Model name -> ModelConfig for the six models of one build."""
     n = s.names
     return {
         n.preprocessing: preprocessing_config(s),
         n.vision_encoder: vision_encoder_config(s),
         n.tensorrt_llm: tensorrt_llm_config(s),
         n.postprocessing: postprocessing_config(s),
+        n.tensorrt_llm_bls: tensorrt_llm_bls_config(s),
         n.ensemble: ensemble_config(s),
     }
 
@@ -146,10 +153,28 @@ def postprocessing_config(s: StepSettings) -> Any:
     # instance; each request runs in a worker thread of it.
     config = _python_model(s, s.names.postprocessing, c.POSTPROCESSING, decoupled=True)
     set_parameters(config, {LLM_MODEL_PARAMETER: s.names.tensorrt_llm,
-                            "workers": 2 * s.max_batch_size})
+                            WORKERS_PARAMETER: _workers(s)})
     add_inputs(config, _specialise(c.POSTPROCESSING_INPUTS, s))
     add_outputs(config, c.POSTPROCESSING_OUTPUTS)
     return config
+
+
+def tensorrt_llm_bls_config(s: StepSettings) -> Any:
+    """The ensemble's I/O in one decoupled model that runs the steps by BLS (bls.py), so that
+    a client's cancel reaches it."""
+    n = s.names
+    config = _python_model(s, n.tensorrt_llm_bls, c.TENSORRT_LLM_BLS, decoupled=True)
+    set_parameters(config, {PREPROCESSING_MODEL_PARAMETER: n.preprocessing,
+                            VISION_MODEL_PARAMETER: n.vision_encoder,
+                            LLM_MODEL_PARAMETER: n.tensorrt_llm, WORKERS_PARAMETER: _workers(s)})
+    add_inputs(config, c.ENSEMBLE_INPUTS)
+    add_outputs(config, c.ENSEMBLE_OUTPUTS)
+    return config
+
+
+def _workers(s: StepSettings) -> int:
+    # Twice the engine's batch: requests detokenizing while the next batch decodes.
+    return 2 * s.max_batch_size
 
 
 def ensemble_config(s: StepSettings) -> Any:

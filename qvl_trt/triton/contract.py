@@ -18,14 +18,18 @@ from dataclasses import dataclass
 # ---- model names ----------------------------------------------------------------------------
 # The ensemble's steps: preprocessing -> vision_encoder -> postprocessing; postprocessing runs
 # tensorrt_llm (a separate model of the repository) for each request, see below.
+# tensorrt_llm_bls serves the ensemble's API as one decoupled python model that runs those steps
+# by BLS: a client's cancel reaches it (Triton's ensemble scheduler does not pass a cancel to a
+# step already running), and it stops tensorrt_llm.
 
 PREPROCESSING = "preprocessing"
 VISION_ENCODER = "vision_encoder"
 TENSORRT_LLM = "tensorrt_llm"
 POSTPROCESSING = "postprocessing"
 ENSEMBLE = "ensemble"
-# The models of one build besides its ensemble.
-MEMBERS = (PREPROCESSING, VISION_ENCODER, TENSORRT_LLM, POSTPROCESSING)
+TENSORRT_LLM_BLS = "tensorrt_llm_bls"
+# The models of one build besides its ensemble, in ModelNames' field order.
+MEMBERS = (PREPROCESSING, VISION_ENCODER, TENSORRT_LLM, POSTPROCESSING, TENSORRT_LLM_BLS)
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ class ModelNames:
     vision_encoder: str = VISION_ENCODER
     tensorrt_llm: str = TENSORRT_LLM
     postprocessing: str = POSTPROCESSING
+    tensorrt_llm_bls: str = TENSORRT_LLM_BLS
 
     @classmethod
     def for_build(cls, name: str | None) -> ModelNames:
@@ -49,7 +54,7 @@ class ModelNames:
     def all(self) -> tuple[str, ...]:
         """Every model of the build, the ensemble first."""
         return (self.ensemble, self.preprocessing, self.vision_encoder, self.tensorrt_llm,
-                self.postprocessing)
+                self.postprocessing, self.tensorrt_llm_bls)
 
 
 # ---- tensor specs -----------------------------------------------------------------------------
@@ -133,6 +138,9 @@ PROMPT_TABLE_EXTRA_IDS = "prompt_table_extra_ids"
 PROMPT_VOCAB_SIZE = "prompt_vocab_size"
 MROPE_ROTARY_COS_SIN = "mrope_rotary_cos_sin"
 MROPE_POSITION_DELTAS = "mrope_position_deltas"
+# The stock backend's stop request (handleStopRequest): `stop=true` with the request_id of a
+# running request cancels it. Not the public STOP (stop strings), which is never forwarded.
+STOP_REQUEST = "stop"
 # tensorrt_llm outputs
 OUTPUT_IDS = "output_ids"
 SEQUENCE_LENGTH = "sequence_length"
@@ -159,6 +167,7 @@ LLM_INPUTS: tuple[TensorSpec, ...] = (
     _scalar(PROMPT_VOCAB_SIZE, "INT32", optional=True, reshape=True),
     TensorSpec(MROPE_ROTARY_COS_SIN, "FP32", (-1,), optional=True),
     _scalar(MROPE_POSITION_DELTAS, "INT64", optional=True),
+    _scalar(STOP_REQUEST, "BOOL", optional=True, reshape=True),
 )
 LLM_OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec(OUTPUT_IDS, "INT32", (-1, -1)),  # (beam, tokens); new tokens only when streaming

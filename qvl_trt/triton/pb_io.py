@@ -30,9 +30,16 @@ def read_row(request: Any, specs: Iterable[TensorSpec]) -> dict[str, Any]:
     """The request's inputs as one batch row: name -> array without the batch dim, or the
     value itself for [1]-shaped inputs (bytes / numpy scalar). Absent optional inputs are
     left out. Batch rows beyond one are refused: each request is one conversation."""
+    specs = tuple(specs)
+    return row_of({s.name: pb().get_input_tensor_by_name(request, s.name) for s in specs},
+                  specs)
+
+
+def row_of(tensors: Mapping[str, Any], specs: Iterable[TensorSpec]) -> dict[str, Any]:
+    """`read_row` over named tensors (a request's inputs, or a BLS response's outputs)."""
     row = {}
     for spec in specs:
-        tensor = pb().get_input_tensor_by_name(request, spec.name)
+        tensor = tensors.get(spec.name)
         if tensor is None:
             continue
         array = tensor.as_numpy()

@@ -6,11 +6,19 @@ request (decoupled: tokens arrive as the engine makes them). Each request is han
 own worker thread with its own `StreamDecoder`, so a character whose bytes are split across
 streamed responses comes out whole and concurrent requests share nothing. When tensorrt_llm
 signals the end, an unfinished character is flushed and the final response sent.
+
+`Postprocessor.generate` is that loop; the client-facing tensorrt_llm_bls model (bls.py) runs
+it too. It stops tensorrt_llm whenever it leaves before the end (an error response, an
+exception, its own request cancelled, the model unloading): the stock backend keeps
+generating a request nobody reads until it is cancelled.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import uuid
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -20,9 +28,17 @@ import numpy as np
 from ..errors import QvlError
 from . import contract as c
 from .detokenizer import StreamDecoder, TokenBytes
-from .pb_io import error_response, pb, read_row, response
+from .pb_io import error_response, pb, response, row_of
 
 log = logging.getLogger(__name__)
+
+# The stock backend refuses a request that does not ask for both (fillTritonResponse:
+# "... tensor must be present in list of output tensors").
+LLM_REQUESTED_OUTPUTS = (c.OUTPUT_IDS, c.SEQUENCE_LENGTH)
+UNLOADING = "the model is unloading; send the request again once the server is back"
+
+# run(request, sender): handle one request, sending its responses (the last one final).
+Run = Callable[[Any, Any], None]
 
 
 class Postprocessor:
@@ -30,34 +46,70 @@ class Postprocessor:
         self.token_bytes = TokenBytes.from_tokenizer_json(tokenizer_json)
         self.llm_model = llm_model
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="postprocess")
+        self._closing = threading.Event()
 
-    def submit(self, request: Any) -> None:
-        """Handle a (decoupled) request in a worker; execute() returns at once."""
+    def submit(self, request: Any, run: Run | None = None) -> None:
+        """Handle a (decoupled) request in a worker with `run` (default: postprocessing's
+        own); execute() returns at once."""
         sender = request.get_response_sender()
-        self.pool.submit(self._run, request, sender)
+        self.pool.submit(self._guarded, run or self._run, request, sender)
 
     def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        """At unload: running requests stop tensorrt_llm at their next response, queued ones
+        get a final error response (a decoupled request without one hangs its client)."""
+        self._closing.set()
+        self.pool.shutdown(wait=True)
+
+    def _guarded(self, run: Run, request: Any, sender: Any) -> None:
+        final = pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if self._closing.is_set():
+            sender.send(error_response(UNLOADING), flags=final)
+            return
+        try:
+            run(request, sender)
+        except Exception as exc:  # QvlError is the client's; anything else a bug, logged
+            if not isinstance(exc, QvlError):
+                log.exception("%s failed", type(self).__name__)
+            sender.send(error_response(str(exc)), flags=final)
 
     def _run(self, request: Any, sender: Any) -> None:
+        tensors = {s.name: pb().get_input_tensor_by_name(request, s.name)
+                   for s in c.POSTPROCESSING_INPUTS}
+        self.generate(tensors, sender, request.is_cancelled)
+
+    def generate(self, tensors: Mapping[str, Any], sender: Any,
+                 is_cancelled: Callable[[], bool]) -> None:
+        """Run tensorrt_llm on `tensors` (postprocessing's inputs by name, absent optional ones
+        None) and send the text to `sender`, the last response final. `is_cancelled` (the
+        client's request) is asked between responses; a cancelled request gets an empty final
+        response and tensorrt_llm is stopped."""
         final = pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        row = row_of(tensors, c.POSTPROCESSING_INPUTS)
+        streaming = bool(row[c.STREAMING])
+        end_id = int(row[c.END_ID])
+        counts = {c.PROMPT_TOKENS: np.array([row[c.INPUT_LENGTHS]], np.int32)}
+        # The id lets a stop request name this request (see _stop).
+        request_id = uuid.uuid4().hex
+        llm_request = pb().InferenceRequest(
+            model_name=self.llm_model, request_id=request_id,
+            inputs=[t for t in tensors.values() if t is not None],
+            requested_output_names=list(LLM_REQUESTED_OUTPUTS))
+        stream = StreamDecoder(self.token_bytes)
+        text = ""
+        responses = llm_request.exec(decoupled=True)
+        finished = False
         try:
-            row = read_row(request, c.POSTPROCESSING_INPUTS)
-            streaming = bool(row[c.STREAMING])
-            end_id = int(row[c.END_ID])
-            counts = {c.PROMPT_TOKENS: np.array([row[c.INPUT_LENGTHS]], np.int32)}
-            inputs = [pb().get_input_tensor_by_name(request, s.name)
-                      for s in c.POSTPROCESSING_INPUTS]
-            llm_request = pb().InferenceRequest(
-                model_name=self.llm_model, inputs=[t for t in inputs if t is not None],
-                requested_output_names=[c.OUTPUT_IDS])
-            stream = StreamDecoder(self.token_bytes)
-            text = ""
-            for llm_response in llm_request.exec(decoupled=True):
+            for llm_response in responses:
                 if llm_response.has_error():
                     sender.send(error_response(f"{self.llm_model}: "
                                                f"{llm_response.error().message()}"),
                                 flags=final)
+                    return
+                if self._closing.is_set():
+                    sender.send(error_response(UNLOADING), flags=final)
+                    return
+                if is_cancelled():
+                    sender.send(flags=final)  # nobody reads it: only the stream's end
                     return
                 ids = _new_tokens(llm_response, end_id)
                 if ids is None:
@@ -66,17 +118,48 @@ class Postprocessor:
                 if streaming and text:
                     sender.send(self._chunk(text, stream, counts))
                     text = ""
-            text += stream.push([], final=True)
-            sender.send(self._chunk(text, stream, counts), flags=final)
-        except Exception as exc:  # QvlError is the client's; anything else a bug, logged
-            if not isinstance(exc, QvlError):
-                log.exception("postprocessing failed")
-            sender.send(error_response(str(exc)), flags=final)
+            finished = True
+        finally:
+            if not finished:
+                self._stop(responses, request_id)
+        text += stream.push([], final=True)
+        sender.send(self._chunk(text, stream, counts), flags=final)
+
+    def _stop(self, responses: Any, request_id: str) -> None:
+        """Stop tensorrt_llm's generation of a request we leave early, then read the stream
+        to its end (the backend answers a cancelled request with a final response)."""
+        try:
+            cancel = getattr(responses, "cancel", None)
+            if cancel is not None:
+                # ResponseIterator.cancel(): python_backend r25.04 and later (PR #398).
+                cancel()
+            else:
+                # Triton 2.51 (python_backend r24.10) has no cancel(): the stock backend's stop
+                # request, `stop=true` with the request's id (model_instance_state.cc
+                # handleStopRequest), answered by one empty final response. Triton still
+                # checks the required inputs, hence the placeholder ones.
+                stop = pb().InferenceRequest(
+                    model_name=self.llm_model, request_id=request_id,
+                    inputs=_stop_request_inputs(),
+                    requested_output_names=list(LLM_REQUESTED_OUTPUTS))
+                for _ in stop.exec(decoupled=True):
+                    pass
+            for _ in responses:
+                pass
+        except Exception:  # the client already has its answer; keep serving
+            log.exception("could not stop %s request %s", self.llm_model, request_id)
 
     @staticmethod
     def _chunk(text: str, stream: StreamDecoder, counts: dict[str, np.ndarray]) -> Any:
         return response({c.TEXT_OUTPUT: text, **counts,
                          c.COMPLETION_TOKENS: np.array([stream.tokens], np.int32)})
+
+
+def _stop_request_inputs() -> list[Any]:
+    one = np.ones((1, 1), np.int32)
+    values = {c.INPUT_IDS: one, c.INPUT_LENGTHS: one, c.REQUEST_OUTPUT_LEN: one,
+              c.STOP_REQUEST: np.ones((1, 1), bool)}
+    return [pb().Tensor(name, value) for name, value in values.items()]
 
 
 def _new_tokens(llm_response: Any, end_id: int) -> list[int] | None:

@@ -1,5 +1,5 @@
-"""The reference flavor's `tensorrt_llm` step: the stock backend's I/O and streaming behaviour
-over the PyTorch reference decoder.
+"""The reference flavor's `tensorrt_llm` step: the stock backend's I/O, request contract and
+streaming behaviour over the PyTorch reference decoder.
 
 Requests are queued; a worker thread runs the waiting ones together as one batch of the
 reference decoder (up to max_batch_size; later arrivals wait for the next batch) and sends
@@ -7,6 +7,15 @@ each request's tokens to its own callback, so concurrent requests never see each
 tokens. As in the TensorRT-LLM executor, the end token is left out of the output, stop-word
 tokens are kept, and a streaming request gets one response per token (the end token's
 response is empty), a non-streaming one a single response.
+
+It is at least as strict as the stock backend (STOCK_BACKEND.md): it refuses what the backend
+or the engine refuses (outputs not both requested, a missing MRoPE tensor, a prompt table of
+the wrong dtype, width or size), and refuses prompt_table_extra_ids of the wrong length, which
+the backend silently ignores. It reads only the inputs the backend reads. A cancelled request
+(its Triton request cancelled, or a stop request naming its id) ends within a token with a
+final response holding the tokens not yet sent and no error, as the backend does: it cancels
+the executor request (model_instance_state.cc WaitForCancel / handleStopRequest), which then
+finishes it (llmRequest.h finishByReason(kCANCELLED)) and sends the last result, isFinal.
 """
 
 from __future__ import annotations
@@ -14,7 +23,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +38,29 @@ log = logging.getLogger(__name__)
 # emit(new token ids, final): one response; fail(message): an error response (final).
 Emit = Callable[[list[int], bool], None]
 Fail = Callable[[str], None]
+# The model parameter holding max_prompt_embedding_table_size / max_batch_size.
+ROWS_PER_REQUEST_PARAMETER = "prompt_table_rows_per_request"
+CLOSING = "tensorrt_llm is unloading; send the request again once the server is back"
+
+
+def check_requested_outputs(names: Iterable[str]) -> None:
+    """The stock backend's fillTritonResponse throws unless output_ids and sequence_length
+    are both requested (none requested = all)."""
+    names = set(names)
+    missing = [n for n in c.LLM_OUTPUTS if names and n.name not in names]
+    if missing:
+        raise InputError(f"{', '.join(s.name for s in missing)} tensor must be present in list "
+                         "of output tensors: request both output_ids and sequence_length")
+
+
+@dataclass(frozen=True)
+class LlmLimits:
+    """What the engine takes per request: prompt-table dtype and width, and at most
+    `rows_per_request` rows (None: not known, not checked)."""
+
+    hidden_size: int
+    table_dtype: str  # numpy name: the model dtype
+    rows_per_request: int | None = None
 
 
 @dataclass(frozen=True)
@@ -49,9 +81,10 @@ class LlmRequest:
     mrope_position_delta: int
 
     @classmethod
-    def from_inputs(cls, x: Mapping[str, np.ndarray]) -> LlmRequest:
+    def from_inputs(cls, x: Mapping[str, np.ndarray], limits: LlmLimits) -> LlmRequest:
         """`x`: input name -> array of one batch row (no batch dim); optional ones may be
-        missing. Defaults are the TensorRT-LLM executor's."""
+        missing. Defaults are the TensorRT-LLM executor's. input_lengths (read by the backend
+        only for several batch rows) and prompt_vocab_size (never read) are ignored."""
 
         def scalar(name: str, default: Any = None) -> Any:
             value = x.get(name)
@@ -60,13 +93,20 @@ class LlmRequest:
         if x.get(c.INPUT_IDS) is None or x.get(c.REQUEST_OUTPUT_LEN) is None:
             raise InputError("input_ids and request_output_len are required")
         ids = np.asarray(x[c.INPUT_IDS]).reshape(-1)
-        length = scalar(c.INPUT_LENGTHS, ids.size)
         if x.get(c.MROPE_ROTARY_COS_SIN) is None or x.get(c.MROPE_POSITION_DELTAS) is None:
             raise InputError("this engine uses MRoPE: mrope_rotary_cos_sin and "
                              "mrope_position_deltas are required")
+        table = x.get(c.PROMPT_EMBEDDING_TABLE)
+        if table is not None:
+            _check_table(np.asarray(table), limits)
+        extra = x.get(c.PROMPT_TABLE_EXTRA_IDS)
+        if extra is not None and np.asarray(extra).size != ids.size:
+            raise InputError(f"prompt_table_extra_ids has {np.asarray(extra).size} values for "
+                             f"{ids.size} input ids: the backend would ignore them and KV reuse "
+                             "would mix images; send one per input token")
         words = x.get(c.STOP_WORDS_LIST)
         return cls(
-            input_ids=tuple(int(t) for t in ids[:length]),
+            input_ids=tuple(int(t) for t in ids),
             max_tokens=int(scalar(c.REQUEST_OUTPUT_LEN)),
             end_id=scalar(c.END_ID),
             streaming=bool(scalar(c.STREAMING, False)),
@@ -76,35 +116,87 @@ class LlmRequest:
             seed=scalar(c.SEED),
             stop_words=() if words is None else tuple(
                 tuple(s) for s in word_list_sequences(words)),
-            prompt_table=x.get(c.PROMPT_EMBEDDING_TABLE),
+            prompt_table=table,
             mrope_rotary_cos_sin=np.asarray(x[c.MROPE_ROTARY_COS_SIN]).reshape(-1),
             mrope_position_delta=int(scalar(c.MROPE_POSITION_DELTAS)),
         )
 
 
-@dataclass
+def _check_table(table: np.ndarray, limits: LlmLimits) -> None:
+    """The engine's prompt-table contract (promptTuningBuffers.cpp): model dtype, rows of
+    hidden_size, at most max_prompt_embedding_table_size / max_batch_size rows."""
+    if table.dtype != np.dtype(limits.table_dtype):
+        raise InputError(f"prompt_embedding_table is {table.dtype}, the model computes in "
+                         f"{limits.table_dtype}; send the table in the model dtype")
+    if table.ndim != 2 or table.shape[1] != limits.hidden_size:
+        raise InputError(f"prompt_embedding_table rows are {table.shape[1:]} wide, the model's "
+                         f"hidden_size is {limits.hidden_size}")
+    if limits.rows_per_request is not None and table.shape[0] > limits.rows_per_request:
+        raise InputError(f"prompt_embedding_table has {table.shape[0]} rows, the engine takes "
+                         f"{limits.rows_per_request} per request (max_prompt_embedding_table_"
+                         "size / max_batch_size); send fewer or smaller images")
+
+
+@dataclass(eq=False)  # jobs are compared by identity
 class _Job:
     request: LlmRequest
     emit: Emit
     fail: Fail
+    request_id: str = ""
+    # The Triton request's own cancel flag (request.is_cancelled), asked each step.
+    is_cancelled: Callable[[], bool] = lambda: False
+    stopped: bool = False  # a stop request named it
     tokens: list[int] = field(default_factory=list)
+    sent: int = 0  # tokens already in a response
     done: bool = False
+
+    def cancelled(self) -> bool:
+        return self.stopped or self.is_cancelled()
 
 
 class ReferenceLlm:
-    def __init__(self, decoder: Any, *, max_batch_size: int) -> None:
+    def __init__(self, decoder: Any, *, max_batch_size: int,
+                 count_tokens: Callable[[int], None] = lambda n: None) -> None:
+        """`count_tokens(n)`: after each batch, the tokens the decoder made in it."""
         self.decoder = decoder
         self.max_batch_size = max_batch_size
+        self.count_tokens = count_tokens
         self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._jobs: dict[str, list[_Job]] = {}  # request id -> its queued or running jobs
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
         self._worker = threading.Thread(target=self._loop, name="reference-llm", daemon=True)
         self._worker.start()
 
-    def submit(self, request: LlmRequest, emit: Emit, fail: Fail) -> None:
-        self._queue.put(_Job(request, emit, fail))
+    def submit(self, request: LlmRequest, emit: Emit, fail: Fail, *, request_id: str = "",
+               is_cancelled: Callable[[], bool] = lambda: False) -> None:
+        job = _Job(request, emit, fail, request_id, is_cancelled)
+        if request_id:
+            with self._lock:
+                self._jobs.setdefault(request_id, []).append(job)
+        self._queue.put(job)
+
+    def stop(self, request_id: str) -> None:
+        """The stock backend's stop request: cancel the requests of `request_id` (none left:
+        they may have finished already, not an error)."""
+        if not request_id:
+            raise InputError("Trying to stop a request but request ID is not provided")
+        with self._lock:
+            for job in self._jobs.get(request_id, []):
+                job.stopped = True
 
     def close(self) -> None:
+        """Unload: running requests end at the next token, queued ones get a final error."""
+        self._closing.set()
         self._queue.put(None)
         self._worker.join(timeout=60)
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None:
+                self._end(job, error=CLOSING)
 
     def _loop(self) -> None:
         while True:
@@ -121,14 +213,18 @@ class ReferenceLlm:
                     self._queue.put(None)  # finish this wave, then stop
                     break
                 wave.append(more)
-            self._run_wave(wave)
+            for job in wave:
+                self._check_cancel(job)
+            self._run_wave([job for job in wave if not job.done])
 
     def _run_wave(self, wave: list[_Job]) -> None:
+        if not wave:
+            return
         try:
             self._decode(wave)
         except InputError as exc:
             if len(wave) == 1:
-                wave[0].fail(str(exc))
+                self._end(wave[0], error=str(exc))
             else:  # find the bad request: the others must not fail with it
                 for job in wave:
                     self._run_wave([job])
@@ -136,7 +232,7 @@ class ReferenceLlm:
             log.exception("reference decoder failed")
             for job in wave:
                 if not job.done:
-                    job.fail(f"reference decoder failed: {exc!r}")
+                    self._end(job, error=f"reference decoder failed: {exc!r}")
 
     def _decode(self, wave: list[_Job]) -> None:
         torch = _torch()
@@ -159,25 +255,53 @@ class ReferenceLlm:
                     top_p=r.top_p, seed=r.seed,
                     stop_token_ids=(*((r.end_id,) if r.end_id is not None else ()), *singles)),
             ))
-        for event in self.decoder.stream(requests):
-            job = wave[event.request]
-            if job.done:
-                continue  # finished here on a multi-token stop word; the decoder runs on
-            r = job.request
-            if event.token_id == r.end_id:
-                self._finish(job, [])
-                continue
-            job.tokens.append(event.token_id)
-            final = event.finish_reason is not None or _ends_with_stop(job.tokens, r.stop_words)
-            if final:
-                self._finish(job, [event.token_id])
-            elif r.streaming:
-                job.emit([event.token_id], False)
+        made = 0
+        try:
+            # Rows whose request is done (a multi-token stop word) or cancelled leave the batch
+            # after each step.
+            wanted = lambda i: not self._check_cancel(wave[i])  # noqa: E731
+            for event in self.decoder.stream(requests, wanted=wanted):
+                made += 1
+                job = wave[event.request]
+                if self._check_cancel(job):
+                    continue
+                r = job.request
+                if event.token_id == r.end_id:
+                    self._end(job)
+                    continue
+                job.tokens.append(event.token_id)
+                if event.finish_reason is not None or _ends_with_stop(job.tokens, r.stop_words):
+                    self._end(job)
+                elif r.streaming:
+                    job.emit([event.token_id], False)
+                    job.sent = len(job.tokens)
+        finally:
+            self.count_tokens(made)
 
-    @staticmethod
-    def _finish(job: _Job, last: list[int]) -> None:
+    def _check_cancel(self, job: _Job) -> bool:
+        """End a cancelled (or, at unload, any) request; True if it has ended."""
+        if job.done:
+            return True
+        if self._closing.is_set():
+            self._end(job, error=CLOSING)
+        elif job.cancelled():
+            self._end(job)
+        return job.done
+
+    def _end(self, job: _Job, *, error: str | None = None) -> None:
+        """The final response: the tokens not yet sent (all of them unless streaming)."""
         job.done = True
-        job.emit(last if job.request.streaming else job.tokens, True)
+        if job.request_id:
+            with self._lock:
+                jobs = self._jobs.get(job.request_id, [])
+                if job in jobs:
+                    jobs.remove(job)
+                if not jobs:
+                    self._jobs.pop(job.request_id, None)
+        if error is not None:
+            job.fail(error)
+        else:
+            job.emit(job.tokens[job.sent:], True)
 
 
 def _ends_with_stop(tokens: list[int], stop_words: tuple[tuple[int, ...], ...]) -> bool:

@@ -1,7 +1,8 @@
 """`qvl-trt repo`: a Triton model repository from one or more build folders.
 
-Per build, five models: preprocessing -> vision_encoder -> tensorrt_llm -> postprocessing,
-chained by an ensemble. The repository is self-contained: each python model's version
+Per build, six models: preprocessing -> vision_encoder -> tensorrt_llm -> postprocessing,
+chained by an ensemble, and tensorrt_llm_bls, the same chain run by BLS from one model
+(cancellable by its client). The repository is self-contained: each python model's version
 folder holds its model.py (from `triton_repo/`), a zip of the qvl_trt package it imports
 (pure Python, pinned to the qvl-trt that wrote it), and the files it reads (tokenizer and
 configs, weights or engine), all found relative to model.py. A stock Triton container runs it
@@ -220,6 +221,9 @@ def _emit_build(path: Path, names: c.ModelNames, root: Path, options: RepoOption
     post = folders[names.postprocessing]
     _python_model(post, c.POSTPROCESSING, runtime)
     _copy_files(ckpt.path, post, [TOKENIZER_JSON])
+    bls = folders[names.tensorrt_llm_bls]
+    _python_model(bls, c.TENSORRT_LLM_BLS, runtime)
+    _copy_files(ckpt.path, bls, [TOKENIZER_JSON])
 
     settings = StepSettings(
         names=names, flavor=options.flavor, max_batch_size=lim.max_batch_size,

@@ -2,9 +2,10 @@
 
 Every config parses as a Triton ModelConfig and holds no "${...}" placeholder; every
 ensemble step's map matches the producing and consuming models (name, dtype, dims), no step
-mixes tensors that came through different decoupled models (Triton refuses that), the
-postprocessing -> tensorrt_llm call matches the LLM's inputs, and the engines and weights
-each model reads exist and agree with the GPU profile and TensorRT edition the repository
+mixes tensors that came through different decoupled models (Triton refuses that), the BLS
+calls (postprocessing -> tensorrt_llm; tensorrt_llm_bls -> preprocessing, vision_encoder,
+tensorrt_llm) match the called models' inputs, and the engines and weights each model reads
+exist and agree with the GPU profile and TensorRT edition the repository
 was built for (`<ensemble>/1/build.json`).
 """
 
@@ -18,7 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .configs import LLM_MODEL_PARAMETER, Flavor
+from . import contract as c
+from .configs import (
+    LLM_MODEL_PARAMETER,
+    PREPROCESSING_MODEL_PARAMETER,
+    VISION_MODEL_PARAMETER,
+    Flavor,
+)
 from .pbconfig import CONFIG_FILE, data_type_name, get_parameter, parse_config
 from .repository import (
     BUILD_INFO,
@@ -84,7 +91,8 @@ def validate_repo(repo: Path) -> ValidationReport:
             _check_python_model(repo / name, name, report)
         llm = get_parameter(config, LLM_MODEL_PARAMETER)
         if llm is not None:
-            _check_llm_call(name, config, llm, configs, report)
+            _check_llm_call(name, _llm_inputs_sent(name, config, configs, report), llm,
+                            configs, report)
     for name, config in configs.items():
         if config.platform == "ensemble":
             _check_artifacts(repo, name, configs, report)
@@ -203,15 +211,39 @@ def _check_step(ensemble: str, config: Any, step: Any, configs: dict[str, Any],
         produced[tensor] = (outputs[key], origin)
 
 
-def _check_llm_call(name: str, config: Any, llm: str, configs: dict[str, Any],
+def _llm_inputs_sent(name: str, config: Any, configs: dict[str, Any],
+                     report: ValidationReport) -> dict[str, _Tensor]:
+    """What a model sends tensorrt_llm: postprocessing its inputs; tensorrt_llm_bls (it names
+    the steps it runs first) those steps' outputs, after its inputs went to preprocessing."""
+    steps = [get_parameter(config, p) for p in (PREPROCESSING_MODEL_PARAMETER,
+                                                VISION_MODEL_PARAMETER)]
+    if steps[0] is None:
+        return _inputs(config)
+    sent, outputs = _inputs(config), {}
+    for step in steps:
+        target = configs.get(step)
+        if not report.check(target is not None, name, f"calls {step}, which is not in the "
+                            "repository"):
+            return {}
+        for key, spec in _inputs(target).items():
+            have = sent.get(key, outputs.get(key))
+            if report.check(have is not None or spec.optional, f"{name} -> {step}",
+                            f"required input {key} is not sent") and have is not None:
+                _same_tensor(report, f"{name} -> {step}", key, have, spec)
+        outputs |= _outputs(target)
+        sent = {}
+    return {s.name: outputs[s.name] for s in c.POSTPROCESSING_INPUTS if s.name in outputs}
+
+
+def _check_llm_call(name: str, ours: dict[str, _Tensor], llm: str, configs: dict[str, Any],
                     report: ValidationReport) -> None:
-    """postprocessing forwards its inputs to tensorrt_llm: they must be the LLM's inputs."""
+    """`ours` (what `name` sends tensorrt_llm) must be the LLM's inputs."""
     where = f"{name} -> {llm}"
     target = configs.get(llm)
     if not report.check(target is not None, name, f"calls {llm}, which is not in the "
                         "repository"):
         return
-    ours, theirs = _inputs(config), _inputs(target)
+    theirs = _inputs(target)
     for key, spec in ours.items():
         if report.check(key in theirs, where, f"forwards {key}, which is not an input of {llm}"):
             _same_tensor(report, where, key, spec, theirs[key])
@@ -245,7 +277,8 @@ def _check_artifacts(repo: Path, ensemble: str, configs: dict[str, Any],
     info = json.loads(info_path.read_text())
     models = info["models"]
     flavor = Flavor(info["flavor"])
-    for key in ("preprocessing", "vision_encoder", "tensorrt_llm", "postprocessing"):
+    for key in ("preprocessing", "vision_encoder", "tensorrt_llm", "postprocessing",
+                "tensorrt_llm_bls"):
         report.check(models[key] in configs, ensemble, f"{key} model {models[key]} is missing")
 
     def present(where: str, base: Path, names: Iterable[str]) -> None:
@@ -256,8 +289,8 @@ def _check_artifacts(repo: Path, ensemble: str, configs: dict[str, Any],
     pre = repo / models["preprocessing"] / VERSION / CHECKPOINT_DIR
     present(models["preprocessing"], pre, ["config.json", "preprocessor_config.json",
                                            TOKENIZER_JSON, "tokenizer_config.json"])
-    present(models["postprocessing"], repo / models["postprocessing"] / VERSION,
-            [TOKENIZER_JSON])
+    for key in ("postprocessing", "tensorrt_llm_bls"):
+        present(models[key], repo / models[key] / VERSION, [TOKENIZER_JSON])
     vision = repo / models["vision_encoder"] / VERSION
     llm = repo / models["tensorrt_llm"] / VERSION
     if flavor is Flavor.REFERENCE:

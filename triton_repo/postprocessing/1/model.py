@@ -8,7 +8,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "qvl_trt_runtime.zip"))
 
-from qvl_trt.triton.configs import LLM_MODEL_PARAMETER  # noqa: E402
+from qvl_trt.triton.configs import LLM_MODEL_PARAMETER, WORKERS_PARAMETER  # noqa: E402
 from qvl_trt.triton.pb_io import model_parameters  # noqa: E402
 from qvl_trt.triton.postprocess import Postprocessor  # noqa: E402
 
@@ -18,7 +18,7 @@ class TritonPythonModel:
         params = model_parameters(args)
         self.postprocessor = Postprocessor(HERE / "tokenizer.json",
                                            llm_model=params[LLM_MODEL_PARAMETER],
-                                           workers=int(params["workers"]))
+                                           workers=int(params[WORKERS_PARAMETER]))
 
     def execute(self, requests):
         for request in requests:

@@ -1,7 +1,8 @@
-"""tensorrt_llm, reference flavor (qvl-trt): the stock TensorRT-LLM backend's inputs and
-outputs and its streaming behaviour, over the PyTorch reference decoder reading the
-converted TensorRT-LLM checkpoint. Decoupled: tokens stream as they are generated. Runs the
-qvl_trt code bundled beside it."""
+"""tensorrt_llm, reference flavor (qvl-trt): the stock TensorRT-LLM backend's inputs, outputs,
+request contract and streaming behaviour, over the PyTorch reference decoder reading the
+converted TensorRT-LLM checkpoint. Decoupled: tokens stream as they are generated. A cancelled
+request, or one a stop request names, ends within a token. Tokens generated: the metric
+qvl_reference_llm_tokens_total. Runs the qvl_trt code bundled beside it."""
 
 import sys
 from functools import partial
@@ -19,7 +20,13 @@ from qvl_trt.errors import QvlError  # noqa: E402
 from qvl_trt.llm.reference import ReferenceDecoder  # noqa: E402
 from qvl_trt.triton import contract as c  # noqa: E402
 from qvl_trt.triton.pb_io import error_response, model_parameters, read_row, response  # noqa: E402
-from qvl_trt.triton.reference_llm import LlmRequest, ReferenceLlm  # noqa: E402
+from qvl_trt.triton.reference_llm import (  # noqa: E402
+    ROWS_PER_REQUEST_PARAMETER,
+    LlmLimits,
+    LlmRequest,
+    ReferenceLlm,
+    check_requested_outputs,
+)
 from qvl_trt.triton.vision_step import pick_device  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -42,14 +49,33 @@ class TritonPythonModel:
         max_batch_size = json.loads(args["model_config"])["max_batch_size"]
         decoder = ReferenceDecoder.load(HERE / "checkpoint", device=pick_device(params["device"]),
                                         dtype=params["dtype"])
-        self.llm = ReferenceLlm(decoder, max_batch_size=max_batch_size)
+        rows = params.get(ROWS_PER_REQUEST_PARAMETER)
+        self.limits = LlmLimits(hidden_size=decoder.config.hidden_size,
+                                table_dtype=params["dtype"],
+                                rows_per_request=int(rows) if rows else None)
+        # The family must outlive its metric: keep both.
+        self.family = pb_utils.MetricFamily(name="qvl_reference_llm_tokens_total",
+                                            description="tokens the reference decoder made",
+                                            kind=pb_utils.MetricFamily.COUNTER)
+        self.tokens = self.family.Metric(labels={"model": args["model_name"]})
+        self.llm = ReferenceLlm(decoder, max_batch_size=max_batch_size,
+                                count_tokens=self.tokens.increment)
 
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
             try:
-                self.llm.submit(LlmRequest.from_inputs(read_row(request, c.LLM_INPUTS)),
-                                partial(_emit, sender), partial(_fail, sender))
+                row = read_row(request, c.LLM_INPUTS)
+                if row.get(c.STOP_REQUEST):
+                    # The stock backend's handleStopRequest: an empty final response.
+                    self.llm.stop(request.request_id())
+                    sender.send(flags=FINAL)
+                    continue
+                check_requested_outputs(request.requested_output_names())
+                self.llm.submit(LlmRequest.from_inputs(row, self.limits),
+                                partial(_emit, sender), partial(_fail, sender),
+                                request_id=request.request_id(),
+                                is_cancelled=request.is_cancelled)
             except QvlError as exc:
                 _fail(sender, str(exc))
         return None
