@@ -113,7 +113,11 @@ class BuildContext:
 
         own_profile = self.options.gpu.endswith(".toml")
         inputs = [Path(self.options.model)] + ([Path(self.profile.source)] if own_profile else [])
-        return container_command(self.out, inputs)
+        # A GeForce profile's TensorRT-RTX vision engine needs the rtx extra there too (the
+        # container ships full TensorRT only), should the resumed build touch it.
+        rtx = self.trt_edition is TrtEdition.TENSORRT_RTX
+        return container_command(self.out, inputs, extras=("rtx",) if rtx else (),
+                                 shm_bytes=make_plan(self.checkpoint, self.profile).shm_bytes)
 
     @cached_property
     def tools(self) -> dict[str, Any]:

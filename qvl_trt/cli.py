@@ -166,18 +166,34 @@ def plan(model: ModelOpt, gpu: GpuOpt, json_out: JsonOpt = False) -> None:
 
 
 @command(panel="Inspect and debug")
-def doctor(json_out: JsonOpt = False) -> None:
+def doctor(
+    repo: Annotated[Path | None, typer.Option(
+        help="Also check what serving this model repository needs here (world size, the "
+        "vision engines' TensorRT edition, shared memory); exit 1 on a failed check.",
+        show_default=False)] = None,
+    json_out: JsonOpt = False,
+) -> None:
     """Report Python, GPUs, TensorRT editions, TensorRT-LLM and Triton found here, and which
     profiles this machine can build for."""
-    from .console import doctor_tables, out, print_json
+    from .console import doctor_tables, out, print_json, readiness_table
     from .doctor import environment_report
+    from .typed_config import to_jsonable
 
     report = environment_report()
+    readiness = ()
+    if repo is not None:
+        from .triton.serve_plan import read_serve_plan, serve_readiness
+
+        readiness = serve_readiness(read_serve_plan(repo))
     if json_out:
-        print_json(report)
-        return
-    for table in doctor_tables(report):
-        out.print(table)
+        print_json({**to_jsonable(report), "serve_checks": to_jsonable(readiness)})
+    else:
+        for table in doctor_tables(report):
+            out.print(table)
+        if readiness:
+            out.print(readiness_table(repo, readiness))
+    if not all(r.ok for r in readiness):
+        raise typer.Exit(1)
 
 
 @command(panel="Build")
@@ -683,6 +699,12 @@ def repo(
     ensembles = ", ".join(b.names.ensemble for b in result.builds)
     console.print(f"wrote the {chosen.value} repository {result.path}: {len(result.models)} "
                   f"models; ensemble{'s' if len(result.builds) > 1 else ''}: {ensembles}")
+    if chosen is Flavor.TRT:
+        from .triton.serve_plan import read_serve_plan, serve_container_command
+
+        console.print("serve it in the TensorRT-LLM container with: "
+                      f"{serve_container_command(read_serve_plan(result.path))}",
+                      highlight=False, markup=False, soft_wrap=True)
 
 
 @command(panel="Inspect and debug")
@@ -723,9 +745,10 @@ def serve(
     free_ports: Annotated[bool, typer.Option(
         help="Pick three free ports instead of the port options.")] = False,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
-    world_size: Annotated[int, typer.Option(
+    world_size: Annotated[int | None, typer.Option(
         help="GPUs (tensor-parallel ranks) of the LLM engine: > 1 launches one tritonserver "
-        "rank per GPU through mpirun.")] = 1,
+        "rank per GPU through mpirun [default: the engines' world size; a different value "
+        "is refused].", show_default=False)] = None,
     log_file: Annotated[Path | None, typer.Option(
         help="Write the server's log here instead of the terminal.")] = None,
     log_verbose: Annotated[int, typer.Option(help="Triton's --log-verbose level.")] = 0,
@@ -735,7 +758,14 @@ def serve(
     """Run tritonserver on a repository (PATH, /opt/tritonserver or the nvidia-pytriton
     binary); wait until it is ready, print its addresses, stop it cleanly on Ctrl-C."""
     from .console import out as console
-    from .triton.repository import point_engine_paths, tensorrtllm_models
+    from .triton.repository import point_engine_paths
+    from .triton.serve_plan import (
+        check_vision_editions,
+        read_serve_plan,
+        resolve_world_size,
+        shm_size_bytes,
+        warn_small_shm,
+    )
     from .triton.server import (
         Ports,
         ServerOptions,
@@ -749,16 +779,20 @@ def serve(
     if not repository.is_dir():
         raise ConfigError(f"{repository} is not a folder; pass a model repository written by "
                           "`qvl-trt repo`")
+    needs = read_serve_plan(repository)
     install = require_tritonserver()
     ports = pick_ports(host if host != "0.0.0.0" else "127.0.0.1") if free_ports else \
         Ports(http_port, grpc_port, metrics_port)
-    opts = ServerOptions(repository, ports, host=host, world_size=world_size,
-                         llm_models=tuple(tensorrtllm_models(repository)),
+    opts = ServerOptions(repository, ports, host=host,
+                         world_size=resolve_world_size(needs, world_size),
+                         llm_models=needs.llm_models, thread_pool_size=needs.thread_pool_size,
                          log_verbose=log_verbose)
     if dry_run:
         console.print(format_command(server_command(install, opts), install), highlight=False,
                       markup=False, soft_wrap=True)
         return
+    check_vision_editions(needs)
+    warn_small_shm(needs, shm_size_bytes())
     point_engine_paths(repository)
     server = TritonServer(opts, install=install, log_file=log_file)
     server.start()

@@ -17,7 +17,10 @@ from .profiles import GpuProfile
 from .typed_config import to_jsonable
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from .triton.metrics import LevelMetrics
+    from .triton.serve_plan import Readiness
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -104,6 +107,12 @@ def plan_table(plan: Plan, profile: GpuProfile) -> Table:
             f"{plan.mrope_table_bytes_per_request / 2**20:.1f} MiB per request x batch",
         ),
         (
+            "shared memory",
+            _gib(plan.shm_bytes),
+            "/dev/shm for a full batch at the caps (pixels, MRoPE and prompt tables cross it "
+            "between models); a container needs --shm-size this large or --ipc=host",
+        ),
+        (
             "KV bytes per token",
             f"{plan.kv_bytes_per_token:,}",
             "2 x layers x kv_heads x head_dim x 2 bytes",
@@ -186,6 +195,15 @@ def doctor_tables(report: Report) -> list[Table]:
     for row in report.profiles:
         support.add_row(row.profile, row.vision_engine, row.llm_engine)
     return [env, support]
+
+
+def readiness_table(repo: Path, rows: tuple[Readiness, ...]) -> Table:
+    table = Table(title=f"serving {repo} here")
+    for col in ("check", "", "detail"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r.check, "[green]ok[/green]" if r.ok else "[red]no[/red]", r.detail)
+    return table
 
 
 def bench_tables(levels: tuple[LevelMetrics, ...]) -> list[Table]:

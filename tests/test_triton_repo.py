@@ -171,36 +171,104 @@ def test_trt_repository_passes_validate(trt_repo) -> None:
         trt_repo / "tensorrt_llm" / "1" / "engine")
 
 
-@needs_rtx
-@pytest.mark.parametrize("breakage, reason", [
-    ("map dtype", "_pixel_values -> pixel_values: dtype FP32 is produced, FP16 expected"),
-    ("llm engine", "LLM engine rank0.engine is missing"),
-    ("vision engine", "vision engine engine/model.engine (+ config.json) is missing"),
-    ("edition", "vision engine was built with tensorrt, the repository's profile"),
-    ("placeholder", "holds an unfilled ${...} placeholder"),
-    ("stray folder", "no config.pbtxt: Triton loads every folder"),
-])
-def test_broken_repository_fails_validate_with_the_reason(tmp_path, trt_repo, breakage,
-                                                          reason) -> None:
-    repo = Path(shutil.copytree(trt_repo, tmp_path / "repo"))
-
+def _retype_pixels(repo: Path) -> None:
     def retype(config) -> None:
         next(i for i in config.input if i.name == "pixel_values").data_type = data_type("FP16")
 
-    if breakage == "map dtype":
-        edit_config(repo / "vision_encoder", retype)
-    elif breakage == "llm engine":
-        (repo / "tensorrt_llm" / "1" / "engine" / "rank0.engine").unlink()
-    elif breakage == "vision engine":
-        (repo / "vision_encoder" / "1" / "engine" / "model.engine").unlink()
-    elif breakage == "edition":
-        path = repo / "vision_encoder" / "1" / "engine" / "config.json"
-        path.write_text(path.read_text().replace('"tensorrt_rtx"', '"tensorrt"'))
-    elif breakage == "placeholder":
-        edit_config(repo / "tensorrt_llm", lambda cfg: cfg.parameters[
-            "gpt_model_path"].__setattr__("string_value", "${engine_dir}"))
-    else:
-        (repo / ".cache").mkdir()
+    edit_config(repo / "vision_encoder", retype)
+
+
+def _set_llm_parameter(key: str, value: str | None):
+    def edit(repo: Path) -> None:
+        def change(config) -> None:
+            if value is None:
+                del config.parameters[key]
+            else:
+                config.parameters[key].string_value = value
+
+        edit_config(repo / "tensorrt_llm", change)
+
+    return edit
+
+
+def _edit_engine_config(edit):
+    def apply(repo: Path) -> None:
+        path = repo / "tensorrt_llm" / "1" / "engine" / "config.json"
+        config = json.loads(path.read_text())
+        edit(config)
+        path.write_text(json.dumps(config))
+
+    return apply
+
+
+def _replace_in(relative: str, old: str, new: str):
+    def apply(repo: Path) -> None:
+        path = repo / relative
+        path.write_text(path.read_text().replace(old, new))
+
+    return apply
+
+
+# breakage -> (how, a phrase of the reason validate must give)
+BREAKAGES = {
+    "map dtype": (_retype_pixels,
+                  "_pixel_values -> pixel_values: dtype FP32 is produced, FP16 expected"),
+    "llm engine": (lambda r: (r / "tensorrt_llm" / "1" / "engine" / "rank0.engine").unlink(),
+                   "LLM engine rank0.engine is missing"),
+    "vision engine": (lambda r: (r / "vision_encoder" / "1" / "engine" / "model.engine").unlink(),
+                      "vision engine engine/model.engine (+ config.json) is missing"),
+    "edition": (_replace_in("vision_encoder/1/engine/config.json", '"tensorrt_rtx"',
+                            '"tensorrt"'),
+                "vision engine was built with tensorrt, the repository's profile"),
+    "placeholder": (_set_llm_parameter("gpt_model_path", "${engine_dir}"),
+                    "holds an unfilled ${...} placeholder"),
+    "stray folder": (lambda r: (r / ".cache").mkdir(), "no config.pbtxt: Triton loads every folder"),
+    # the stock backend's no-fallback keys, booleans and enums (tensorrtllm_backend.py)
+    "no tokenizer_dir": (_set_llm_parameter("tokenizer_dir", None),
+                         "tensorrt_llm: parameter tokenizer_dir is missing"),
+    "no xgrammar path": (_set_llm_parameter("xgrammar_tokenizer_info_path", None),
+                         "tensorrt_llm: parameter xgrammar_tokenizer_info_path is missing"),
+    "no guided backend": (_set_llm_parameter("guided_decoding_backend", None),
+                          "tensorrt_llm: parameter guided_decoding_backend is missing"),
+    "chunked yes": (_set_llm_parameter("enable_chunked_context", "yes"),
+                    "tensorrt_llm: parameter enable_chunked_context is 'yes'"),
+    "policy misspelled": (_set_llm_parameter("batch_scheduler_policy", "guaranted_no_evict"),
+                          "tensorrt_llm: parameter batch_scheduler_policy is 'guaranted_no_evict'"),
+    "sink tokens": (_set_llm_parameter("sink_token_length", "4"),
+                    "parameter sink_token_length is '4': sink tokens"),
+    # what this pipeline needs of the backend and the engine
+    "no kv budget": (_set_llm_parameter("max_tokens_in_paged_kv_cache", None),
+                     "max_tokens_in_paged_kv_cache is not set"),
+    "kv over budget": (_set_llm_parameter("max_tokens_in_paged_kv_cache", "99999999"),
+                       "exceeds the planned KV budget"),
+    "input in output": (_set_llm_parameter("exclude_input_in_output", "false"),
+                        "exclude_input_in_output must be true"),
+    "fp32 engine": (_edit_engine_config(lambda c: c["pretrained_config"].update(dtype="float32")),
+                    "LLM engine dtype is float32: MRoPE needs fused context attention"),
+    "fmha off": (_edit_engine_config(
+        lambda c: c["build_config"]["plugin_config"].update(context_fmha=False)),
+        "LLM engine was built with context_fmha off"),
+    "streamingllm": (_edit_engine_config(
+        lambda c: c["build_config"]["plugin_config"].update(streamingllm=True)),
+        "LLM engine was built with streamingllm"),
+    "paged context off": (_edit_engine_config(
+        lambda c: c["build_config"]["plugin_config"].update(use_paged_context_fmha=False)),
+        "enable_chunked_context needs an engine built with use_paged_context_fmha"),
+    "table rows": (_edit_engine_config(
+        lambda c: c["build_config"].update(max_prompt_embedding_table_size=7)),
+        "max_prompt_embedding_table_size is 7, the plan for its profile says"),
+    "world size": (_edit_engine_config(
+        lambda c: c["pretrained_config"]["mapping"].update(world_size=2)),
+        "LLM engine has world size 2, the build says tp_size 1"),
+}
+
+
+@needs_rtx
+@pytest.mark.parametrize("breakage", list(BREAKAGES))
+def test_broken_repository_fails_validate_with_the_reason(tmp_path, trt_repo, breakage) -> None:
+    repo = Path(shutil.copytree(trt_repo, tmp_path / "repo"))
+    how, reason = BREAKAGES[breakage]
+    how(repo)
     found = problems(repo)
     assert any(reason in p for p in found), found
     done = run_cli("validate", str(repo))
@@ -217,9 +285,79 @@ def test_moved_repository_gets_its_engine_path_back(tmp_path, trt_repo) -> None:
     assert problems(moved) == []
 
 
+def set_engine_world_size(repo: Path, model: str, world: int) -> None:
+    """Make the model's engine folder look like a TP build of `world` ranks."""
+    engine = repo / model / "1" / "engine"
+    config = json.loads((engine / "config.json").read_text())
+    config["pretrained_config"]["mapping"].update(world_size=world, tp_size=world)
+    (engine / "config.json").unlink()  # a hard link into the build: edit this copy only
+    (engine / "config.json").write_text(json.dumps(config))
+    for rank in range(world):
+        (engine / f"rank{rank}.engine").write_bytes(b"placeholder")
+
+
 @needs_rtx
-def test_serve_dry_run_prints_one_rank_per_gpu(trt_repo) -> None:
-    done = run_cli("serve", str(trt_repo), "--world-size", "2", "--dry-run")
+def test_serve_takes_the_world_size_from_the_engines(tmp_path, trt_repo) -> None:
+    one = run_cli("serve", str(trt_repo), "--dry-run")
+    assert one.returncode == 0, one.stderr
+    assert "mpirun" not in one.stdout and "thread-pool-size=" in one.stdout
+    refused = run_cli("serve", str(trt_repo), "--world-size", "2", "--dry-run")
+    assert refused.returncode == 1
+    assert "--world-size 2 does not match the engines' world size (tensorrt_llm: 1)" in \
+        refused.stderr
+
+
+@needs_rtx
+def test_serve_refuses_two_llm_models_when_one_is_tensor_parallel(tmp_path,
+                                                                  tiny_vision_build) -> None:
+    build = linked_copy(tiny_vision_build, tmp_path / "build")
+    write_llm_engine_layout(build)
+    repo = write_repo([BuildInput(build, "a"), BuildInput(build, "b")], tmp_path / "repo").path
+    set_engine_world_size(repo, "b_tensorrt_llm", 2)
+    done = run_cli("serve", str(repo), "--dry-run")
+    assert done.returncode == 1
+    assert "holds 2 tensorrt_llm models and b_tensorrt_llm use tensor parallelism" in \
+        done.stderr
+
+
+@needs_rtx
+def test_serve_sizes_the_bls_thread_pool_from_the_callers(trt_repo) -> None:
+    from qvl_trt.triton.serve_plan import read_serve_plan
+
+    needs = read_serve_plan(trt_repo)
+    workers = sum(int(read_config(d).parameters["workers"].string_value)
+                  for d in trt_repo.iterdir() if "workers" in read_config(d).parameters)
+    assert needs.bls_callers == workers > 0
+    assert needs.thread_pool_size == max(32, workers + 8)
+    done = run_cli("serve", str(trt_repo), "--dry-run")
+    assert f"thread-pool-size={needs.thread_pool_size}" in done.stdout
+
+
+@needs_rtx
+def test_doctor_checks_what_serving_the_repository_needs(trt_repo) -> None:
+    done = run_cli("doctor", "--repo", str(trt_repo), "--json")
+    assert done.returncode in (0, 1), done.stderr
+    checks = {c["check"]: c for c in json.loads(done.stdout)["serve_checks"]}
+    assert checks["world size"]["ok"] and checks["world size"]["detail"].startswith("1 ")
+    assert checks["vision_encoder engine"] == {"check": "vision_encoder engine", "ok": True,
+                                               "detail": "tensorrt_rtx imports"}
+    assert done.returncode == (0 if checks["shared memory"]["ok"] else 1)
+
+
+def test_a_small_dev_shm_gets_a_warning_with_the_docker_flag(tmp_path) -> None:
+    from qvl_trt.triton.serve_plan import ServePlan, warn_small_shm
+
+    needs = ServePlan(tmp_path, (), {}, 0, 3 * 2**30 + 1, {})
+    assert warn_small_shm(needs, 4 * 2**30) is None
+    message = warn_small_shm(needs, 64 * 2**20)
+    assert "/dev/shm has 0.1 GiB" in message and "--shm-size=4g or --ipc=host" in message
+
+
+@needs_rtx
+def test_serve_dry_run_prints_one_rank_per_gpu(tmp_path, trt_repo) -> None:
+    repo = Path(shutil.copytree(trt_repo, tmp_path / "repo"))
+    set_engine_world_size(repo, "tensorrt_llm", 2)
+    done = run_cli("serve", str(repo), "--dry-run")
     assert done.returncode == 0, done.stderr
     line = " ".join(done.stdout.split())
     assert "mpirun" in line and line.count(" -n 1 ") == 2

@@ -45,6 +45,9 @@ class StepSettings:
     # tensorrt_llm backend (trt flavor)
     engine_dir: str = ""
     kv_cache_free_gpu_mem_fraction: float = 0.9
+    # The planner's KV budget: the backend takes the smaller of this and the fraction of the
+    # memory free when it loads, so the vision engine loading beside it cannot race it.
+    max_tokens_in_paged_kv_cache: int = 0
     batch_scheduler_policy: str = "guaranteed_no_evict"
     # python models' parameters (read by their model.py), by step
     parameters: Mapping[str, Mapping[str, str | int | float | bool]] = field(
@@ -127,14 +130,19 @@ def tensorrt_llm_config(s: StepSettings) -> Any:
 
 
 def trtllm_parameters(s: StepSettings) -> dict[str, str | int | float | bool]:
-    """Parameters of the stock tensorrtllm backend (all strings in the config)."""
+    """Parameters of the stock tensorrtllm backend (all strings in the config); what it
+    reads and how: `tensorrtllm_backend.PARAMETERS`."""
     return {
         "gpt_model_type": "inflight_fused_batching",
         "gpt_model_path": s.engine_dir,
+        # Read with no fallback (a missing one fails the load); empty means not set.
+        "tokenizer_dir": "",
+        "xgrammar_tokenizer_info_path": "",
+        "guided_decoding_backend": "",
         "max_beam_width": 1,
-        "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
         "batch_scheduler_policy": s.batch_scheduler_policy,
         "kv_cache_free_gpu_mem_fraction": s.kv_cache_free_gpu_mem_fraction,
+        "max_tokens_in_paged_kv_cache": s.max_tokens_in_paged_kv_cache,
         # Prefill long multimodal prompts in chunks beside running decodes.
         "enable_chunked_context": True,
         # Safe with images: preprocessing sends prompt_table_extra_ids (the image hash on every

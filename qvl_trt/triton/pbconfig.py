@@ -86,6 +86,11 @@ def get_parameter(config: Any, key: str) -> str | None:
     return config.parameters[key].string_value if key in config.parameters else None
 
 
+def parameters(config: Any) -> dict[str, str]:
+    """Every parameter of a config, key -> string_value."""
+    return {key: value.string_value for key, value in config.parameters.items()}
+
+
 def to_text(config: Any) -> str:
     from google.protobuf import text_format
 

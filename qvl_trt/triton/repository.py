@@ -33,12 +33,14 @@ from ..atomic import staged_dir, write_json_atomic
 from ..checkpoint import Checkpoint, open_checkpoint
 from ..errors import BuildError, ConfigError
 from ..manifest import Manifest
+from ..plan import Plan, make_plan, repository_kv_budgets
 from ..profiles import GpuProfile
 from ..resources import data_dir
 from ..typed_config import load_dataclass, to_jsonable
 from . import contract as c
 from .configs import Flavor, StepSettings, step_configs
 from .pbconfig import write_config
+from .reference_llm import ROWS_PER_REQUEST_PARAMETER
 
 log = logging.getLogger(__name__)
 
@@ -114,15 +116,22 @@ def write_repo(builds: Sequence[BuildInput], out: Path, options: RepoOptions = R
     if out.exists() and not force:
         raise ConfigError(f"{out} exists; pass --force to replace it or pick another --out")
     named = _resolve_names(builds)
+    opened = [_open_build(build.path) for build, _ in named]
+    plans = [b.plan for b in opened]
+    # One server loads every build's engines on the same GPU: the KV budgets are split so
+    # that each stays below what the backend's free-memory fraction would give it, whatever
+    # order Triton loads the models in. The reference flavor holds no KV cache on a GPU.
+    kv_budgets = (repository_kv_budgets(plans) if options.flavor is Flavor.TRT
+                  else tuple(p.kv_capacity_tokens for p in plans))
     with staged_dir(out) as staging:
         runtime = staging / f".{RUNTIME_ZIP}"
         write_runtime_zip(runtime)
         results, models = [], []
-        for build, name in named:
+        for (_, name), build, kv_tokens in zip(named, opened, kv_budgets, strict=True):
             names = c.ModelNames.for_build(name)
-            _emit_build(build.path, names, staging, options, runtime,
+            _emit_build(build, names, staging, options, runtime, kv_tokens=kv_tokens,
                         mount_root=Path(options.mount_path or out))
-            results.append(RepoBuild(name, names, build.path.resolve()))
+            results.append(RepoBuild(name, names, build.path))
             models += names.all()
         runtime.unlink()
     log.info("wrote the %s repository %s (%d models)", options.flavor.value, out, len(models))
@@ -157,6 +166,7 @@ class _Build:
     manifest: Manifest
     checkpoint: Checkpoint
     profile: GpuProfile
+    plan: Plan
 
     def stage(self, name: str, why: str) -> Path:
         """A stage's output folder (stage folders appear only when complete)."""
@@ -179,12 +189,11 @@ def _open_build(path: Path) -> _Build:
     data = json.loads(profile_file.read_text())
     profile = load_dataclass(GpuProfile, data, str(profile_file))
     checkpoint = open_checkpoint(manifest.options["model"], validate=False)
-    return _Build(path, manifest, checkpoint, profile)
+    return _Build(path, manifest, checkpoint, profile, make_plan(checkpoint, profile))
 
 
-def _emit_build(path: Path, names: c.ModelNames, root: Path, options: RepoOptions,
-                runtime: Path, *, mount_root: Path) -> None:
-    build = _open_build(path)
+def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOptions,
+                runtime: Path, *, kv_tokens: int, mount_root: Path) -> None:
     # The prompt table travels in the dtype the LLM step computes in.
     llm_dtype = (build.manifest.options.get("llm_dtype", "float16")
                  if options.flavor is Flavor.TRT else options.reference_dtype)
@@ -231,12 +240,14 @@ def _emit_build(path: Path, names: c.ModelNames, root: Path, options: RepoOption
         table_dtype=_TABLE_DTYPES[llm_dtype],
         engine_dir=str(mount_root / names.tensorrt_llm / VERSION / ENGINE_DIR),
         kv_cache_free_gpu_mem_fraction=lim.kv_cache_free_gpu_mem_fraction,
+        max_tokens_in_paged_kv_cache=kv_tokens,
         preprocessing_instances=options.preprocessing_instances,
         parameters=_python_parameters(build, options),
     )
     for name, config in step_configs(settings).items():
         write_config(config, root / name)
-    write_json_atomic(folders[names.ensemble] / BUILD_INFO, _build_info(build, options, names))
+    write_json_atomic(folders[names.ensemble] / BUILD_INFO,
+                      _build_info(build, options, names, kv_tokens))
 
 
 def _python_parameters(build: _Build, options: RepoOptions) -> dict[str, dict[str, Any]]:
@@ -254,13 +265,16 @@ def _python_parameters(build: _Build, options: RepoOptions) -> dict[str, dict[st
             "flavor": options.flavor.value, "device": options.device,
             "dtype": options.reference_dtype, "cache_bytes": options.vision_cache_mib * 2**20,
         },
-        c.TENSORRT_LLM: {"device": options.device, "dtype": options.reference_dtype},
+        # The stand-in refuses tables above the runtime's per-request cap, as the executor does.
+        c.TENSORRT_LLM: {"device": options.device, "dtype": options.reference_dtype,
+                         ROWS_PER_REQUEST_PARAMETER: build.plan.prompt_table_rows_per_request},
         c.POSTPROCESSING: {},
     }
 
 
-def _build_info(build: _Build, options: RepoOptions, names: c.ModelNames) -> dict[str, Any]:
-    """What validate checks the repository against."""
+def _build_info(build: _Build, options: RepoOptions, names: c.ModelNames,
+                kv_tokens: int) -> dict[str, Any]:
+    """What validate (and serve) check the repository against."""
     return {
         "qvl_trt": __version__,
         "flavor": options.flavor.value,
@@ -273,6 +287,9 @@ def _build_info(build: _Build, options: RepoOptions, names: c.ModelNames) -> dic
         "tp_size": build.manifest.options.get("tp_size", 1),
         "trt_edition": (build.manifest.options.get("trt_edition")
                         or build.profile.gpu.trt_edition.value),
+        "kv_cache_tokens": kv_tokens,
+        "prompt_table_rows": build.plan.prompt_table_rows,
+        "shm_bytes": build.plan.shm_bytes,
     }
 
 

@@ -32,6 +32,10 @@ log = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
 STUB_NAME = "triton_python_backend_stub"
+# The python backend's `thread-pool-size` default (its README): the server's threads that run
+# BLS requests; a decoupled BLS call holds one until its first response, so more concurrent
+# callers than threads queue their time to first token.
+DEFAULT_THREAD_POOL = 32
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,8 @@ class ServerOptions:
     # tensorrt_llm model names that ranks > 0 load (explicit model control)
     llm_models: tuple[str, ...] = ()
     shm_prefix: str = field(default_factory=lambda: new_shm_prefix())
+    # python backend threads for BLS requests (serve sizes it from the repository)
+    thread_pool_size: int = DEFAULT_THREAD_POOL
     exit_timeout_s: int = 10
     log_verbose: int = 0
 
@@ -152,6 +158,7 @@ def rank_command(install: TritonInstall, opts: ServerOptions, rank: int) -> list
         str(install.binary), f"--model-repository={Path(opts.repo).resolve()}",
         "--disable-auto-complete-config",
         f"--backend-config=python,shm-region-prefix-name={opts.shm_prefix}r{rank}_",
+        f"--backend-config=python,thread-pool-size={opts.thread_pool_size}",
         f"--http-port={opts.ports.http}", f"--grpc-port={opts.ports.grpc}",
         f"--metrics-port={opts.ports.metrics}",
         f"--http-address={opts.host}", f"--grpc-address={opts.host}",

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..llm.engine import FUSED_ATTENTION_DTYPES
 from . import contract as c
 from .configs import (
     LLM_MODEL_PARAMETER,
@@ -26,7 +27,7 @@ from .configs import (
     VISION_MODEL_PARAMETER,
     Flavor,
 )
-from .pbconfig import CONFIG_FILE, data_type_name, get_parameter, parse_config
+from .pbconfig import CONFIG_FILE, data_type_name, get_parameter, parameters, parse_config
 from .repository import (
     BUILD_INFO,
     CHECKPOINT_DIR,
@@ -36,6 +37,7 @@ from .repository import (
     TOKENIZER_JSON,
     VERSION,
 )
+from .tensorrtllm_backend import check_parameters, parse_bool, parse_float, parse_int
 
 _DTYPE_NAMES = {"float16": "FP16", "bfloat16": "BF16", "float32": "FP32"}
 
@@ -89,6 +91,8 @@ def validate_repo(repo: Path) -> ValidationReport:
             _check_ensemble(name, config, configs, report)
         if config.backend == "python":
             _check_python_model(repo / name, name, report)
+        if config.backend == "tensorrtllm":
+            _check_tensorrtllm_parameters(name, config, report)
         llm = get_parameter(config, LLM_MODEL_PARAMETER)
         if llm is not None:
             _check_llm_call(name, _llm_inputs_sent(name, config, configs, report), llm,
@@ -254,6 +258,32 @@ def _check_llm_call(name: str, ours: dict[str, _Tensor], llm: str, configs: dict
                  f"{llm} must be decoupled (it is called for a token stream)")
 
 
+def _check_tensorrtllm_parameters(name: str, config: Any, report: ValidationReport) -> None:
+    """The parameters as the stock backend parses them, then what this pipeline needs of
+    them."""
+    params = parameters(config)
+    problems = check_parameters(params)
+    for problem in problems:
+        report.check(False, name, problem)
+    if problems:
+        return
+    # postprocessing detokenizes every token it receives: the prompt must not come back.
+    report.check(parse_bool(params.get("exclude_input_in_output", "false")) is True, name,
+                 "exclude_input_in_output must be true: postprocessing treats every returned "
+                 "token as generated text")
+    report.check(params.get("max_beam_width", "1").strip() == "1", name,
+                 f"max_beam_width is {params.get('max_beam_width')}: postprocessing reads one "
+                 "beam; set 1")
+    tokens = parse_int(params.get("max_tokens_in_paged_kv_cache", "0")) or 0
+    report.check(tokens > 0, name,
+                 "max_tokens_in_paged_kv_cache is not set: the KV cache would take "
+                 "kv_cache_free_gpu_mem_fraction of the memory free when it loads, racing the "
+                 "vision engine; regenerate with `qvl-trt repo` (it sets the planner's budget)")
+    fraction = parse_float(params.get("kv_cache_free_gpu_mem_fraction", "0.9"))
+    report.check(fraction is not None and 0 < fraction <= 1, name,
+                 f"kv_cache_free_gpu_mem_fraction is {fraction}; it must be in (0, 1]")
+
+
 # ---- files ----------------------------------------------------------------------------------
 
 def _check_python_model(folder: Path, name: str, report: ValidationReport) -> None:
@@ -358,3 +388,50 @@ def _check_llm_engine(name: str, config: Any, folder: Path, info: dict[str, Any]
     report.check(table is not None and table.data_type == dtype, name,
                  f"prompt_embedding_table is {table.data_type if table else 'absent'}, the "
                  f"engine computes in {dtype}")
+    report.check(world == info["tp_size"], name,
+                 f"LLM engine has world size {world}, the build says tp_size {info['tp_size']}; "
+                 "rebuild the engine")
+    _check_mrope_engine(name, pretrained, build, report)
+    _check_budgets(name, parameters(config), build, info, report)
+
+
+def _check_mrope_engine(name: str, pretrained: dict[str, Any], build: dict[str, Any],
+                        report: ValidationReport) -> None:
+    """The attention plugin reads the MRoPE table only on its fused context path (FMHA),
+    which exists for fp16/bf16 alone, and not with StreamingLLM (attentionOp.cpp); elsewhere
+    image tokens rotate at 1-D positions while text still looks right. The keys are those of
+    TensorRT-LLM's PluginConfig (tensorrt_llm/plugin/plugin.py) as engine.save writes them."""
+    plugins = build.get("plugin_config", {})
+    rebuild = "rebuild the engine with `qvl-trt build --force --only llm`"
+    report.check(pretrained.get("dtype") in FUSED_ATTENTION_DTYPES, name,
+                 f"LLM engine dtype is {pretrained.get('dtype')}: MRoPE needs fused context "
+                 f"attention, which exists for {'/'.join(FUSED_ATTENTION_DTYPES)} only; "
+                 f"{rebuild}")
+    report.check(plugins.get("context_fmha") is True, name,
+                 f"LLM engine was built with context_fmha off: MRoPE needs fused context "
+                 f"attention; {rebuild}")
+    report.check(not plugins.get("streamingllm"), name,
+                 f"LLM engine was built with streamingllm: its rope kernel ignores the MRoPE "
+                 f"table; {rebuild}")
+
+
+def _check_budgets(name: str, params: dict[str, str], build: dict[str, Any],
+                   info: dict[str, Any], report: ValidationReport) -> None:
+    """The KV budget and the prompt table against what `qvl-trt repo` planned."""
+    if not report.check("kv_cache_tokens" in info and "prompt_table_rows" in info, name,
+                        "build.json has no planned KV budget; regenerate with `qvl-trt repo`"):
+        return
+    if parse_bool(params.get("enable_chunked_context", "false")):
+        report.check(build.get("plugin_config", {}).get("use_paged_context_fmha") is True, name,
+                     "enable_chunked_context needs an engine built with use_paged_context_fmha; "
+                     "set it false or rebuild the engine")
+    tokens = parse_int(params.get("max_tokens_in_paged_kv_cache", "0")) or 0
+    report.check(tokens <= info["kv_cache_tokens"], name,
+                 f"max_tokens_in_paged_kv_cache {tokens} exceeds the planned KV budget "
+                 f"{info['kv_cache_tokens']} (what is left beside every build's engines); "
+                 "regenerate with `qvl-trt repo`")
+    rows = build.get("max_prompt_embedding_table_size", 0)
+    # Larger than planned would take memory the KV budget counts on.
+    report.check(rows == info["prompt_table_rows"], name,
+                 f"LLM engine's max_prompt_embedding_table_size is {rows}, the plan for its "
+                 f"profile says {info['prompt_table_rows']} rows; rebuild the engine")

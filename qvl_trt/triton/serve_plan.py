@@ -1,0 +1,173 @@
+"""What serving a repository takes, read from its files before a server starts: the MPI
+world size of its TensorRT-LLM engines, the python backend's BLS threads, shared memory, and
+the TensorRT edition of each vision engine; `check_serve_plan` refuses what would fail only
+after the server started (or, worse, serve wrong answers).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ConfigError, QvlError
+from ..llm.engine import container_run, shm_flag
+from ..profiles import TrtEdition
+from .configs import WORKERS_PARAMETER
+from .locate import NGC_TRITON_HOME, TritonInstall
+from .pbconfig import CONFIG_FILE, get_parameter, parse_config
+from .repository import BUILD_INFO, ENGINE_DIR, VERSION
+from .server import DEFAULT_THREAD_POOL, SHM_DIR, Ports, ServerOptions, server_command
+
+log = logging.getLogger(__name__)
+
+# Threads beyond the BLS callers' (the non-decoupled BLS calls of the models themselves).
+THREAD_POOL_MARGIN = 8
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    repo: Path
+    llm_models: tuple[str, ...]  # tensorrtllm-backend models
+    engine_world_sizes: dict[str, int]  # LLM model -> its engine's mapping.world_size
+    bls_callers: int  # concurrent BLS callers of every python model (their worker threads)
+    shm_bytes: int  # shared memory the builds' largest requests need in flight
+    vision_editions: dict[str, TrtEdition]  # vision_encoder model -> its engine's edition
+
+    @property
+    def world_size(self) -> int:
+        return max(self.engine_world_sizes.values(), default=1)
+
+    @property
+    def thread_pool_size(self) -> int:
+        return max(DEFAULT_THREAD_POOL, self.bls_callers + THREAD_POOL_MARGIN)
+
+
+def read_serve_plan(repo: Path) -> ServePlan:
+    repo = Path(repo).resolve()
+    llm, worlds, callers, editions, shm = [], {}, 0, {}, 0
+    for path in sorted(repo.glob(f"*/{CONFIG_FILE}")):
+        name = path.parent.name
+        config = parse_config(path.read_text(), str(path))
+        version = path.parent / VERSION
+        if config.backend == "tensorrtllm":
+            llm.append(name)
+            worlds[name] = _engine_world_size(version / ENGINE_DIR)
+        callers += int(get_parameter(config, WORKERS_PARAMETER) or 0)
+        vision = version / ENGINE_DIR / "config.json"
+        if config.backend == "python" and vision.is_file() and \
+                (version / ENGINE_DIR / "model.engine").is_file():
+            editions[name] = TrtEdition(json.loads(vision.read_text())["edition"])
+        info = version / BUILD_INFO
+        if info.is_file():
+            shm += int(json.loads(info.read_text()).get("shm_bytes", 0))
+    return ServePlan(repo, tuple(llm), worlds, callers, shm, editions)
+
+
+def _engine_world_size(engine: Path) -> int:
+    path = engine / "config.json"
+    if not path.is_file():
+        return 1  # validate reports the missing engine; the server would fail to load it
+    return int(json.loads(path.read_text())["pretrained_config"]["mapping"]["world_size"])
+
+
+def resolve_world_size(plan: ServePlan, requested: int | None) -> int:
+    """The MPI world size to launch: the engines' (every TensorRT-LLM model must share it in
+    leader mode), or `requested` when it agrees."""
+    wide = {m: w for m, w in plan.engine_world_sizes.items() if w > 1}
+    if wide and len(plan.llm_models) > 1:
+        # Leader mode gives every rank all tensorrt_llm models and one world; several models
+        # with TP > 1 need orchestrator mode (TRTLLM_ORCHESTRATOR=1), which serve does not
+        # launch.
+        raise ConfigError(
+            f"{plan.repo} holds {len(plan.llm_models)} tensorrt_llm models and "
+            f"{', '.join(sorted(wide))} use tensor parallelism: one server in leader mode runs "
+            "one tensor-parallel engine; write each TP build into its own repository")
+    world = plan.world_size
+    if requested is not None and requested != world:
+        detail = ", ".join(f"{m}: {w}" for m, w in plan.engine_world_sizes.items()) or \
+            "no tensorrt_llm model (reference flavor?)"
+        raise ConfigError(f"--world-size {requested} does not match the engines' world size "
+                          f"({detail}); omit --world-size, serve takes it from the engines")
+    return world
+
+
+def check_vision_editions(plan: ServePlan) -> None:
+    """Each vision engine's TensorRT edition must import here before a server loads it (the
+    stock TensorRT-LLM container has full TensorRT only: GeForce profiles' TensorRT-RTX
+    engines need `pip install 'qvl-trt[rtx]'` in it)."""
+    from ..vision.engine import trt_module
+
+    for edition in sorted(set(plan.vision_editions.values()), key=lambda e: e.value):
+        trt_module(edition)  # DependencyError names the extra to install
+
+
+def shm_size_bytes(path: Path = SHM_DIR) -> int | None:
+    """The size of the shared-memory filesystem, None where there is none."""
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return None
+    return stat.f_frsize * stat.f_blocks
+
+
+def warn_small_shm(plan: ServePlan, available: int | None) -> str | None:
+    """A warning (also logged) when /dev/shm is smaller than the plan's need."""
+    if available is None or available >= plan.shm_bytes:
+        return None
+    message = (f"/dev/shm has {available / 2**30:.1f} GiB, the repository's largest requests "
+               f"need about {plan.shm_bytes / 2**30:.1f} GiB in flight (the python backend "
+               "passes tensors through it); in a container pass "
+               f"--shm-size={shm_flag(plan.shm_bytes)} or --ipc=host")
+    log.warning(message)
+    return message
+
+
+@dataclass(frozen=True)
+class Readiness:
+    check: str
+    ok: bool
+    detail: str
+
+
+def serve_readiness(plan: ServePlan) -> tuple[Readiness, ...]:
+    """`qvl-trt doctor --repo`: the checks `serve` makes before starting, as rows."""
+    rows = []
+    try:
+        world = resolve_world_size(plan, None)
+        rows.append(Readiness("world size", True, f"{world} (from the engines)"))
+    except QvlError as exc:
+        rows.append(Readiness("world size", False, str(exc)))
+    for model, edition in sorted(plan.vision_editions.items()):
+        try:
+            check_vision_editions(ServePlan(plan.repo, (), {}, 0, 0, {model: edition}))
+            rows.append(Readiness(f"{model} engine", True, f"{edition.value} imports"))
+        except QvlError as exc:
+            rows.append(Readiness(f"{model} engine", False, str(exc)))
+    available = shm_size_bytes()
+    warning = warn_small_shm(plan, available)
+    have = "unknown" if available is None else f"{available / 2**30:.1f} GiB"
+    rows.append(Readiness("shared memory", warning is None,
+                          warning or f"{have} for about {plan.shm_bytes / 2**30:.1f} GiB"))
+    rows.append(Readiness("BLS threads", True, f"thread-pool-size {plan.thread_pool_size} for "
+                          f"{plan.bls_callers} callers"))
+    return tuple(rows)
+
+
+def serve_container_command(plan: ServePlan) -> str:
+    """The `docker run` line that serves the repository in the TensorRT-LLM container on the
+    default ports with the flags `serve` would use (world size, BLS threads, shared
+    memory)."""
+    ports = Ports()
+    ngc = TritonInstall(NGC_TRITON_HOME / "bin" / "tritonserver", NGC_TRITON_HOME / "backends",
+                        "ngc", None)
+    opts = ServerOptions(plan.repo, ports, host="0.0.0.0",
+                         world_size=resolve_world_size(plan, None), llm_models=plan.llm_models,
+                         thread_pool_size=plan.thread_pool_size, shm_prefix="qvl_")
+    rtx = TrtEdition.TENSORRT_RTX in plan.vision_editions.values()
+    return container_run([plan.repo], shlex.join(server_command(ngc, opts)),
+                         shm_bytes=plan.shm_bytes, extras=("rtx",) if rtx else None,
+                         ports=(ports.http, ports.grpc, ports.metrics))

@@ -1,0 +1,180 @@
+"""The parameters the stock tensorrtllm Triton backend reads from a model config, as it
+parses them, and `check_parameters`, which is stricter than the backend.
+
+Facts from TensorRT-LLM 1.2 `triton_backend/inflight_batcher_llm/src/`:
+- model_state.cc `GetParameter<T>`: every value is a `string_value`; int32 through
+  `std::stoi`, float through `std::stof`, bool only as True/true/TRUE/1/False/false/FALSE/0
+  ("Cannot convert X to a boolean"). A missing key throws "Cannot find parameter with name".
+- model_instance_state.cc: `gpt_model_type`, `tokenizer_dir`, `xgrammar_tokenizer_info_path`
+  and `guided_decoding_backend` are read outside any try/catch, so a missing one fails the
+  load (empty strings mean "not set"); every other key is read in a try/catch and falls back
+  to a default with a warning: a malformed bool, a misspelled `batch_scheduler_policy` or
+  `decoding_mode`, even a misspelled key, loads and silently runs with the default.
+
+The backend accepts "12abc" as 12 and a misspelled enum as its default; `check_parameters`
+refuses both, and any key the backend never reads (a misspelling it would ignore).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+TRUE = ("True", "true", "TRUE", "1")
+FALSE = ("False", "false", "FALSE", "0")
+GPT_MODEL_TYPES = ("V1", "v1", "inflight_batching", "inflight_fused_batching")
+BATCH_SCHEDULER_POLICIES = ("max_utilization", "guaranteed_no_evict")
+DECODING_MODES = ("top_k", "top_p", "top_k_top_p", "beam_search", "medusa", "redrafter",
+                  "lookahead", "eagle")
+_INT = re.compile(r"[+-]?\d+")
+
+
+class Kind(enum.Enum):
+    STRING = "string"
+    BOOL = "bool"
+    INT = "int"
+    FLOAT = "float"
+    CHOICE = "choice"
+
+
+@dataclass(frozen=True)
+class Param:
+    kind: Kind
+    required: bool = False  # read with no fallback: a missing key fails the model load
+    choices: tuple[str, ...] = ()
+
+
+S, B, I, F = Kind.STRING, Kind.BOOL, Kind.INT, Kind.FLOAT  # noqa: E741
+
+# Every key model_state.cc and model_instance_state.cc read.
+PARAMETERS: dict[str, Param] = {
+    "gpt_model_type": Param(Kind.CHOICE, required=True, choices=GPT_MODEL_TYPES),
+    "tokenizer_dir": Param(S, required=True),
+    "xgrammar_tokenizer_info_path": Param(S, required=True),
+    "guided_decoding_backend": Param(S, required=True),
+    "gpt_model_path": Param(S),
+    "encoder_model_path": Param(S),
+    "executor_worker_path": Param(S),
+    "gpu_device_ids": Param(S),
+    "participant_ids": Param(S),
+    "max_beam_width": Param(I),
+    "batch_scheduler_policy": Param(Kind.CHOICE, choices=BATCH_SCHEDULER_POLICIES),
+    "decoding_mode": Param(Kind.CHOICE, choices=DECODING_MODES),
+    "kv_cache_free_gpu_mem_fraction": Param(F),
+    "cross_kv_cache_fraction": Param(F),
+    "max_tokens_in_paged_kv_cache": Param(I),
+    "kv_cache_host_memory_bytes": Param(I),
+    "kv_cache_onboard_blocks": Param(B),
+    "max_attention_window_size": Param(S),
+    "sink_token_length": Param(I),
+    "enable_kv_cache_reuse": Param(B),
+    "enable_chunked_context": Param(B),
+    "exclude_input_in_output": Param(B),
+    "normalize_log_probs": Param(B),
+    "enable_trt_overlap": Param(B),
+    "multi_block_mode": Param(B),
+    "enable_context_fmha_fp32_acc": Param(B),
+    "cuda_graph_mode": Param(B),
+    "cuda_graph_cache_size": Param(I),
+    "speculative_decoding_fast_logits": Param(B),
+    "medusa_choices": Param(S),
+    "eagle_choices": Param(S),
+    "lookahead_window_size": Param(I),
+    "lookahead_ngram_size": Param(I),
+    "lookahead_verification_set_size": Param(I),
+    "gpu_weights_percent": Param(F),
+    "iter_stats_max_iterations": Param(I),
+    "request_stats_max_iterations": Param(I),
+    "recv_poll_period_ms": Param(I),
+    "cancellation_check_period_ms": Param(I),
+    "stats_check_period_ms": Param(I),
+    "num_nodes": Param(I),
+    "lora_cache_max_adapter_size": Param(I),
+    "lora_cache_optimal_adapter_size": Param(I),
+    "lora_cache_gpu_memory_fraction": Param(F),
+    "lora_cache_host_memory_bytes": Param(I),
+    "lora_prefetch_dir": Param(S),
+    # The stock template's python-backend switch; the C++ backend never reads it.
+    "FORCE_CPU_ONLY_INPUT_TENSORS": Param(S),
+}
+
+# Settings that break the (1+K)-row prompt table or MRoPE (STOCK_BACKEND.md): sink tokens
+# (StreamingLLM) send attention through the rope kernel that ignores the MRoPE table, and
+# prompt-table offloading copies one row per fake id, dropping the DeepStack rows. The 1.2
+# backend does not read `prompt_table_offloading`; a later one may, so it is refused too.
+_GUARDS = {
+    "sink_token_length": "sink tokens (StreamingLLM) rotate with the rope kernel that ignores "
+                         "the MRoPE table",
+    "prompt_table_offloading": "prompt-table offloading copies one row per fake id and drops "
+                               "the DeepStack rows",
+}
+
+
+def parse_bool(text: str) -> bool | None:
+    """The backend's bool, or None where it would fail ("Cannot convert X to a boolean")."""
+    return True if text in TRUE else False if text in FALSE else None
+
+
+def parse_int(text: str) -> int | None:
+    """A whole int32 (std::stoi would also take a numeric prefix: "12abc" -> 12)."""
+    if not _INT.fullmatch(text.strip()):
+        return None
+    value = int(text)
+    return value if -(2**31) <= value < 2**31 else None
+
+
+def parse_float(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def check_parameters(params: Mapping[str, str]) -> list[str]:
+    """Problems of a tensorrtllm model's parameters (key -> string_value), each naming the
+    key and the fix; empty when the backend loads them as written."""
+    problems = []
+    for key, spec in PARAMETERS.items():
+        if spec.required and key not in params:
+            problems.append(f"parameter {key} is missing: the backend reads it with no "
+                            "fallback and fails the load (an empty string means not set)")
+    for key, text in params.items():
+        spec = PARAMETERS.get(key)
+        if key in _GUARDS:
+            if text.strip() not in ("", *FALSE):
+                problems.append(f"parameter {key} is {text!r}: {_GUARDS[key]}; remove it")
+            continue
+        if key == "worker_path":
+            problems.append("parameter worker_path is no longer supported by the backend "
+                            "(it throws); use executor_worker_path")
+        elif spec is None:
+            problems.append(f"parameter {key} is not read by the tensorrtllm backend (a "
+                            "misspelling?); remove or correct it")
+        elif spec.kind is Kind.BOOL and parse_bool(text) is None:
+            problems.append(f"parameter {key} is {text!r}: the backend's booleans are "
+                            f"{'/'.join(TRUE)} and {'/'.join(FALSE)}")
+        elif spec.kind is Kind.INT and parse_int(text) is None:
+            problems.append(f"parameter {key} is {text!r}, not a whole number")
+        elif spec.kind is Kind.FLOAT and parse_float(text) is None:
+            problems.append(f"parameter {key} is {text!r}, not a number")
+        elif spec.kind is Kind.CHOICE and text not in spec.choices:
+            problems.append(f"parameter {key} is {text!r}; choose one of "
+                            f"{', '.join(spec.choices)} (the backend would "
+                            f"{'fail the load' if spec.required else 'use its default'})")
+    problems += _guided_decoding_problems(params)
+    return problems
+
+
+def _guided_decoding_problems(params: Mapping[str, str]) -> list[str]:
+    """Guided decoding is on when both the backend and the tokenizer info path are set; then
+    the backend must be xgrammar (else it throws)."""
+    backend = params.get("guided_decoding_backend", "")
+    info = params.get("xgrammar_tokenizer_info_path", "")
+    if backend and info and backend != "xgrammar":
+        return [f"parameter guided_decoding_backend is {backend!r}: the backend supports only "
+                "xgrammar (or empty: off)"]
+    return []
