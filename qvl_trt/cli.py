@@ -176,7 +176,7 @@ def doctor(
     """Report Python, GPUs, TensorRT editions, TensorRT-LLM and Triton found here, and which
     profiles this machine can build for."""
     from .console import doctor_tables, out, print_json, readiness_table
-    from .doctor import environment_report
+    from .machine import environment_report
     from .typed_config import to_jsonable
 
     report = environment_report()
@@ -339,7 +339,7 @@ def matrix(
     GitHub Actions: `strategy.matrix: ${{ fromJSON(...) }}`; see .github/workflows/engines.yml."""
     import json
 
-    from .matrix import ci_matrix
+    from .build.matrix import ci_matrix
 
     typer.echo(json.dumps(ci_matrix(model, gpus, build_root=build_root), indent=2))
 
@@ -362,7 +362,7 @@ def export_vision(
     Hugging Face tower: one line per output with the max difference and PASS/FAIL."""
     from .checkpoint import open_checkpoint
     from .console import out as console
-    from .vision.export import export_and_validate
+    from .vision.validate import export_and_validate
 
     onnx, validation = export_and_validate(
         open_checkpoint(model), out or Path("build") / f"vision-onnx-{dtype}", dtype=dtype,
@@ -399,16 +399,16 @@ def infer(
 ) -> None:
     """Ask a deployment one question about images; prints the answer, then time to first
     token, tokens/s and token counts."""
-    from .console import out as console
-    from .console import print_json
-    from .mm.image_input import read_image_files
-    from .triton.bench import record_of
-    from .triton.client import GenerateClient, GenerateRequest, Generation
-    from .triton.metrics import (
+    from .client.bench import record_of
+    from .client.generate import GenerateClient, GenerateRequest, Generation
+    from .client.metrics import (
         output_token_throughput_per_user,
         request_latency,
         time_to_first_token,
     )
+    from .console import out as console
+    from .console import print_json
+    from .mm.image_input import read_image_files
 
     images = read_image_files(image or [])
     req = GenerateRequest(prompt, tuple(images), max_tokens, temperature, top_p, top_k, seed,
@@ -466,10 +466,7 @@ def bench(
     PNG plot of latency vs throughput."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from .console import bench_tables
-    from .console import out as console
-    from .errors import InputError
-    from .triton.bench import (
+    from .client.bench import (
         BenchSettings,
         folder_images,
         parse_concurrency,
@@ -477,7 +474,10 @@ def bench(
         run_benchmark,
         synthetic_images,
     )
-    from .triton.bench_report import write_reports
+    from .client.bench_report import write_reports
+    from .console import bench_tables
+    from .console import out as console
+    from .errors import InputError
 
     if images and synthetic:
         raise InputError("pass --images DIR or --synthetic WxH, not both")
@@ -612,11 +612,11 @@ def verify(
     first divergence; exit 1 if any case differs within its must-match prefix."""
     import contextlib
 
+    from .client.verify import InProcessReference, StepwiseDeployment, load_cases
+    from .client.verify import verify as run_verify
     from .console import out as console
     from .console import print_json
     from .errors import ConfigError
-    from .triton.verify import InProcessReference, StepwiseDeployment, load_cases
-    from .triton.verify import verify as run_verify
 
     case_list = load_cases(cases)
     with contextlib.ExitStack() as stack:
@@ -684,7 +684,7 @@ def repo(
 ) -> None:
     """Write a Triton model repository from one or more build folders."""
     from .console import out as console
-    from .triton.configs import Flavor
+    from .triton.model_configs import Flavor
     from .triton.repository import BuildInput, RepoOptions, write_repo
 
     try:
@@ -758,9 +758,9 @@ def serve(
     """Run tritonserver on a repository (PATH, /opt/tritonserver or the nvidia-pytriton
     binary); wait until it is ready, print its addresses, stop it cleanly on Ctrl-C."""
     from .console import out as console
-    from .triton.repository import point_engine_paths
     from .triton.serve_plan import (
         check_vision_editions,
+        point_engine_paths,
         read_serve_plan,
         resolve_world_size,
         shm_size_bytes,

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
-from .doctor import Report
+from .machine import Report
 from .plan import GIB, Plan
 from .profiles import GpuProfile
 from .typed_config import to_jsonable
@@ -19,7 +19,7 @@ from .typed_config import to_jsonable
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from .triton.metrics import LevelMetrics
+    from .client.metrics import LevelMetrics
     from .triton.serve_plan import Readiness
 
 out = Console(soft_wrap=True)

@@ -3,7 +3,6 @@ what it wrote, so an unchanged stage is skipped and a build can be resumed elsew
 
 from __future__ import annotations
 
-import hashlib
 import json
 import platform
 import shlex
@@ -14,46 +13,10 @@ from typing import Any
 from . import __version__
 from .atomic import write_json_atomic
 from .errors import BuildError
+from .hashing import fingerprint
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = 1
-
-
-def fingerprint(value: Any) -> str:
-    """sha256 of the canonical JSON of `value`."""
-    blob = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
-    return hashlib.sha256(blob).hexdigest()
-
-
-@dataclass
-class FileHasher:
-    """sha256 of files, cached by (size, mtime) so re-hashing a large checkpoint that did
-    not change costs a stat, not a read."""
-
-    cache: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    def hash(self, path: Path) -> str:
-        st = path.stat()
-        key = str(path.resolve())
-        hit = self.cache.get(key)
-        if hit and hit["size"] == st.st_size and hit["mtime_ns"] == st.st_mtime_ns:
-            return hit["sha256"]
-        digest = hashlib.sha256()
-        with path.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 22), b""):
-                digest.update(chunk)
-        self.cache[key] = {
-            "size": st.st_size,
-            "mtime_ns": st.st_mtime_ns,
-            "sha256": digest.hexdigest(),
-        }
-        return digest.hexdigest()
-
-    def hash_tree(self, root: Path) -> dict[str, str]:
-        """Relative path -> sha256 for every file under `root`."""
-        return {
-            str(p.relative_to(root)): self.hash(p) for p in sorted(root.rglob("*")) if p.is_file()
-        }
 
 
 @dataclass
@@ -119,7 +82,7 @@ def cache_key(build_inputs: dict[str, Any]) -> str:
 def tool_versions() -> dict[str, Any]:
     """What a stage was built with: qvl-trt, Python, TensorRT editions, TensorRT-LLM, torch,
     transformers, CUDA, driver, GPUs (as `qvl-trt doctor` finds them)."""
-    from .doctor import cuda_version, detect_gpus, package_version
+    from .machine import cuda_version, detect_gpus, package_version
 
     gpus = detect_gpus()
     packages = ("tensorrt", "tensorrt_rtx", "tensorrt_llm", "torch", "transformers", "onnx")

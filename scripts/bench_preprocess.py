@@ -72,7 +72,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
         if model is None:
-            from qvl_trt.tiny_checkpoint import write_tiny_checkpoint
+            from qvl_trt.testing.tiny_checkpoint import write_tiny_checkpoint
 
             model = write_tiny_checkpoint(Path(tmp) / "ckpt")
         profile = load_profile(args.gpu)

@@ -34,7 +34,7 @@ def write_vision_checkpoint(out: Path) -> Path:
     from safetensors.torch import save_file
 
     from qvl_trt.checkpoint import VISION_PREFIX, open_checkpoint
-    from qvl_trt.tiny_checkpoint import write_config_only
+    from qvl_trt.testing.tiny_checkpoint import write_config_only
 
     write_config_only(out, "2b")
     ckpt = open_checkpoint(out)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from qvl_trt.errors import QvlError
-from qvl_trt.tiny_checkpoint import (
+from qvl_trt.testing.tiny_checkpoint import (
     DTYPES,
     RELEASED,
     TinyDims,

@@ -26,7 +26,7 @@ import torch
 
 from qvl_trt.checkpoint import open_checkpoint
 from qvl_trt.llm.safetensors_stream import SafetensorsStream
-from qvl_trt.tiny_checkpoint import write_config_only
+from qvl_trt.testing.tiny_checkpoint import write_config_only
 
 SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size ("5GB")
 BLOCK = 1 << 24  # random values drawn once and tiled: drawing 8.7 G normals takes minutes

@@ -17,7 +17,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 def tiny_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Qwen3-VL checkpoint (default TinyDims, seed 0, tied, float32, one
     safetensors file), built once per session. Treat it as read-only."""
-    from qvl_trt.tiny_checkpoint import write_tiny_checkpoint
+    from qvl_trt.testing.tiny_checkpoint import write_tiny_checkpoint
 
     return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt")
 
@@ -98,8 +98,8 @@ def triton_server(tmp_path_factory: pytest.TempPathFactory, tiny_build: Path):
     """A real tritonserver (the nvidia-pytriton build) serving the reference-flavor
     repository of `tiny_build` on free ports, for the whole session. At the end it is stopped
     and the test checks that nothing is left: no process, no /dev/shm region."""
-    from qvl_trt.triton.configs import Flavor
-    from qvl_trt.triton.locate import find_tritonserver
+    from qvl_trt.machine import find_tritonserver
+    from qvl_trt.triton.model_configs import Flavor
     from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo
     from qvl_trt.triton.server import SHM_DIR, ServerOptions, TritonServer, free_ports
 

@@ -12,7 +12,7 @@ from qvl_trt.atomic import leftovers
 from qvl_trt.build import BuildOptions, Stage, run_build
 from qvl_trt.cli import app
 from qvl_trt.errors import BuildError
-from qvl_trt.tiny_checkpoint import write_config_only
+from qvl_trt.testing.tiny_checkpoint import write_config_only
 
 
 def test_inspect_and_plan_build_then_skip(tiny_ckpt, tmp_path):

@@ -10,7 +10,7 @@ import pytest
 
 from qvl_trt.checkpoint import open_checkpoint
 from qvl_trt.errors import CheckpointError
-from qvl_trt.tiny_checkpoint import write_config_only, write_tiny_checkpoint
+from qvl_trt.testing.tiny_checkpoint import write_config_only, write_tiny_checkpoint
 
 
 @pytest.fixture

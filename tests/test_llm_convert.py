@@ -27,7 +27,7 @@ from qvl_trt.llm.layout import (
     shard,
     weight_sources,
 )
-from qvl_trt.tiny_checkpoint import TinyDims, write_config_only, write_tiny_checkpoint
+from qvl_trt.testing.tiny_checkpoint import TinyDims, write_config_only, write_tiny_checkpoint
 
 # config.json of the converted checkpoint, in order (TRTLLM.md's list + what the engine needs).
 CONFIG_KEYS = [

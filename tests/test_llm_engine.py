@@ -14,18 +14,13 @@ from cli_harness import run_cli
 
 from qvl_trt.build import Stage, resume_build
 from qvl_trt.checkpoint import open_checkpoint
+from qvl_trt.container import TRTLLM_CONTAINER
 from qvl_trt.errors import BuildError, ConfigError, StageUnavailable
 from qvl_trt.llm.convert import convert_checkpoint
-from qvl_trt.llm.engine import (
-    TRTLLM_CONTAINER,
-    _run_rank,
-    build_engines,
-    container_command,
-    engine_build_config,
-)
+from qvl_trt.llm.engine import _run_rank, build_engines, engine_build_config
 from qvl_trt.plan import make_plan
 from qvl_trt.profiles import load_profile, profile_names
-from qvl_trt.tiny_checkpoint import write_config_only
+from qvl_trt.testing.tiny_checkpoint import write_config_only
 
 # tensorrt_llm.builder.BuildConfig's fields and the PluginConfig fields we set, as read in the
 # TensorRT-LLM 1.2 sources. BuildConfig.from_dict pops the keys it knows and silently drops
@@ -127,22 +122,6 @@ def test_rank_child_passes_the_shipped_settings_on(converted, tmp_path):
     """The check above lets engine_build_config's own settings through to TensorRT-LLM."""
     with pytest.raises(StageUnavailable, match="tensorrt_llm"):
         build_engines(converted["float16"], tmp_path, _edited())
-
-
-def test_container_command_mounts_what_the_build_reads(tmp_path):
-    out, model, profile = tmp_path / "my build", tmp_path / "ckpt", tmp_path / "p.toml"
-    words = shlex.split(container_command(out, [model, profile], shm_bytes=3 * 2**30 + 1))
-    assert words[:4] == ["docker", "run", "--rm", "--gpus"] and TRTLLM_CONTAINER in words
-    assert "--shm-size=4g" in words  # whole GiB, rounded up
-    volumes = [words[i + 1] for i, w in enumerate(words) if w == "-v"]
-    for path in (out, model, profile):
-        assert f"{path}:{path}" in volumes
-    assert words[-1].endswith(f"qvl-trt build --resume {shlex.quote(str(out))}")
-    assert "[rtx]" not in words[-1]
-    # GeForce profiles' TensorRT-RTX engines need the rtx extra in the container.
-    rtx = shlex.split(container_command(out, [model], shm_bytes=1, extras=("rtx",)))
-    install = rtx[-1].split(" && ")[0]
-    assert install.startswith("pip install -q") and "[rtx]" in install
 
 
 def test_child_exit_codes_become_build_errors(tmp_path):

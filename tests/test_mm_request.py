@@ -232,10 +232,10 @@ def test_the_triton_preprocessing_step_enforces_the_profile_cap(tmp_path, tiny_b
                                                                   triton_profile):
     """repository.py writes the cap into the preprocessing model's parameters and
     PreprocessLimits reads it back: a request over it is refused there."""
-    from qvl_trt.triton.configs import Flavor
+    from qvl_trt.triton.model_configs import Flavor
     from qvl_trt.triton.pbconfig import read_config
-    from qvl_trt.triton.preprocess import PreprocessLimits, Preprocessor
     from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo
+    from qvl_trt.triton.runtime.preprocessing import PreprocessLimits, Preprocessor
 
     repo = write_repo([BuildInput(tiny_build)], tmp_path / "repo",
                       RepoOptions(flavor=Flavor.REFERENCE)).path

@@ -115,7 +115,7 @@ def test_table_reconstructs_hf_rotary_at_released_dims(tmp_path, text_tokens):
     tokens, then text. The inverse frequencies are TensorRT-LLM's; torch's differ by one
     float32 ulp in slot 19 (angle off by < 1e-9 per position), so beyond ~500 positions the
     bound grows by 1e-9 per position."""
-    from qvl_trt.tiny_checkpoint import write_config_only
+    from qvl_trt.testing.tiny_checkpoint import write_config_only
 
     path = write_config_only(tmp_path / "2b", "2b")
     text = open_checkpoint(path).text

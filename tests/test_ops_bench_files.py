@@ -11,10 +11,7 @@ import pytest
 from PIL import Image
 from rich.console import Console
 
-from qvl_trt.console import bench_tables
-from qvl_trt.errors import InputError
-from qvl_trt.triton import contract as c
-from qvl_trt.triton.bench import (
+from qvl_trt.client.bench import (
     BenchReport,
     BenchSettings,
     parse_concurrency,
@@ -23,15 +20,18 @@ from qvl_trt.triton.bench import (
     require_loopback,
     synthetic_images,
 )
-from qvl_trt.triton.bench_report import report_csv, write_reports
-from qvl_trt.triton.client import (
+from qvl_trt.client.bench_report import report_csv, write_reports
+from qvl_trt.client.generate import (
     GenerateRequest,
     http_body,
     image_tokens,
     parse_url,
     request_fields,
 )
-from qvl_trt.triton.metrics import RequestRecord, level_metrics
+from qvl_trt.client.metrics import RequestRecord, level_metrics
+from qvl_trt.console import bench_tables
+from qvl_trt.errors import InputError
+from qvl_trt.triton import contract as c
 
 LEVEL_1 = [RequestRecord(0.0, 0.1, 0.5, 5, 20, 64), RequestRecord(0.5, 0.6, 1.0, 5, 20, 64)]
 LEVEL_4 = [RequestRecord(0.0, 0.2, 0.6, 3, 20, 64), RequestRecord(0.0, 0.3, 0.7, 3, 20, 64),

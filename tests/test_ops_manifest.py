@@ -16,7 +16,7 @@ from cli_harness import run_cli
 
 from qvl_trt.atomic import leftovers
 from qvl_trt.build import BuildOptions, Stage, checkpoint_hashes, run_build
-from qvl_trt.manifest import FileHasher
+from qvl_trt.hashing import FileHasher
 
 # Stages this machine builds for the tiny checkpoint: everything but the LLM engine, which
 # needs TensorRT-LLM and a GPU (`llm` stops with exit code 3 here).
@@ -104,9 +104,11 @@ def test_which_stages_a_profile_limit_reaches(tiny_ckpt, built, triton_profile, 
     inputs of plan and llm; the repository reads the re-planned profile.json."""
     import copy
 
-    from qvl_trt.build import _SPECS, BuildContext, BuildOptions
+    from qvl_trt.build import BuildContext, BuildOptions
+    from qvl_trt.build.stages import SPECS
     from qvl_trt.checkpoint import open_checkpoint
-    from qvl_trt.manifest import Manifest, fingerprint
+    from qvl_trt.hashing import fingerprint
+    from qvl_trt.manifest import Manifest
     from qvl_trt.profiles import load_profile
 
     touched = _touched_profile(triton_profile, tmp_path)
@@ -118,7 +120,7 @@ def test_which_stages_a_profile_limit_reaches(tiny_ckpt, built, triton_profile, 
         ctx = BuildContext(BuildOptions(str(tiny_ckpt), str(profile)), built,
                            open_checkpoint(tiny_ckpt), load_profile(str(profile)), manifest,
                            FileHasher(dict(manifest.file_hashes)))
-        return {s.stage.value: fingerprint(s.inputs(ctx)) for s in _SPECS
+        return {s.stage.value: fingerprint(s.inputs(ctx)) for s in SPECS
                 if s.stage is not Stage.MANIFEST}
 
     def changed(a: dict[str, str], b: dict[str, str]) -> set[str]:

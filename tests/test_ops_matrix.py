@@ -14,7 +14,8 @@ import yaml
 from cli_harness import HEAVY, run_cli
 
 from qvl_trt.build import BuildOptions, Stage, run_build
-from qvl_trt.matrix import CONTAINER_IMAGE, ci_matrix
+from qvl_trt.build.matrix import ci_matrix
+from qvl_trt.container import TRTLLM_CONTAINER
 from qvl_trt.profiles import profile_names
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +36,7 @@ def test_matrix_validates_against_the_schema(full_matrix):
     assert [j["gpu"] for j in jobs] == profile_names()
     for job in jobs:
         assert f"gpu-sm{job['compute_capability'].replace('.', '')}" in job["runner"]
-        assert job["container"] == CONTAINER_IMAGE
+        assert job["container"] == TRTLLM_CONTAINER
         assert job["cache_key"].startswith(job["cache_prefix"])
         assert ("rtx" in job["extras"].split(",")) == (job["trt_edition"] == "tensorrt_rtx")
     assert len({j["cache_key"] for j in jobs}) == len(jobs)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from qvl_trt.triton.metrics import (
+from qvl_trt.client.metrics import (
     RequestRecord,
     describe,
     inter_token_latency,

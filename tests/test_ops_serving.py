@@ -13,7 +13,7 @@ import pytest
 from cli_harness import run_cli
 from PIL import Image
 
-from qvl_trt.triton.client import GenerateClient, GenerateRequest, image_tokens
+from qvl_trt.client.generate import GenerateClient, GenerateRequest, image_tokens
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +130,7 @@ def test_verify_matches_the_reference_pipeline_and_itself(triton_server, tiny_bu
 
 
 def test_verify_fails_against_another_model(triton_server, tmp_path, cases):
-    from qvl_trt.tiny_checkpoint import write_tiny_checkpoint
+    from qvl_trt.testing.tiny_checkpoint import write_tiny_checkpoint
 
     other = write_tiny_checkpoint(tmp_path / "other", seed=1)
     one = tmp_path / "one.json"

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from qvl_trt.client.verify import Case, compare, first_divergence, load_cases, verify
 from qvl_trt.errors import InputError
-from qvl_trt.triton.verify import Case, compare, first_divergence, load_cases, verify
 
 
 def test_first_divergence():

@@ -14,7 +14,7 @@ from qvl_trt.cli import app
 from qvl_trt.errors import PlanError
 from qvl_trt.plan import GIB, MAX_TABLE_ELEMENTS, make_plan, repository_kv_budgets
 from qvl_trt.profiles import load_profile, profile_names
-from qvl_trt.tiny_checkpoint import write_config_only
+from qvl_trt.testing.tiny_checkpoint import write_config_only
 
 
 @pytest.fixture(scope="module")

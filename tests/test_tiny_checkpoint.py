@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from qvl_trt import tokenizer_files
 from qvl_trt.errors import ConfigError
-from qvl_trt.tiny_checkpoint import (
+from qvl_trt.testing import tokenizer_files
+from qvl_trt.testing.tiny_checkpoint import (
     TinyDims,
     parse_dims,
     released_config,

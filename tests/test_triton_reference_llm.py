@@ -11,7 +11,7 @@ import pytest
 
 from qvl_trt.errors import InputError
 from qvl_trt.triton import contract as c
-from qvl_trt.triton.reference_llm import (
+from qvl_trt.triton.runtime.reference_tensorrt_llm import (
     LlmLimits,
     LlmRequest,
     ReferenceLlm,
@@ -105,7 +105,7 @@ def test_a_cancelled_request_ends_within_a_token_and_frees_the_batch(monkeypatch
     """Two streaming requests of one batch; during the third step `a`'s Triton request is
     cancelled and a stop request names `b`: both end at their next token with an empty final
     response, and the decoder runs no further step."""
-    import qvl_trt.triton.reference_llm as reference_llm
+    import qvl_trt.triton.runtime.reference_tensorrt_llm as reference_llm
 
     pytest.importorskip("torch")
     monkeypatch.setattr(reference_llm, "_ends_with_stop", lambda tokens, words: False)
@@ -159,6 +159,6 @@ def test_requests_queued_at_unload_get_a_final_error() -> None:
 
 
 def reference_llm_closing() -> str:
-    from qvl_trt.triton.reference_llm import CLOSING
+    from qvl_trt.triton.runtime.reference_tensorrt_llm import CLOSING
 
     return CLOSING

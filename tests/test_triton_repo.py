@@ -17,15 +17,10 @@ from qvl_trt.atomic import leftovers
 from qvl_trt.build import Stage, resume_build
 from qvl_trt.deps import available
 from qvl_trt.errors import ConfigError
-from qvl_trt.triton.configs import Flavor
+from qvl_trt.triton.model_configs import Flavor
 from qvl_trt.triton.pbconfig import CONFIG_FILE, data_type, parse_config, read_config, to_text
-from qvl_trt.triton.repository import (
-    RUNTIME_ZIP,
-    BuildInput,
-    RepoOptions,
-    point_engine_paths,
-    write_repo,
-)
+from qvl_trt.triton.repository import RUNTIME_ZIP, BuildInput, RepoOptions, write_repo
+from qvl_trt.triton.serve_plan import point_engine_paths
 from qvl_trt.triton.validate import validate_repo
 
 pytest.importorskip("tritonclient", reason="needs tritonclient: pip install 'qvl-trt[serve]'")
@@ -68,7 +63,7 @@ def test_reference_repository_is_valid_and_self_contained(tmp_path, tiny_build) 
     # Each python model imports qvl_trt from the zip beside it, not an installed qvl-trt.
     zips = sorted(repo.glob(f"*/1/{RUNTIME_ZIP}"))
     assert len(zips) == 5 and len({z.read_bytes() for z in zips}) == 1
-    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import qvl_trt.triton.postprocess, "
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import qvl_trt.triton.runtime.postprocessing, "
              "qvl_trt; print(qvl_trt.__file__)")
     done = subprocess.run([sys.executable, "-c", probe, str(zips[0])], capture_output=True,
                           text=True, cwd=tmp_path, check=True)

@@ -316,8 +316,8 @@ def test_two_builds_in_one_repository_are_served_side_by_side(tmp_path, tiny_bui
     """`qvl-trt repo --build a=B1 --build b=B2`: one server keeps both resident and the
     client picks one by its ensemble name."""
     from qvl_trt.build import BuildOptions, Stage, run_build
-    from qvl_trt.tiny_checkpoint import write_tiny_checkpoint
-    from qvl_trt.triton.configs import Flavor
+    from qvl_trt.testing.tiny_checkpoint import write_tiny_checkpoint
+    from qvl_trt.triton.model_configs import Flavor
     from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo
     from qvl_trt.triton.server import ServerOptions, TritonServer, free_ports
 

@@ -33,8 +33,8 @@ def _profile_text() -> str:
 
 
 def test_trt_flavor_builds_validates_and_serves(tmp_path, tiny_ckpt) -> None:
-    from qvl_trt.triton.client import GenerateClient, GenerateRequest
-    from qvl_trt.triton.verify import InProcessReference, StepwiseDeployment
+    from qvl_trt.client.generate import GenerateClient, GenerateRequest
+    from qvl_trt.client.verify import InProcessReference, StepwiseDeployment
 
     profile = tmp_path / "gpu.toml"
     profile.write_text(_profile_text())

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from qvl_trt.errors import ConfigError, InputError
+from qvl_trt.machine import TritonInstall
 from qvl_trt.triton import contract as c
-from qvl_trt.triton.locate import TritonInstall
-from qvl_trt.triton.request_inputs import SamplingDefaults, UrlPolicy, chat_request
+from qvl_trt.triton.runtime.request_inputs import SamplingDefaults, UrlPolicy, chat_request
+from qvl_trt.triton.runtime.vision_cache import RowCache
 from qvl_trt.triton.server import Ports, ServerOptions, format_command, server_command
-from qvl_trt.triton.vision_cache import RowCache
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def test_streamed_deltas_concatenate_to_the_one_shot_decode(tokenizer_dir: Path)
     """Token by token, including characters split over byte tokens, invalid byte runs,
     special tokens and ids beyond the vocabulary: the deltas add up to HF's decode."""
     tokenizers = pytest.importorskip("tokenizers")
-    from qvl_trt.triton.detokenizer import StreamDecoder, TokenBytes
+    from qvl_trt.triton.runtime.detokenizer import StreamDecoder, TokenBytes
 
     tok = tokenizers.Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
     table = TokenBytes.from_tokenizer_json(tokenizer_dir / "tokenizer.json")
@@ -139,7 +139,7 @@ def test_greedy_and_defaults() -> None:
 
 
 def test_word_lists_round_trip() -> None:
-    from qvl_trt.triton.preprocess import stop_words_list, word_list_sequences
+    from qvl_trt.triton.contract import stop_words_list, word_list_sequences
 
     assert stop_words_list([]).tolist() == [[0], [-1]]
     words = [[5, 6], [7], [8, 9, 10]]
@@ -170,7 +170,7 @@ def test_row_cache_is_bounded_in_bytes_and_least_recently_used_goes_first() -> N
 # ---- configs --------------------------------------------------------------------------------
 
 def test_config_protobufs_parse_back_with_bool_parameters_and_scalar_reshapes() -> None:
-    from qvl_trt.triton.configs import Flavor, StepSettings, step_configs
+    from qvl_trt.triton.model_configs import Flavor, StepSettings, step_configs
     from qvl_trt.triton.pbconfig import parse_config, to_text
 
     settings = StepSettings(c.ModelNames.for_build("b4"), Flavor.TRT, max_batch_size=4,

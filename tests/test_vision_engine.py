@@ -17,7 +17,7 @@ import pytest
 from qvl_trt.checkpoint import open_checkpoint
 from qvl_trt.deps import available
 from qvl_trt.errors import BuildError, ConfigError, StageUnavailable
-from qvl_trt.manifest import FileHasher
+from qvl_trt.hashing import FileHasher
 from qvl_trt.profiles import TrtEdition, load_profile
 from qvl_trt.typed_config import load_dataclass
 from qvl_trt.vision.engine import (

@@ -13,7 +13,8 @@ from cli_harness import run_cli
 from qvl_trt.build import BuildOptions, Stage, run_build
 from qvl_trt.deps import available
 from qvl_trt.errors import StageUnavailable
-from qvl_trt.manifest import FileHasher, Manifest
+from qvl_trt.hashing import FileHasher
+from qvl_trt.manifest import Manifest
 
 pytestmark = pytest.mark.skipif(
     not (available("tensorrt_rtx") or available("tensorrt_rtx_bindings")),
@@ -74,8 +75,8 @@ def test_profile_change_rebuilds_the_engine_but_reuses_the_onnx(tmp_path, vision
 
 
 def test_reuse_needs_equal_inputs_and_intact_files(vision_build: Path, tmp_path) -> None:
+    from qvl_trt.build.vision_stage import _reuse_export
     from qvl_trt.vision.export import read_export_meta
-    from qvl_trt.vision.stage import _reuse_export
 
     onnx = vision_build / "vision" / "onnx"
     inputs = read_export_meta(onnx)["inputs"]

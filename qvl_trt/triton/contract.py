@@ -13,7 +13,10 @@ Data types are Triton's names without the `TYPE_` prefix; dims exclude the batch
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 # ---- model names ----------------------------------------------------------------------------
 # The ensemble's steps: preprocessing -> vision_encoder -> postprocessing; postprocessing runs
@@ -224,3 +227,27 @@ def spec(specs: tuple[TensorSpec, ...], name: str) -> TensorSpec:
         if s.name == name:
             return s
     raise KeyError(name)
+
+
+# ---- TensorRT-LLM's word-list tensor (stop_words_list) ----------------------------------
+
+def stop_words_list(sequences: Sequence[Sequence[int]]) -> np.ndarray:
+    """TensorRT-LLM's word-list tensor [2, L]: row 0 the token ids of all sequences one after
+    another, row 1 the end offset of each sequence; padded with 0 / -1 (at least one column,
+    so an empty list is [[0], [-1]])."""
+    flat = [int(t) for seq in sequences for t in seq]
+    offsets = np.cumsum([len(seq) for seq in sequences]).tolist()
+    width = max(1, len(flat), len(offsets))
+    out = np.zeros((2, width), np.int32)
+    out[1, :] = -1
+    out[0, : len(flat)] = flat
+    out[1, : len(offsets)] = offsets
+    return out
+
+
+def word_list_sequences(word_list: np.ndarray) -> list[list[int]]:
+    """Inverse of stop_words_list: the token sequences of a [2, L] word list."""
+    flat, offsets = np.asarray(word_list).reshape(2, -1)
+    ends = [int(o) for o in offsets if o >= 0]
+    starts = [0, *ends][: len(ends)]
+    return [[int(t) for t in flat[a:b]] for a, b in zip(starts, ends, strict=True) if b > a]

@@ -38,9 +38,9 @@ from ..profiles import GpuProfile
 from ..resources import data_dir
 from ..typed_config import load_dataclass, to_jsonable
 from . import contract as c
-from .configs import Flavor, StepSettings, step_configs
+from .model_configs import Flavor, StepSettings, step_configs
 from .pbconfig import write_config
-from .reference_llm import ROWS_PER_REQUEST_PARAMETER
+from .runtime.reference_tensorrt_llm import ROWS_PER_REQUEST_PARAMETER
 
 log = logging.getLogger(__name__)
 
@@ -359,33 +359,3 @@ def write_runtime_zip(dest: Path) -> Path:
             info.compress_type = zipfile.ZIP_DEFLATED
             zf.writestr(info, path.read_bytes())
     return dest
-
-
-def point_engine_paths(repo: Path) -> list[str]:
-    """Re-point each tensorrtllm model's gpt_model_path at its engine folder inside `repo`
-    when the repository was moved or copied (the backend takes only absolute paths).
-    Returns the models changed."""
-    from .pbconfig import get_parameter, read_config, set_parameters
-
-    repo = Path(repo).resolve()
-    changed = []
-    for name in tensorrtllm_models(repo):
-        config = read_config(repo / name)
-        engine = repo / name / VERSION / ENGINE_DIR
-        if get_parameter(config, "gpt_model_path") != str(engine) and engine.is_dir():
-            set_parameters(config, {"gpt_model_path": str(engine)})
-            write_config(config, repo / name)
-            changed.append(name)
-            log.info("%s: gpt_model_path now %s", name, engine)
-    return changed
-
-
-def tensorrtllm_models(repo: Path) -> list[str]:
-    """Models of the repository that the tensorrtllm backend runs."""
-    from .pbconfig import CONFIG_FILE, parse_config
-
-    names = []
-    for path in sorted(Path(repo).glob(f"*/{CONFIG_FILE}")):
-        if parse_config(path.read_text(), str(path)).backend == "tensorrtllm":
-            names.append(path.parent.name)
-    return names

@@ -13,12 +13,19 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..container import container_run, shm_flag
 from ..errors import ConfigError, QvlError
-from ..llm.engine import container_run, shm_flag
+from ..machine import NGC_TRITON_HOME, TritonInstall
 from ..profiles import TrtEdition
-from .configs import WORKERS_PARAMETER
-from .locate import NGC_TRITON_HOME, TritonInstall
-from .pbconfig import CONFIG_FILE, get_parameter, parse_config
+from .model_configs import WORKERS_PARAMETER
+from .pbconfig import (
+    CONFIG_FILE,
+    get_parameter,
+    parse_config,
+    read_config,
+    set_parameters,
+    write_config,
+)
 from .repository import BUILD_INFO, ENGINE_DIR, VERSION
 from .server import DEFAULT_THREAD_POOL, SHM_DIR, Ports, ServerOptions, server_command
 
@@ -72,6 +79,23 @@ def _engine_world_size(engine: Path) -> int:
     if not path.is_file():
         return 1  # validate reports the missing engine; the server would fail to load it
     return int(json.loads(path.read_text())["pretrained_config"]["mapping"]["world_size"])
+
+
+def point_engine_paths(repo: Path) -> list[str]:
+    """Re-point each tensorrtllm model's gpt_model_path at its engine folder inside `repo`
+    when the repository was moved or copied (the backend takes only absolute paths).
+    Returns the models changed."""
+    repo = Path(repo).resolve()
+    changed = []
+    for name in read_serve_plan(repo).llm_models:
+        config = read_config(repo / name)
+        engine = repo / name / VERSION / ENGINE_DIR
+        if get_parameter(config, "gpt_model_path") != str(engine) and engine.is_dir():
+            set_parameters(config, {"gpt_model_path": str(engine)})
+            write_config(config, repo / name)
+            changed.append(name)
+            log.info("%s: gpt_model_path now %s", name, engine)
+    return changed
 
 
 def resolve_world_size(plan: ServePlan, requested: int | None) -> int:

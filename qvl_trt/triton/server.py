@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError, DependencyError, QvlError
-from .locate import TritonInstall, find_tritonserver
+from ..machine import TritonInstall, find_tritonserver
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..llm.engine import FUSED_ATTENTION_DTYPES
 from . import contract as c
-from .configs import (
+from .model_configs import (
     LLM_MODEL_PARAMETER,
     PREPROCESSING_MODEL_PARAMETER,
     VISION_MODEL_PARAMETER,

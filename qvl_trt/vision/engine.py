@@ -29,7 +29,7 @@ from typing import Any
 from ..atomic import staged_file, write_json_atomic
 from ..deps import available, require
 from ..errors import BuildError, ConfigError, QvlError, StageUnavailable
-from ..manifest import FileHasher
+from ..hashing import FileHasher
 from ..profiles import TrtEdition
 from ..typed_config import load_dataclass, to_jsonable
 from .spec import GraphSpec, PatchRange, TensorSpec
@@ -91,7 +91,7 @@ def check_edition_here(edition: TrtEdition, compute_capabilities: tuple[str, ...
                     f"TensorRT-RTX {trt.__version__} cannot build for compute capability {cc} "
                     f"(it supports {supported}); use --trt-edition tensorrt for this GPU")
         return
-    from ..doctor import detect_gpus
+    from ..machine import detect_gpus
 
     if not available("tensorrt"):
         raise StageUnavailable(

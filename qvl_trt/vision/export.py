@@ -117,20 +117,6 @@ def export_vision_onnx(ckpt: Checkpoint, out: Path, *, dtype: str = "float16",
     return VisionOnnx(out / ONNX_NAME, dtype, edition, opset, spec, seconds)
 
 
-def export_and_validate(ckpt: Checkpoint, out: Path, *, dtype: str = "float16",
-                        edition: TrtEdition = TrtEdition.TENSORRT_RTX,
-                        inputs: dict[str, Any] | None = None):
-    """Export (as `export_vision_onnx`), then compare the graph with the Hugging Face tower on
-    a few image sizes; the result is also written to `out/validation.txt`. Returns
-    (VisionOnnx, VisionValidation); the caller decides what a failure means."""
-    from .validate import QUICK_GRIDS, validate_vision_onnx
-
-    onnx = export_vision_onnx(ckpt, out, dtype=dtype, edition=edition, inputs=inputs)
-    validation = validate_vision_onnx(onnx.path, ckpt, dtype=dtype, grids=QUICK_GRIDS)
-    (Path(out) / VALIDATION_NAME).write_text("\n".join(validation.lines()) + "\n")
-    return onnx, validation
-
-
 def read_export_meta(folder: Path) -> dict[str, Any] | None:
     """onnx.json of an export folder, or None when there is no complete export there."""
     meta = Path(folder) / META_NAME

@@ -15,13 +15,15 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ..checkpoint import VISION_PREFIX, Checkpoint
 from ..deps import require
 from ..errors import BuildError
-from .export import check_onnx_io
+from ..profiles import TrtEdition
+from .export import VALIDATION_NAME, check_onnx_io, export_vision_onnx
 from .spec import vision_graph_spec
 
 log = logging.getLogger(__name__)
@@ -188,3 +190,15 @@ def _torch_runner(ckpt: Checkpoint, dtype: str) -> Runner:
             return [o.float().numpy() for o in tower(*inputs)]
 
     return run
+
+
+def export_and_validate(ckpt: Checkpoint, out: Path, *, dtype: str = "float16",
+                        edition: TrtEdition = TrtEdition.TENSORRT_RTX,
+                        inputs: dict[str, Any] | None = None):
+    """Export (as `export_vision_onnx`), then compare the graph with the Hugging Face tower on
+    a few image sizes; the result is also written to `out/validation.txt`. Returns
+    (VisionOnnx, VisionValidation); the caller decides what a failure means."""
+    onnx = export_vision_onnx(ckpt, out, dtype=dtype, edition=edition, inputs=inputs)
+    validation = validate_vision_onnx(onnx.path, ckpt, dtype=dtype, grids=QUICK_GRIDS)
+    (Path(out) / VALIDATION_NAME).write_text("\n".join(validation.lines()) + "\n")
+    return onnx, validation

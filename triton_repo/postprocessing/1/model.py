@@ -8,9 +8,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "qvl_trt_runtime.zip"))
 
-from qvl_trt.triton.configs import LLM_MODEL_PARAMETER, WORKERS_PARAMETER  # noqa: E402
-from qvl_trt.triton.pb_io import model_parameters  # noqa: E402
-from qvl_trt.triton.postprocess import Postprocessor  # noqa: E402
+from qvl_trt.triton.model_configs import LLM_MODEL_PARAMETER, WORKERS_PARAMETER  # noqa: E402
+from qvl_trt.triton.runtime.backend import model_parameters  # noqa: E402
+from qvl_trt.triton.runtime.postprocessing import Postprocessor  # noqa: E402
 
 
 class TritonPythonModel:

@@ -9,8 +9,8 @@ sys.path.insert(0, str(HERE / "qvl_trt_runtime.zip"))
 
 from qvl_trt.errors import QvlError  # noqa: E402
 from qvl_trt.triton import contract  # noqa: E402
-from qvl_trt.triton.pb_io import error_response, model_parameters, read_row, response  # noqa: E402
-from qvl_trt.triton.preprocess import PreprocessLimits, Preprocessor  # noqa: E402
+from qvl_trt.triton.runtime.backend import error_response, model_parameters, read_row, response  # noqa: E402
+from qvl_trt.triton.runtime.preprocessing import PreprocessLimits, Preprocessor  # noqa: E402
 
 
 class TritonPythonModel:

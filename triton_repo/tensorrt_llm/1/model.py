@@ -19,15 +19,20 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 from qvl_trt.errors import QvlError  # noqa: E402
 from qvl_trt.llm.reference import ReferenceDecoder  # noqa: E402
 from qvl_trt.triton import contract as c  # noqa: E402
-from qvl_trt.triton.pb_io import error_response, model_parameters, read_row, response  # noqa: E402
-from qvl_trt.triton.reference_llm import (  # noqa: E402
+from qvl_trt.triton.runtime.backend import (  # noqa: E402
+    error_response,
+    model_parameters,
+    pick_device,  # noqa: E402
+    read_row,
+    response,
+)
+from qvl_trt.triton.runtime.reference_tensorrt_llm import (  # noqa: E402
     ROWS_PER_REQUEST_PARAMETER,
     LlmLimits,
     LlmRequest,
     ReferenceLlm,
     check_requested_outputs,
 )
-from qvl_trt.triton.vision_step import pick_device  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 

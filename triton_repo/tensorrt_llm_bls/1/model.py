@@ -9,15 +9,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "qvl_trt_runtime.zip"))
 
-from qvl_trt.triton.bls import Bls  # noqa: E402
-from qvl_trt.triton.configs import (  # noqa: E402
+from qvl_trt.triton.model_configs import (  # noqa: E402
     LLM_MODEL_PARAMETER,
     PREPROCESSING_MODEL_PARAMETER,
     VISION_MODEL_PARAMETER,
     WORKERS_PARAMETER,
 )
-from qvl_trt.triton.pb_io import model_parameters  # noqa: E402
-from qvl_trt.triton.postprocess import Postprocessor  # noqa: E402
+from qvl_trt.triton.runtime.backend import model_parameters  # noqa: E402
+from qvl_trt.triton.runtime.postprocessing import Postprocessor  # noqa: E402
+from qvl_trt.triton.runtime.tensorrt_llm_bls import Bls  # noqa: E402
 
 
 class TritonPythonModel:

@@ -16,9 +16,9 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 from qvl_trt.checkpoint import open_checkpoint  # noqa: E402
 from qvl_trt.errors import QvlError  # noqa: E402
 from qvl_trt.triton import contract as c  # noqa: E402
-from qvl_trt.triton.pb_io import error_response, model_parameters, read_row, response  # noqa: E402
-from qvl_trt.triton.vision_cache import RowCache  # noqa: E402
-from qvl_trt.triton.vision_step import VisionStep, engine_tower, reference_tower  # noqa: E402
+from qvl_trt.triton.runtime.backend import error_response, model_parameters, read_row, response  # noqa: E402
+from qvl_trt.triton.runtime.vision_cache import RowCache  # noqa: E402
+from qvl_trt.triton.runtime.vision_encoder import VisionStep, engine_tower, reference_tower  # noqa: E402
 
 
 class TritonPythonModel:

@@ -16,8 +16,9 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-from .deps import require
-from .errors import DependencyError
+from ..deps import require
+from ..errors import DependencyError
+from ..triton.runtime.detokenizer import byte_to_unicode
 
 BASE_VOCAB_SIZE = 151_643
 
@@ -277,7 +278,7 @@ def _source_version() -> str:
 
 def _build_into(directory: Path) -> None:
     ranks = _load_ranks()
-    byte_str = _byte_to_unicode()
+    byte_str = byte_to_unicode()
 
     def to_str(token: bytes) -> str:
         return "".join(byte_str[b] for b in token)
@@ -334,18 +335,6 @@ def _last_merge(token: bytes, rank: int, ranks: dict[bytes, int]) -> tuple[bytes
             raise DependencyError(f"qwen.tiktoken token {token!r} (rank {rank}) is not BPE-built")
         parts[best_at : best_at + 2] = [parts[best_at] + parts[best_at + 1]]
     return parts[0], parts[1]
-
-
-def _byte_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character table used by byte-level BPE files."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    table = {b: chr(b) for b in printable}
-    shifted = 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + shifted)
-            shifted += 1
-    return table
 
 
 def _tokenizer_json(vocab: dict[str, int], merges: list[str]) -> str:

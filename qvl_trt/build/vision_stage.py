@@ -12,18 +12,17 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..doctor import package_version
 from ..errors import BuildError, ConfigError, StageUnavailable
+from ..machine import package_version
 from ..profiles import TrtEdition
 from ..typed_config import to_jsonable
-from .engine import EngineBuildConfig, build_vision_engine, check_edition_here
-from .export import ONNX_NAME, export_and_validate, export_inputs, read_export_meta
-from .spec import ENGINE_DTYPES, patch_range, vision_graph_spec
-
-if TYPE_CHECKING:
-    from ..build import BuildContext
+from ..vision.engine import EngineBuildConfig, build_vision_engine, check_edition_here
+from ..vision.export import ONNX_NAME, export_inputs, read_export_meta
+from ..vision.spec import ENGINE_DTYPES, patch_range, vision_graph_spec
+from ..vision.validate import export_and_validate
+from .context import BuildContext, Stage
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +50,6 @@ def vision_stage_inputs(ctx: BuildContext) -> dict[str, Any]:
 
 
 def run_vision_stage(ctx: BuildContext, work: Path) -> dict[str, Any]:
-    from ..build import Stage
 
     dtype = ctx.options.vision_dtype
     if dtype not in ENGINE_DTYPES:

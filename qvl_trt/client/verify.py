@@ -23,8 +23,8 @@ import numpy as np
 
 from ..deps import require
 from ..errors import InputError
-from . import contract as c
-from .client import GenerateClient, GenerateRequest, RequestError, request_fields
+from ..triton import contract as c
+from .generate import GenerateClient, GenerateRequest, RequestError, request_fields
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import InputError
-from . import contract as c
-from .pb_io import pb
-from .postprocess import Postprocessor
+from ...errors import InputError
+from .. import contract as c
+from .backend import pb
+from .postprocessing import Postprocessor
 
 
 class Bls:

@@ -14,7 +14,17 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..tokenizer_files import _byte_to_unicode
+
+def byte_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character table used by byte-level BPE files."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table = {b: chr(b) for b in printable}
+    shifted = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + shifted)
+            shifted += 1
+    return table
 
 
 class TokenBytes:
@@ -27,7 +37,7 @@ class TokenBytes:
     @classmethod
     def from_tokenizer_json(cls, path: Path) -> TokenBytes:
         document = json.loads(Path(path).read_text(encoding="utf-8"))
-        char_byte = {char: byte for byte, char in _byte_to_unicode().items()}
+        char_byte = {char: byte for byte, char in byte_to_unicode().items()}
         vocab: dict[str, int] = document["model"]["vocab"]
         added = document.get("added_tokens", [])
         size = 1 + max([*vocab.values(), *(t["id"] for t in added)])

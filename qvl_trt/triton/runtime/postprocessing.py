@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import QvlError
-from . import contract as c
+from ...errors import QvlError
+from .. import contract as c
+from .backend import error_response, pb, response, row_of
 from .detokenizer import StreamDecoder, TokenBytes
-from .pb_io import error_response, pb, response, row_of
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
-from ..mm.request import RequestLimits, RequestPreprocessor
-from . import contract as c
+from ...errors import InputError
+from ...mm.request import RequestLimits, RequestPreprocessor
+from .. import contract as c
 from .request_inputs import SamplingDefaults, UrlPolicy, chat_request
 
 
@@ -97,7 +97,7 @@ class Preprocessor:
             c.RUNTIME_TOP_K: scalar(1 if greedy else s.top_k, np.int32),
             c.RUNTIME_TOP_P: scalar(1.0 if greedy else s.top_p, np.float32),
             c.SEED: scalar(seed, np.uint64),
-            c.STOP_WORDS_LIST: stop_words_list(stops + self.extra_end_ids),
+            c.STOP_WORDS_LIST: c.stop_words_list(stops + self.extra_end_ids),
             c.PROMPT_TABLE_EXTRA_IDS: tensors["prompt_table_extra_ids"].astype(np.uint64),
             c.MROPE_ROTARY_COS_SIN: tensors["mrope_rotary_cos_sin"].astype(np.float32),
             c.MROPE_POSITION_DELTAS: tensors["mrope_position_deltas"].astype(np.int64),
@@ -107,23 +107,3 @@ class Preprocessor:
         }
 
 
-def stop_words_list(sequences: Sequence[Sequence[int]]) -> np.ndarray:
-    """TensorRT-LLM's word-list tensor [2, L]: row 0 the token ids of all sequences one after
-    another, row 1 the end offset of each sequence; padded with 0 / -1 (at least one column,
-    so an empty list is [[0], [-1]])."""
-    flat = [int(t) for seq in sequences for t in seq]
-    offsets = np.cumsum([len(seq) for seq in sequences]).tolist()
-    width = max(1, len(flat), len(offsets))
-    out = np.zeros((2, width), np.int32)
-    out[1, :] = -1
-    out[0, : len(flat)] = flat
-    out[1, : len(offsets)] = offsets
-    return out
-
-
-def word_list_sequences(word_list: np.ndarray) -> list[list[int]]:
-    """Inverse of stop_words_list: the token sequences of a [2, L] word list."""
-    flat, offsets = np.asarray(word_list).reshape(2, -1)
-    ends = [int(o) for o in offsets if o >= 0]
-    starts = [0, *ends][: len(ends)]
-    return [[int(t) for t in flat[a:b]] for a, b in zip(starts, ends, strict=True) if b > a]

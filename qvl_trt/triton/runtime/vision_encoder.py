@@ -8,10 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoint import VisionDims
-from ..errors import InputError
-from ..mm.prompt_table import assemble_prompt_table, rows_per_visual_token
-from ..mm.vision_index import VisionIndex, vision_index_tensors
+from ...checkpoint import VisionDims
+from ...errors import InputError
+from ...mm.prompt_table import assemble_prompt_table, rows_per_visual_token
+from ...mm.vision_index import VisionIndex, vision_index_tensors
+from .backend import pick_device
 from .vision_cache import RowCache
 
 # pixel_values [N, patch_dim] float32 + the image's index tensors -> (image_embeds,
@@ -65,22 +66,12 @@ class VisionStep:
         return table.astype(self.table_dtype)
 
 
-def pick_device(device: str) -> str:
-    """"auto": the first CUDA device when torch sees one, else the CPU."""
-    if device != "auto":
-        return device
-    from ..deps import require
-
-    torch = require("torch", extra="export", why="run the vision tower")
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def reference_tower(checkpoint_dir: Path, *, device: str = "auto",
                     dtype: str = "float32") -> RunImage:
     """The PyTorch vision tower of the checkpoint folder (reference flavor)."""
-    from ..checkpoint import open_checkpoint
-    from ..deps import require
-    from ..vision.tower import load_vision_tower
+    from ...checkpoint import open_checkpoint
+    from ...deps import require
+    from ...vision.tower import load_vision_tower
 
     torch = require("torch", extra="export", why="run the reference vision tower")
     device = pick_device(device)
@@ -99,8 +90,8 @@ def reference_tower(checkpoint_dir: Path, *, device: str = "auto",
 
 def engine_tower(engine_dir: Path) -> RunImage:
     """The vision engine built by the vision stage (trt flavor; needs a CUDA GPU)."""
-    from ..deps import require
-    from ..vision.runner import VisionEngine
+    from ...deps import require
+    from ...vision.runner import VisionEngine
 
     torch = require("torch", extra="export", why="run the vision engine")
     engine = VisionEngine(engine_dir)

@@ -25,7 +25,7 @@ import numpy as np
 from ..deps import require
 from ..errors import InputError, QvlError
 from ..mm.geometry import image_token_count
-from . import contract as c
+from ..triton import contract as c
 
 GRPC_PORT = 8001
 HTTP_PORT = 8000

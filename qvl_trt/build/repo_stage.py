@@ -8,18 +8,15 @@ writes the reference flavor only, and `qvl-trt build --resume` adds the trt one)
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import __version__
-from .configs import Flavor
-from .repository import BuildInput, RepoOptions, write_repo
-
-if TYPE_CHECKING:
-    from ..build import BuildContext
+from ..triton.model_configs import Flavor
+from ..triton.repository import BuildInput, RepoOptions, write_repo
+from .context import BuildContext, Stage
 
 
 def repo_stage_inputs(ctx: BuildContext) -> dict[str, Any]:
-    from ..build import Stage
 
     # plan: its profile.json holds the limits the configs are made from.
     return {"upstream": ctx.upstream(Stage.PLAN, Stage.VISION, Stage.LLM_CHECKPOINT, Stage.LLM),
@@ -27,7 +24,6 @@ def repo_stage_inputs(ctx: BuildContext) -> dict[str, Any]:
 
 
 def run_repo_stage(ctx: BuildContext, work: Path) -> dict[str, Any]:
-    from ..build import Stage
 
     final = ctx.stage_dir(Stage.REPO)
     flavors = [Flavor.REFERENCE]

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
-from .client import (
+from .generate import (
     Endpoint,
     GenerateClient,
     GenerateRequest,

@@ -1,19 +1,20 @@
-"""`qvl-trt doctor`: what this machine has and which GPU profiles it can build for.
-
-Versions come from package metadata, so nothing heavy is imported."""
+"""What this machine has: Python packages, GPUs, a tritonserver, and which GPU profiles it can
+build for (`qvl-trt doctor`). Versions come from package metadata, so nothing heavy is
+imported."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import shutil
 import subprocess
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 
 from . import __version__
 from .profiles import TrtEdition, load_profile, profile_names
-from .triton.locate import find_tritonserver
 
 # distribution names, first match wins (TensorRT-RTX ships per CUDA major)
 PACKAGES: dict[str, tuple[str, ...]] = {
@@ -118,6 +119,53 @@ def profile_support(
             llm = "yes" if gpu_here else f"checkpoint only: engine needs a {cc} GPU"
         rows.append(ProfileSupport(name, vision, llm))
     return tuple(rows)
+
+
+# ---- tritonserver: PATH, the NGC container's location, or the nvidia-pytriton wheel's ----
+
+NGC_TRITON_HOME = Path("/opt/tritonserver")
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    binary: Path
+    backends: Path
+    origin: str  # "PATH" | "ngc" | "pytriton"
+    version: str | None
+
+
+def find_tritonserver() -> TritonInstall | None:
+    """The first tritonserver found, in order: PATH, /opt/tritonserver, nvidia-pytriton."""
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        binary = Path(on_path).resolve()
+        home = binary.parent.parent
+        return TritonInstall(binary, home / "backends", "PATH", _version_file(home))
+    ngc = NGC_TRITON_HOME / "bin" / "tritonserver"
+    if ngc.is_file():
+        return TritonInstall(
+            ngc, NGC_TRITON_HOME / "backends", "ngc", _version_file(NGC_TRITON_HOME)
+        )
+    try:
+        spec = importlib.util.find_spec("pytriton")
+    except ImportError:  # a broken or blocked install counts as absent
+        spec = None
+    if spec and spec.submodule_search_locations:
+        home = Path(next(iter(spec.submodule_search_locations))) / "tritonserver"
+        if (home / "bin" / "tritonserver").is_file():
+            # nvidia-pytriton 0.7 bundles Triton 2.51; the binary has no --version.
+            return TritonInstall(
+                home / "bin" / "tritonserver",
+                home / "backends",
+                "pytriton",
+                f"bundled with nvidia-pytriton {metadata.version('nvidia-pytriton')}",
+            )
+    return None
+
+
+def _version_file(home: Path) -> str | None:
+    path = home / "TRITON_VERSION"
+    return path.read_text().strip() if path.is_file() else None
 
 
 def environment_report() -> Report:

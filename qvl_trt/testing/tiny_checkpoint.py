@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .atomic import staged_dir
-from .deps import require
-from .errors import ConfigError
+from ..atomic import staged_dir
+from ..deps import require
+from ..errors import ConfigError
 from .tokenizer_files import CHAT_TEMPLATE, write_tokenizer_files
 
 VOCAB_SIZE = 151_936  # the released embedding rows (151,669 tokens padded), so real ids are valid

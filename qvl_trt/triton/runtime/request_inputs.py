@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InputError
-from ..mm.chat import IMAGE_PART_TYPES, user_message
+from ...errors import InputError
+from ...mm.chat import IMAGE_PART_TYPES, user_message
 
 
 @dataclass(frozen=True)

@@ -12,17 +12,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .build import BuildOptions, build_inputs
-from .checkpoint import open_checkpoint
-from .errors import ConfigError
-from .manifest import FileHasher, cache_key
-from .profiles import GpuProfile, TrtEdition, load_profile, profile_names
-from .typed_config import to_jsonable
+from .. import __version__
+from ..checkpoint import open_checkpoint
+from ..container import TRTLLM_CONTAINER
+from ..errors import ConfigError
+from ..hashing import FileHasher
+from ..manifest import cache_key
+from ..profiles import GpuProfile, TrtEdition, load_profile, profile_names
+from ..typed_config import to_jsonable
+from .context import BuildOptions
+from .runner import build_inputs
 
 # TensorRT-LLM (every LLM engine) and full TensorRT (vision engines of data-center profiles)
 # come in this container; TensorRT-RTX installs into it from PyPI (the `rtx` extra).
-CONTAINER_IMAGE = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ def ci_matrix(model: Path, gpus: str = "all", *, build_root: str = "build") -> d
                 description=profile.gpu.description,
                 compute_capability=profile.gpu.compute_capability,
                 runner=runner_labels(profile.gpu.compute_capability),
-                container=CONTAINER_IMAGE,
+                container=TRTLLM_CONTAINER,
                 trt_edition=profile.gpu.trt_edition.value,
                 extras="export,serve,rtx" if rtx else "export,serve",
                 build_dir=f"{build_root}/{profile.name}",

@@ -29,9 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
-from . import contract as c
-from .preprocess import word_list_sequences
+from ...errors import InputError
+from .. import contract as c
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +114,7 @@ class LlmRequest:
             top_p=float(scalar(c.RUNTIME_TOP_P, 1.0)),
             seed=scalar(c.SEED),
             stop_words=() if words is None else tuple(
-                tuple(s) for s in word_list_sequences(words)),
+                tuple(s) for s in c.word_list_sequences(words)),
             prompt_table=table,
             mrope_rotary_cos_sin=np.asarray(x[c.MROPE_ROTARY_COS_SIN]).reshape(-1),
             mrope_position_delta=int(scalar(c.MROPE_POSITION_DELTAS)),
@@ -236,7 +235,7 @@ class ReferenceLlm:
 
     def _decode(self, wave: list[_Job]) -> None:
         torch = _torch()
-        from ..llm.sampling import DecodeRequest, SamplingParams
+        from ...llm.sampling import DecodeRequest, SamplingParams
 
         requests = []
         for job in wave:
@@ -309,6 +308,6 @@ def _ends_with_stop(tokens: list[int], stop_words: tuple[tuple[int, ...], ...]) 
 
 
 def _torch():
-    from ..deps import require
+    from ...deps import require
 
     return require("torch", extra="export", why="run the reference decoder")

@@ -1,0 +1,123 @@
+"""What every build stage works with: the stage names and their order, the build options
+(stored in the manifest), the context a stage function receives, and the result records."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from ..checkpoint import Checkpoint
+from ..container import container_command
+from ..hashing import FileHasher, fingerprint
+from ..manifest import Manifest, tool_versions
+from ..plan import make_plan
+from ..profiles import GpuProfile, TrtEdition
+from ..typed_config import to_jsonable
+
+
+class Stage(str, enum.Enum):
+    INSPECT = "inspect"
+    PLAN = "plan"
+    VISION = "vision"
+    LLM_CHECKPOINT = "llm_checkpoint"
+    LLM = "llm"
+    REPO = "repo"
+    MANIFEST = "manifest"
+
+
+STAGES = tuple(Stage)
+# Stages that always run (cheaply, usually skipped) because later ones read their results.
+PREREQUISITES = (Stage.INSPECT, Stage.PLAN)
+# Earlier stages a stage reads, run with it when `--only` names it.
+NEEDS = {Stage.LLM: (Stage.LLM_CHECKPOINT,), Stage.REPO: (Stage.LLM_CHECKPOINT,)}
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """Everything a build depends on besides the files it reads; stored in the manifest."""
+
+    model: str
+    gpu: str
+    trt_edition: TrtEdition | None = None
+    vision_dtype: str = "float16"
+    llm_dtype: str = "float16"
+    tp_size: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        return to_jsonable(asdict(self))
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BuildOptions:
+        edition = data.get("trt_edition")
+        return cls(**{**data, "trt_edition": TrtEdition(edition) if edition else None})
+
+
+@dataclass
+class BuildContext:
+    """What stage functions receive."""
+
+    options: BuildOptions
+    out: Path
+    checkpoint: Checkpoint
+    profile: GpuProfile
+    manifest: Manifest
+    hasher: FileHasher
+
+    @property
+    def trt_edition(self) -> TrtEdition:
+        return self.options.trt_edition or self.profile.gpu.trt_edition
+
+    def stage_dir(self, stage: Stage) -> Path:
+        return self.out / stage.value
+
+    def stage_outputs(self, stage: Stage) -> dict[str, str]:
+        return self.manifest.stages.get(stage.value, {}).get("outputs", {})
+
+    def upstream(self, *stages: Stage) -> dict[str, str]:
+        """Fingerprints of earlier stages' outputs, for a stage's `inputs`: the stage then
+        reruns when, and only when, what it reads from them changed."""
+        return {s.value: fingerprint(self.stage_outputs(s)) for s in stages}
+
+    def container_command(self) -> str:
+        """The `docker run` line that resumes this build in the TensorRT-LLM container,
+        mounting the checkpoint and a user's own profile file (shipped ones come with
+        qvl-trt)."""
+        own_profile = self.options.gpu.endswith(".toml")
+        inputs = [Path(self.options.model)] + ([Path(self.profile.source)] if own_profile else [])
+        # A GeForce profile's TensorRT-RTX vision engine needs the rtx extra there too (the
+        # container ships full TensorRT only), should the resumed build touch it.
+        rtx = self.trt_edition is TrtEdition.TENSORRT_RTX
+        return container_command(self.out, inputs, extras=("rtx",) if rtx else (),
+                                 shm_bytes=make_plan(self.checkpoint, self.profile).shm_bytes)
+
+    @cached_property
+    def tools(self) -> dict[str, Any]:
+        """Tool versions of this machine, looked up once per build and only if a stage runs."""
+        return tool_versions()
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    stage: Stage
+    # JSON-able description of everything the stage's output depends on.
+    inputs: Callable[[BuildContext], dict[str, Any]]
+    # Writes the stage's files into the given (empty) folder; returns a small summary.
+    run: Callable[[BuildContext, Path], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class StageResult:
+    stage: Stage
+    status: str  # "built" | "skipped"
+    seconds: float
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    out: Path
+    stages: tuple[StageResult, ...]

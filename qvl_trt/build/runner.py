@@ -1,0 +1,195 @@
+"""`qvl-trt build`: inspect -> plan -> vision -> llm_checkpoint -> llm -> repo -> manifest.
+
+Each stage writes into a staging folder that is renamed to `<out>/<stage>/` only when the
+stage succeeds, and records in the manifest a fingerprint of what it was built from. A stage
+whose fingerprint and outputs are unchanged is skipped, so re-running a build is cheap and a
+build stopped on one machine (exit code 3) can be resumed on another with `--resume`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ..atomic import leftovers, staged_dir
+from ..checkpoint import Checkpoint, open_checkpoint
+from ..errors import BuildError
+from ..hashing import FileHasher, fingerprint
+from ..manifest import Manifest, cache_key
+from ..profiles import GpuProfile, load_profile
+from ..typed_config import to_jsonable
+from .context import (
+    NEEDS,
+    PREREQUISITES,
+    STAGES,
+    BuildContext,
+    BuildOptions,
+    BuildResult,
+    Stage,
+    StageResult,
+    StageSpec,
+)
+from .stages import SPECS
+
+log = logging.getLogger(__name__)
+
+
+def run_build(
+    options: BuildOptions, out: Path, *, only: tuple[Stage, ...] | None = None, force: bool = False
+) -> BuildResult:
+    """Run the build's stages into `out`; `only` restricts it to those stages (and their
+    prerequisites), `force` rebuilds stages whose inputs did not change."""
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    with build_lock(out):
+        manifest = Manifest.load(out) or Manifest()
+        if manifest.options and manifest.options.get("model") != options.model:
+            raise BuildError(
+                f"{out} holds a build of {manifest.options.get('model')}, not {options.model}; "
+                "pick another --out folder"
+            )
+        _remove_leftovers(out)
+        manifest.options = options.to_json()
+        hasher = FileHasher(manifest.file_hashes)
+        ctx = BuildContext(
+            options,
+            out,
+            open_checkpoint(options.model),
+            load_profile(options.gpu),
+            manifest,
+            hasher,
+        )
+        manifest.inputs = build_inputs(options, ctx.checkpoint, ctx.profile, hasher)
+        manifest.cache_key = cache_key(manifest.inputs)
+        wanted = (set(only) | set(PREREQUISITES) | {n for s in only for n in NEEDS.get(s, ())}
+                  if only else set(STAGES))
+        results = []
+        try:
+            for spec in SPECS:
+                if spec.stage in wanted:
+                    results.append(_run_stage(spec, ctx, force))
+        finally:
+            # Keeps the hash cache warm (files re-hashed after a touch) for the next run.
+            manifest.save(out)
+        return BuildResult(out, tuple(results))
+
+
+def build_inputs(
+    options: BuildOptions, checkpoint: Checkpoint, profile: GpuProfile, hasher: FileHasher
+) -> dict[str, Any]:
+    """What a build as a whole is made from, free of this machine's paths: the checkpoint's
+    file hashes, the profile's content and the options. `qvl-trt matrix` derives the same
+    cache key from it without building."""
+    profile_json = {k: v for k, v in to_jsonable(profile).items() if k != "source"}
+    options_json = {k: v for k, v in options.to_json().items() if k not in ("model", "gpu")}
+    return {
+        "checkpoint": checkpoint_hashes(checkpoint, hasher),
+        "profile": profile_json,
+        "options": options_json,
+    }
+
+
+def resume_build(out: Path, *, only: tuple[Stage, ...] | None = None,
+                 force: bool = False) -> BuildResult:
+    """Continue the build recorded in `out/manifest.json` with its own options (`only` as
+    in `run_build`)."""
+    manifest = Manifest.load(Path(out))
+    if manifest is None or not manifest.options:
+        raise BuildError(
+            f"{out} holds no build manifest; start with `qvl-trt build --model M --gpu G --out DIR`"
+        )
+    return run_build(BuildOptions.from_json(manifest.options), Path(out), only=only,
+                     force=force)
+
+
+def _run_stage(spec: StageSpec, ctx: BuildContext, force: bool) -> StageResult:
+    name = spec.stage.value
+    inputs = spec.inputs(ctx)
+    fp = fingerprint(inputs)
+    record = ctx.manifest.stages.get(name)
+    final = ctx.stage_dir(spec.stage)
+    if (
+        not force
+        and record
+        and record.get("fingerprint") == fp
+        and _outputs_intact(final, record.get("outputs", {}), ctx.hasher)
+    ):
+        log.info("stage %s: unchanged, skipped", name)
+        return StageResult(spec.stage, "skipped", 0.0, record.get("summary", {}))
+    log.info("stage %s: started", name)
+    started = time.perf_counter()
+    with staged_dir(final) as work:
+        summary = spec.run(ctx, work)
+    seconds = time.perf_counter() - started
+    ctx.manifest.stages[name] = {
+        "fingerprint": fp,
+        "inputs": inputs,
+        "outputs": ctx.hasher.hash_tree(final),
+        "seconds": round(seconds, 3),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "summary": summary,
+        "tools": ctx.tools,
+    }
+    ctx.manifest.save(ctx.out)
+    log.info("stage %s: done in %.1f s", name, seconds)
+    return StageResult(spec.stage, "built", seconds, summary)
+
+
+def _outputs_intact(root: Path, outputs: dict[str, str], hasher: FileHasher) -> bool:
+    return root.is_dir() and hasher.hash_tree(root) == outputs
+
+
+def _remove_leftovers(out: Path) -> None:
+    """Staging folders of a build that was killed; safe to remove while holding the lock."""
+    for path in leftovers(out):
+        log.info("removing %s, left by an interrupted build", path.name)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextmanager
+def build_lock(out: Path) -> Iterator[None]:
+    """One build at a time per output folder: an exclusive flock on `out/.lock`, released by
+    the kernel when the holder exits, so a killed build never leaves a stale lock."""
+    lock_path = out / ".lock"
+    with lock_path.open("a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            raise BuildError(
+                f"another qvl-trt build (pid {f.read().strip() or '?'}) is "
+                f"writing {out}; wait for it or use another --out"
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        try:
+            yield
+        finally:
+            f.seek(0)
+            f.truncate()
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# Checkpoint files besides weights and tokenizer that a build reads, when present.
+_CHECKPOINT_CONFIGS = (
+    "config.json",
+    "generation_config.json",
+    "preprocessor_config.json",
+    "model.safetensors.index.json",
+)
+
+
+def checkpoint_hashes(ckpt: Checkpoint, hasher: FileHasher) -> dict[str, str]:
+    """sha256 of every checkpoint file a build reads: configs, tokenizer, weights."""
+    names = [n for n in _CHECKPOINT_CONFIGS if (ckpt.path / n).is_file()]
+    names += ckpt.tokenizer_files + sorted({i.file for i in ckpt.tensors.values()})
+    return {name: hasher.hash(ckpt.path / name) for name in names}
