@@ -6,6 +6,7 @@ import base64
 import csv
 import io
 import json
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -63,6 +64,28 @@ def test_files_agree_with_the_metrics(report, tmp_path):
 
     with Image.open(paths["png"]) as png:
         assert png.format == "PNG" and png.size[0] > 400
+    assert sorted(p.name for p in paths["json"].parent.iterdir()) == \
+        ["bench.csv", "bench.json", "bench.png"]
+
+
+def test_a_failed_plot_keeps_the_previous_one_and_leaves_no_partial_file(report, tmp_path,
+                                                                        monkeypatch):
+    from matplotlib.figure import Figure
+
+    paths = write_reports(report, tmp_path / "out")
+    before = paths["png"].read_bytes()
+
+    def half_written(self, target, **kwargs):  # a file name or an open file
+        with open(target, "wb") if isinstance(target, (str, Path)) else target as f:
+            f.write(b"\x89PNG half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Figure, "savefig", half_written)
+    with pytest.raises(OSError, match="disk full"):
+        write_reports(report, tmp_path / "out")
+    assert paths["png"].read_bytes() == before
+    assert sorted(p.name for p in paths["png"].parent.iterdir()) == \
+        ["bench.csv", "bench.json", "bench.png"]
 
 
 def test_table_shows_every_level(report):
