@@ -1,6 +1,6 @@
-"""The `qvl-trt` command line. A command parses its options, calls the library for the work
-(one call does it; reading the inputs the options name aside) and prints what comes back
-with a renderer from console.py.
+"""The `qvl-trt` command line. A command parses its options, calls library functions that do
+the work and prints what they return; the renderers of anything longer than a line live in
+console.py.
 
 Heavy packages are imported inside the library functions, so `--help` works without them.
 """
