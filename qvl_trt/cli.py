@@ -1,6 +1,6 @@
 """The `qvl-trt` command line. A command parses its options, calls library functions that do
-the work and prints what they return; the renderers of anything longer than a line live in
-console.py.
+the work and prints what they return (tables and the longer renderings come from
+console.py).
 
 Heavy packages are imported inside the library functions, so `--help` works without them.
 """
