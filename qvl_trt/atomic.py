@@ -61,8 +61,8 @@ def staged_file(path: Path, mode: str = "wb") -> Iterator[IO]:
         Path(tmp).unlink(missing_ok=True)
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write `data` as indented JSON through `staged_file`."""
+def write_json_atomic(path: Path, data: Any, *, indent: int | None = 2) -> None:
+    """Write `data` as JSON (indented unless `indent` is None) through `staged_file`."""
     with staged_file(path, "w") as f:
-        json.dump(data, f, indent=2)
+        json.dump(data, f, indent=indent)
         f.write("\n")

@@ -1,4 +1,6 @@
-"""The `qvl-trt` command line: parses options, calls one library function, prints.
+"""The `qvl-trt` command line. A command parses its options, calls library functions that do
+the work and prints what they return (tables and the longer renderings come from
+console.py).
 
 Heavy packages are imported inside the library functions, so `--help` works without them.
 """
@@ -121,30 +123,14 @@ def gpus(json_out: JsonOpt = False) -> None:
 def inspect(model: ModelOpt, json_out: JsonOpt = False) -> None:
     """Describe a checkpoint: variant, dimensions, parameters, files."""
     from .checkpoint import open_checkpoint
-    from .console import out, print_json
+    from .console import inspect_lines, out, print_json
 
     summary = open_checkpoint(model).summary()
     if json_out:
         print_json(summary)
         return
-    t, v = summary["text"], summary["vision"]
-    out.print(
-        f"[bold]{summary['path']}[/bold]: Qwen3-VL {summary['variant']}, "
-        f"{summary['source_dtype']}, {summary['tensors']} tensors, "
-        f"{summary['file_bytes'] / 2**30:.2f} GiB on disk"
-    )
-    out.print(
-        f"  LLM: {summary['parameters']['llm'] / 1e9:.3f} B parameters, hidden "
-        f"{t['hidden_size']}, {t['num_layers']} layers, {t['num_heads']}/"
-        f"{t['num_kv_heads']} heads x {t['head_dim']}, vocab {t['vocab_size']}, "
-        f"mrope {t['mrope_section']} interleaved={t['mrope_interleaved']}, "
-        f"tied embeddings={t['tie_word_embeddings']}"
-    )
-    out.print(
-        f"  vision: {summary['parameters']['vision'] / 1e9:.3f} B parameters, depth "
-        f"{v['depth']}, hidden {v['hidden_size']}, out {v['out_hidden_size']}, "
-        f"DeepStack after blocks {v['deepstack_visual_indexes']}"
-    )
+    for line in inspect_lines(summary):
+        out.print(line)
 
 
 @command(panel="Build")
@@ -251,16 +237,12 @@ def build(
     llm -> repo -> manifest. Unchanged stages are skipped; exit code 3 means a stage needs
     another machine (the message says which command finishes it)."""
     from .build import BuildOptions, Stage, resume_build, run_build
+    from .console import build_line
+    from .console import out as console
+    from .profiles import profile_argument
 
     started = time.perf_counter()
-    stages = None
-    if only:
-        try:
-            stages = tuple(Stage(s.strip()) for s in only.split(",") if s.strip())
-        except ValueError:
-            raise ConfigError(
-                f"--only {only!r}: stages are {', '.join(s.value for s in Stage)}"
-            ) from None
+    stages = Stage.parse_list(only) if only else None
     if resume:
         if model or gpu:
             raise ConfigError(
@@ -274,21 +256,13 @@ def build(
             raise ConfigError(f"--vision-dtype must be float16 or bfloat16, got {vision_dtype}")
         options = BuildOptions(
             model=str(model.resolve()),
-            gpu=_gpu_arg(gpu),
+            gpu=profile_argument(gpu),
             trt_edition=trt_edition,
             vision_dtype=vision_dtype,
             tp_size=tp_size,
         )
         result = run_build(options, out or Path("build") / Path(gpu).stem, only=stages, force=force)
-    from .console import out as console
-
-    built = [r.stage.value for r in result.stages if r.status == "built"]
-    skipped = [r.stage.value for r in result.stages if r.status == "skipped"]
-    console.print(
-        f"build done in {time.perf_counter() - started:.1f} s: built "
-        f"{', '.join(built) or 'nothing'}; skipped {', '.join(skipped) or 'nothing'}"
-        f" -> {result.out}"
-    )
+    console.print(build_line(result, time.perf_counter() - started))
 
 
 @command(panel="Build")
@@ -399,46 +373,26 @@ def infer(
 ) -> None:
     """Ask a deployment one question about images; prints the answer, then time to first
     token, tokens/s and token counts."""
-    from .client.bench import record_of
-    from .client.generate import GenerateClient, GenerateRequest, Generation
-    from .client.metrics import (
-        output_token_throughput_per_user,
-        request_latency,
-        time_to_first_token,
-    )
+    from .client.bench import ask
+    from .client.generate import GenerateRequest
+    from .console import infer_json, infer_line, print_json
     from .console import out as console
-    from .console import print_json
     from .mm.image_input import read_image_files
 
-    images = read_image_files(image or [])
-    req = GenerateRequest(prompt, tuple(images), max_tokens, temperature, top_p, top_k, seed,
-                          tuple(stop or ()), stream)
-    with GenerateClient(url, model=served_model) as client:
-        image_tokens = client.image_token_counter()(req) if images else 0
-        sent_at: list[float] = []
-        responses = []
-        for response in client.stream(req, sent_at=sent_at):
-            responses.append(response)
-            if stream and not json_out:
-                console.print(response.text, end="", markup=False, highlight=False)
-    record = record_of(Generation(sent_at[0], tuple(responses)), image_tokens)
-    text = "".join(r.text for r in responses)
-    per_user = output_token_throughput_per_user(record)
+    req = GenerateRequest(prompt, tuple(read_image_files(image or [])), max_tokens,
+                          temperature, top_p, top_k, seed, tuple(stop or ()), stream)
+
+    def show(response) -> None:
+        console.print(response.text, end="", markup=False, highlight=False)
+
+    answer = ask(url, req, model=served_model,
+                 on_response=show if stream and not json_out else None)
+    answer.raise_if_failed()
     if json_out:
-        print_json({"text": text, "time_to_first_token_ms": time_to_first_token(record) * 1e3,
-                    "request_latency_ms": request_latency(record) * 1e3,
-                    "output_tokens_per_s": per_user, "output_tokens": record.output_tokens,
-                    "input_text_tokens": record.input_text_tokens,
-                    "input_image_tokens": record.input_image_tokens})
+        print_json(infer_json(answer))
         return
-    console.print(text if not stream else "", markup=False, highlight=False)
-    console.print(
-        f"[dim]TTFT {time_to_first_token(record) * 1e3:.1f} ms, "
-        f"{f'{per_user:.1f} tokens/s' if per_user else 'tokens/s n/a (needs --stream, > 1 token)'}"
-        f", latency "
-        f"{request_latency(record):.2f} s; {record.output_tokens} output tokens, prompt "
-        f"{record.input_text_tokens + record.input_image_tokens} tokens "
-        f"({record.input_text_tokens} text + {record.input_image_tokens} image)[/dim]")
+    console.print(answer.text if not stream else "", markup=False, highlight=False)
+    console.print(infer_line(answer))
 
 
 @command(panel="Serve and measure")
@@ -466,27 +420,12 @@ def bench(
     PNG plot of latency vs throughput."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from .client.bench import (
-        BenchSettings,
-        folder_images,
-        parse_concurrency,
-        parse_size,
-        run_benchmark,
-        synthetic_images,
-    )
+    from .client.bench import BenchSettings, image_source, parse_concurrency, run_benchmark
     from .client.bench_report import write_reports
     from .console import bench_tables
     from .console import out as console
-    from .errors import InputError
 
-    if images and synthetic:
-        raise InputError("pass --images DIR or --synthetic WxH, not both")
-    if images:
-        source, name = folder_images(images), str(images)
-    elif synthetic:
-        source, name = synthetic_images(*parse_size(synthetic)), f"synthetic {synthetic}"
-    else:
-        source, name = None, "none (text only)"
+    source, name = image_source(images, synthetic)
     settings = BenchSettings(url, parse_concurrency(concurrency), requests, max_tokens, prompt,
                              images_per_request, warmup, served_model, allow_remote)
     with Progress("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -520,8 +459,10 @@ def preprocess(
     position ids, MRoPE table and delta, vision index inputs."""
     from .console import out as console
     from .mm.request import prepare_files
+    from .profiles import profile_argument
 
-    request = prepare_files(model, image or [], prompt, gpu=_gpu_arg(gpu) if gpu else None)
+    request = prepare_files(model, image or [], prompt,
+                            gpu=profile_argument(gpu) if gpu else None)
     path = request.save_npz(out)
     console.print(f"{request.num_tokens} prompt tokens ({sum(request.image_token_counts)} "
                   f"visual, {len(request.images)} images), position delta "
@@ -610,49 +551,23 @@ def verify(
 ) -> None:
     """Compare a deployment's greedy token ids with a reference, case by case; report the
     first divergence; exit 1 if any case differs within its must-match prefix."""
-    import contextlib
-
-    from .client.verify import InProcessReference, StepwiseDeployment, load_cases
+    from .client.verify import load_cases, open_sides
     from .client.verify import verify as run_verify
     from .console import out as console
-    from .console import print_json
-    from .errors import ConfigError
+    from .console import print_json, verify_json, verify_line
 
     case_list = load_cases(cases)
-    with contextlib.ExitStack() as stack:
-        candidate = stack.enter_context(contextlib.closing(StepwiseDeployment(
-            url, model=served_model)))
-        if against == "reference":
-            if model is None:
-                raise ConfigError("--against reference needs --model (the deployment's HF "
-                                  "checkpoint)")
-            reference = InProcessReference(model, limits=candidate.client.request_limits(),
-                                           llm_checkpoint=llm_checkpoint)
-        else:
-            reference = stack.enter_context(contextlib.closing(StepwiseDeployment(
-                against, model=served_model)))
 
-        def show(r) -> None:
-            if json_out:
-                return
-            mark = "[green]ok[/green]" if r.passed else "[red]FAIL[/red]"
-            if r.first_divergence is None:
-                detail = f"{len(r.candidate)} tokens identical"
-            else:
-                i = r.first_divergence
-                ref = r.reference[i] if i < len(r.reference) else "end"
-                cand = r.candidate[i] if i < len(r.candidate) else "end"
-                detail = (f"first divergence at token {i}: reference {ref}, deployment {cand} "
-                          f"({r.must_match} must match)")
-            console.print(f"{mark} {r.name}: {detail}", highlight=False)
+    def show(result) -> None:
+        console.print(verify_line(result), highlight=False)
 
+    with open_sides(url, against, served_model=served_model, model=model,
+                    llm_checkpoint=llm_checkpoint) as (reference, candidate):
         results = run_verify(case_list, reference, candidate, must_match=must_match,
-                             on_case=show)
+                             on_case=None if json_out else show)
     failed = [r for r in results if not r.passed]
     if json_out:
-        print_json([{**{k: getattr(r, k) for k in ("name", "first_divergence", "must_match",
-                                                   "reference", "candidate")},
-                     "passed": r.passed} for r in results])
+        print_json(verify_json(results))
     else:
         console.print(f"{len(results) - len(failed)} of {len(results)} cases match")
     if failed:
@@ -717,20 +632,15 @@ def validate(
     dtype, dims), engines exist and match the GPU profile and TensorRT edition. Exit 1 on any
     problem."""
     from .console import out as console
-    from .console import print_json
+    from .console import print_json, validate_json, validate_lines
     from .triton.validate import validate_repo
 
     report = validate_repo(repository)
     if json_out:
-        print_json({"repo": str(report.repo), "ok": report.ok, "checks": report.checks,
-                    "models": report.models, "problems": [str(p) for p in report.problems]})
+        print_json(validate_json(report))
     else:
-        for problem in report.problems:
-            console.print(f"[red]problem[/red] {problem}", highlight=False)
-        verdict = "[green]valid[/green]" if report.ok else f"[red]{len(report.problems)} " \
-            "problem(s)[/red]"
-        console.print(f"{report.repo}: {len(report.models)} models, {report.checks} checks, "
-                      f"{verdict}", highlight=False)
+        for line in validate_lines(report):
+            console.print(line, highlight=False)
     if not report.ok:
         raise typer.Exit(1)
 
@@ -802,12 +712,6 @@ def serve(
     code = server.wait()
     if code not in (0, None):
         raise typer.Exit(code)
-
-
-def _gpu_arg(gpu: str) -> str:
-    """Profile paths are stored absolute so a resumed build finds them."""
-    path = Path(gpu)
-    return str(path.resolve()) if path.suffix == ".toml" else gpu
 
 
 def main() -> None:

@@ -11,6 +11,11 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
+from .client.metrics import (
+    output_token_throughput_per_user,
+    request_latency,
+    time_to_first_token,
+)
 from .machine import Report
 from .plan import GIB, Plan
 from .profiles import GpuProfile
@@ -19,8 +24,12 @@ from .typed_config import to_jsonable
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from .build import BuildResult
+    from .client.bench import Measurement
     from .client.metrics import LevelMetrics
+    from .client.verify import CaseResult
     from .triton.serve_plan import Readiness
+    from .triton.validate import ValidationReport
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -240,3 +249,82 @@ def bench_tables(levels: tuple[LevelMetrics, ...]) -> list[Table]:
                      "counts both)")
         tables.append(t)
     return tables
+
+
+def inspect_lines(summary: dict[str, Any]) -> list[str]:
+    """`Checkpoint.summary()` in three lines: the checkpoint, its LLM, its vision tower."""
+    t, v = summary["text"], summary["vision"]
+    return [
+        f"[bold]{summary['path']}[/bold]: Qwen3-VL {summary['variant']}, "
+        f"{summary['source_dtype']}, {summary['tensors']} tensors, "
+        f"{summary['file_bytes'] / 2**30:.2f} GiB on disk",
+        f"  LLM: {summary['parameters']['llm'] / 1e9:.3f} B parameters, hidden "
+        f"{t['hidden_size']}, {t['num_layers']} layers, {t['num_heads']}/"
+        f"{t['num_kv_heads']} heads x {t['head_dim']}, vocab {t['vocab_size']}, "
+        f"mrope {t['mrope_section']} interleaved={t['mrope_interleaved']}, "
+        f"tied embeddings={t['tie_word_embeddings']}",
+        f"  vision: {summary['parameters']['vision'] / 1e9:.3f} B parameters, depth "
+        f"{v['depth']}, hidden {v['hidden_size']}, out {v['out_hidden_size']}, "
+        f"DeepStack after blocks {v['deepstack_visual_indexes']}",
+    ]
+
+
+def build_line(result: BuildResult, seconds: float) -> str:
+    """The build's closing summary: what was built and skipped, and where."""
+    built = [r.stage.value for r in result.stages if r.status == "built"]
+    skipped = [r.stage.value for r in result.stages if r.status == "skipped"]
+    return (f"build done in {seconds:.1f} s: built {', '.join(built) or 'nothing'}; skipped "
+            f"{', '.join(skipped) or 'nothing'} -> {result.out}")
+
+
+def infer_json(answer: Measurement) -> dict[str, Any]:
+    r = answer.record
+    return {"text": answer.text, "time_to_first_token_ms": time_to_first_token(r) * 1e3,
+            "request_latency_ms": request_latency(r) * 1e3,
+            "output_tokens_per_s": output_token_throughput_per_user(r),
+            "output_tokens": r.output_tokens, "input_text_tokens": r.input_text_tokens,
+            "input_image_tokens": r.input_image_tokens}
+
+
+def infer_line(answer: Measurement) -> str:
+    """infer's closing line (markup): TTFT, tokens/s, latency and the token counts."""
+    r = answer.record
+    per_user = output_token_throughput_per_user(r)
+    rate = f"{per_user:.1f} tokens/s" if per_user else "tokens/s n/a (needs --stream, > 1 token)"
+    return (f"[dim]TTFT {time_to_first_token(r) * 1e3:.1f} ms, {rate}, latency "
+            f"{request_latency(r):.2f} s; {r.output_tokens} output tokens, prompt "
+            f"{r.input_text_tokens + r.input_image_tokens} tokens ({r.input_text_tokens} text + "
+            f"{r.input_image_tokens} image)[/dim]")
+
+
+def verify_line(r: CaseResult) -> str:
+    """One case (markup): ok or FAIL, and where the token ids first differ."""
+    mark = "[green]ok[/green]" if r.passed else "[red]FAIL[/red]"
+    if r.first_divergence is None:
+        detail = f"{len(r.candidate)} tokens identical"
+    else:
+        i = r.first_divergence
+        ref = r.reference[i] if i < len(r.reference) else "end"
+        cand = r.candidate[i] if i < len(r.candidate) else "end"
+        detail = (f"first divergence at token {i}: reference {ref}, deployment {cand} "
+                  f"({r.must_match} must match)")
+    return f"{mark} {r.name}: {detail}"
+
+
+def verify_json(results: list[CaseResult]) -> list[dict[str, Any]]:
+    return [{**{k: getattr(r, k) for k in ("name", "first_divergence", "must_match",
+                                           "reference", "candidate")},
+             "passed": r.passed} for r in results]
+
+
+def validate_lines(report: ValidationReport) -> list[str]:
+    """Each problem, then the verdict (markup)."""
+    verdict = "[green]valid[/green]" if report.ok else \
+        f"[red]{len(report.problems)} problem(s)[/red]"
+    return [*(f"[red]problem[/red] {problem}" for problem in report.problems),
+            f"{report.repo}: {len(report.models)} models, {report.checks} checks, {verdict}"]
+
+
+def validate_json(report: ValidationReport) -> dict[str, Any]:
+    return {"repo": str(report.repo), "ok": report.ok, "checks": report.checks,
+            "models": report.models, "problems": [str(p) for p in report.problems]}

@@ -92,9 +92,13 @@ def profile_names() -> list[str]:
     return sorted(p.stem for p in data_dir("build_configs").glob("*.toml"))
 
 
+def _is_path(gpu: str) -> bool:
+    return gpu.endswith(".toml") or "/" in gpu or "\\" in gpu
+
+
 def resolve_profile_path(gpu: str) -> Path:
     """`gpu` is a shipped profile name (`4090d`) or a path to a TOML file."""
-    if gpu.endswith(".toml") or "/" in gpu or "\\" in gpu:
+    if _is_path(gpu):
         path = Path(gpu)
         if not path.is_file():
             raise ConfigError(f"GPU profile file {gpu} does not exist")
@@ -106,6 +110,12 @@ def resolve_profile_path(gpu: str) -> Path:
             "(or pass a path to your own .toml)"
         )
     return path
+
+
+def profile_argument(gpu: str) -> str:
+    """`--gpu` as a build records it: a profile name as given, a path made absolute so that
+    a resumed build (run from anywhere) finds it."""
+    return str(Path(gpu).resolve()) if _is_path(gpu) else gpu
 
 
 def load_profile(gpu: str) -> GpuProfile:

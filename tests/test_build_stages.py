@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from qvl_trt.atomic import leftovers
 from qvl_trt.build import BuildOptions, Stage, run_build
 from qvl_trt.cli import app
-from qvl_trt.errors import BuildError
+from qvl_trt.errors import BuildError, ConfigError
 from qvl_trt.testing.tiny_checkpoint import write_config_only
 
 
@@ -57,6 +57,13 @@ def test_a_held_lock_refuses_a_second_build(tiny_ckpt, tmp_path):
         fcntl.flock(held, fcntl.LOCK_EX)
         with pytest.raises(BuildError, match="another qvl-trt build .* is writing"):
             run_build(BuildOptions(str(tiny_ckpt), "4090d"), out, only=(Stage.PLAN,))
+
+
+def test_only_is_parsed_into_stages():
+    assert Stage.parse_list("vision, repo,") == (Stage.VISION, Stage.REPO)
+    with pytest.raises(ConfigError, match=r"--only 'vision,bogus': stages are inspect, plan, "
+                                          r"vision, llm_checkpoint, llm, repo, manifest$"):
+        Stage.parse_list("vision,bogus")
 
 
 def test_bad_options_are_one_line_errors(tiny_ckpt, tmp_path):

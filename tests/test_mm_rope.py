@@ -9,12 +9,13 @@ import pytest
 from qvl_trt.checkpoint import open_checkpoint
 from qvl_trt.errors import InputError
 from qvl_trt.mm.chat import PromptBuilder
-from qvl_trt.mm.rope import cos_sin_from_table, mrope_cos_sin_table, mrope_slot_axes, rope_index
+from qvl_trt.mm.rope import mrope_cos_sin_table, mrope_slot_axes, rope_index
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 TOL = 1e-6
+
 TEXT = {"type": "text", "text": "What differs between these pictures? Answer briefly."}
 IMAGE = {"type": "image"}
 # id -> (user content parts, image grids (t, h, w) in patches)
@@ -27,6 +28,15 @@ PROMPTS = {
                                   [(1, 16, 16), (1, 4, 126), (1, 40, 22)]),
     "images-back-to-back": ([IMAGE, IMAGE, TEXT], [(1, 8, 8), (1, 10, 6)]),
 }
+
+
+def cos_sin_from_table(table: np.ndarray, num_tokens: int, head_dim: int) \
+        -> tuple[np.ndarray, np.ndarray]:
+    """Per-token (cos, sin), each [num_tokens, head_dim] in HF's layout (the half repeated),
+    read from an `mrope_rotary_cos_sin` table the way the context-phase kernel reads it."""
+    pairs = np.asarray(table).reshape(-1, head_dim // 2, 2)[:num_tokens]
+    cos, sin = pairs[..., 0], pairs[..., 1]
+    return np.concatenate([cos, cos], axis=-1), np.concatenate([sin, sin], axis=-1)
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ import base64
 import csv
 import io
 import json
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -14,6 +15,8 @@ from rich.console import Console
 from qvl_trt.client.bench import (
     BenchReport,
     BenchSettings,
+    image_source,
+    measure,
     parse_concurrency,
     parse_size,
     request_maker,
@@ -23,13 +26,15 @@ from qvl_trt.client.bench import (
 from qvl_trt.client.bench_report import report_csv, write_reports
 from qvl_trt.client.generate import (
     GenerateRequest,
+    RequestError,
+    Response,
     http_body,
     image_tokens,
     parse_url,
     request_fields,
 )
 from qvl_trt.client.metrics import RequestRecord, level_metrics
-from qvl_trt.console import bench_tables
+from qvl_trt.console import bench_tables, infer_json, infer_line
 from qvl_trt.errors import InputError
 from qvl_trt.triton import contract as c
 
@@ -63,6 +68,28 @@ def test_files_agree_with_the_metrics(report, tmp_path):
 
     with Image.open(paths["png"]) as png:
         assert png.format == "PNG" and png.size[0] > 400
+    assert sorted(p.name for p in paths["json"].parent.iterdir()) == \
+        ["bench.csv", "bench.json", "bench.png"]
+
+
+def test_a_failed_plot_keeps_the_previous_one_and_leaves_no_partial_file(report, tmp_path,
+                                                                        monkeypatch):
+    from matplotlib.figure import Figure
+
+    paths = write_reports(report, tmp_path / "out")
+    before = paths["png"].read_bytes()
+
+    def half_written(self, target, **kwargs):  # a file name or an open file
+        with open(target, "wb") if isinstance(target, (str, Path)) else target as f:
+            f.write(b"\x89PNG half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Figure, "savefig", half_written)
+    with pytest.raises(OSError, match="disk full"):
+        write_reports(report, tmp_path / "out")
+    assert paths["png"].read_bytes() == before
+    assert sorted(p.name for p in paths["png"].parent.iterdir()) == \
+        ["bench.csv", "bench.json", "bench.png"]
 
 
 def test_table_shows_every_level(report):
@@ -134,3 +161,50 @@ def test_option_parsing_and_loopback_guard():
     require_loopback(parse_url("grpc://localhost:8001"))
     with pytest.raises(InputError, match="not a loopback address.*--allow-remote"):
         require_loopback(parse_url("grpc://192.0.2.1:8001"))
+
+
+class FakeClient:
+    """Sends at t=1.0 and answers with `responses`, then fails with `error` if given."""
+
+    def __init__(self, responses: list[Response], error: str | None = None) -> None:
+        self.responses, self.error = responses, error
+
+    def stream(self, req, *, sent_at: list):
+        sent_at.append(1.0)
+        yield from self.responses
+        if self.error:
+            raise RequestError(self.error)
+
+
+STREAM = [Response(1.2, "", 90, 0), Response(1.5, "Hel", 90, 1), Response(2.0, "lo", 90, 2)]
+
+
+def test_measure_times_the_request_and_counts_text_tokens_apart():
+    seen = []
+    answer = measure(FakeClient(STREAM), GenerateRequest("hi"), 64, on_response=seen.append)
+    assert seen == STREAM and answer.text == "Hello"
+    assert answer.record == RequestRecord(1.0, 1.5, 2.0, 2, 26, 64)
+    answer.raise_if_failed()
+    assert infer_line(answer) == ("[dim]TTFT 500.0 ms, 2.0 tokens/s, latency 1.00 s; 2 output "
+                                  "tokens, prompt 90 tokens (26 text + 64 image)[/dim]")
+    assert infer_json(answer) == {
+        "text": "Hello", "time_to_first_token_ms": pytest.approx(500.0),
+        "request_latency_ms": pytest.approx(1000.0), "output_tokens_per_s": pytest.approx(2.0),
+        "output_tokens": 2, "input_text_tokens": 26, "input_image_tokens": 64}
+
+
+def test_a_failed_request_becomes_a_record_with_its_error():
+    answer = measure(FakeClient(STREAM[:2], error="HTTP 400: image is corrupt"),
+                     GenerateRequest("hi"), 64)
+    assert answer.text == "Hel"
+    assert answer.record == RequestRecord(1.0, None, None, error="HTTP 400: image is corrupt")
+    with pytest.raises(RequestError, match="image is corrupt"):
+        answer.raise_if_failed()
+
+
+def test_image_source_takes_one_of_folder_or_synthetic(tmp_path):
+    assert image_source(None, None) == (None, "none (text only)")
+    images, name = image_source(None, "32x16")
+    assert name == "synthetic 32x16" and Image.open(io.BytesIO(images(0))).size == (32, 16)
+    with pytest.raises(InputError, match="not both"):
+        image_source(tmp_path, "32x16")

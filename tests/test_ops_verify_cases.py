@@ -7,6 +7,7 @@ import json
 import pytest
 
 from qvl_trt.client.verify import Case, compare, first_divergence, load_cases, verify
+from qvl_trt.console import verify_json, verify_line
 from qvl_trt.errors import InputError
 
 
@@ -70,3 +71,16 @@ def test_bad_case_files(tmp_path, content, message):
         load_cases(path)
     with pytest.raises(InputError, match="cannot read"):
         load_cases(tmp_path / "absent.json")
+
+
+def test_each_case_is_one_line_naming_the_first_divergence():
+    same = compare(Case("same", "p"), [5, 6, 7], [5, 6, 7], None)
+    early = compare(Case("early", "p"), [5, 6, 7], [5, 9], None)
+    late = compare(Case("late", "p", must_match=2), [5, 6, 7], [5, 6], None)
+    assert verify_line(same) == "[green]ok[/green] same: 3 tokens identical"
+    assert verify_line(early) == ("[red]FAIL[/red] early: first divergence at token 1: "
+                                  "reference 6, deployment 9 (3 must match)")
+    assert verify_line(late) == ("[green]ok[/green] late: first divergence at token 2: "
+                                 "reference 7, deployment end (2 must match)")
+    assert [r["passed"] for r in verify_json([same, early, late])] == [True, False, True]
+    assert verify_json([early])[0]["candidate"] == (5, 9)

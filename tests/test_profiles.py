@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from qvl_trt.errors import ConfigError
-from qvl_trt.profiles import TrtEdition, load_profile, profile_names
+from qvl_trt.profiles import TrtEdition, load_profile, profile_argument, profile_names
 
 REQUIRED = {"4090d", "4090", "3090", "a10g", "l4", "l40s", "a100-40g", "a100-80g", "h100", "h200"}
 GOOD = (Path(__file__).parent.parent / "build_configs" / "4090d.toml").read_text()
@@ -30,6 +30,13 @@ def test_editions_follow_the_card_class():
     for name in ("h100", "h200"):
         p = load_profile(name)
         assert p.sm == 90 and p.gpu.trt_edition is TrtEdition.TENSORRT
+
+
+def test_a_build_records_profile_paths_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert profile_argument("4090d") == "4090d"
+    assert profile_argument("mine.toml") == str(tmp_path / "mine.toml")
+    assert profile_argument("profiles/mine") == str(tmp_path / "profiles" / "mine")
 
 
 def test_user_file_by_path(tmp_path):

@@ -9,7 +9,15 @@ import queue
 
 import numpy as np
 import pytest
-from test_triton_server import RequestFailed, expected, grpc_ask, metric, pipeline, png
+from test_triton_server import (
+    ENSEMBLE_TYPES,
+    RequestFailed,
+    expected,
+    grpc_ask,
+    metric,
+    pipeline,
+    png,
+)
 
 from qvl_trt.triton import contract as c
 
@@ -68,7 +76,7 @@ def test_a_cancelled_bls_stream_stops_the_generation(triton_server, pipeline) ->
     values = {c.TEXT_INPUT: np.array([[prompt.encode()]], object),
               c.MAX_TOKENS: np.array([[max_tokens]], np.int32),
               c.TEMPERATURE: np.array([[0.0]], np.float32), c.STREAM: np.array([[True]])}
-    inputs = [infer_input(k, v, c.spec(c.ENSEMBLE_INPUTS, k).data_type)
+    inputs = [infer_input(k, v, ENSEMBLE_TYPES[k])
               for k, v in values.items()]
     before = metric(triton_server, TOKENS)
     client = grpcclient.InferenceServerClient(triton_server.grpc_url)

@@ -29,6 +29,10 @@ pytest.importorskip("torch", reason="the reference flavor runs PyTorch: pip inst
                     "'qvl-trt[export]'")
 
 
+# Ensemble input name -> its Triton data type.
+ENSEMBLE_TYPES = {s.name: s.data_type for s in c.ENSEMBLE_INPUTS}
+
+
 def png(seed: int, size: tuple[int, int] = (64, 64)) -> bytes:
     rng = np.random.default_rng(seed)
     image = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
@@ -80,8 +84,7 @@ def grpc_ask(server, *, prompt: str | None = None, images=(), messages=None,
         values[c.STOP] = np.array([[s.encode() for s in stop]], object)
     inputs = []
     for name, value in values.items():
-        spec = c.spec(c.ENSEMBLE_INPUTS, name)
-        tensor = grpcclient.InferInput(name, list(value.shape), spec.data_type)
+        tensor = grpcclient.InferInput(name, list(value.shape), ENSEMBLE_TYPES[name])
         tensor.set_data_from_numpy(value)
         inputs.append(tensor)
     client = grpcclient.InferenceServerClient(server.grpc_url)

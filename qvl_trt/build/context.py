@@ -12,6 +12,7 @@ from typing import Any
 
 from ..checkpoint import Checkpoint
 from ..container import container_command
+from ..errors import ConfigError
 from ..hashing import FileHasher, fingerprint
 from ..manifest import Manifest, tool_versions
 from ..plan import make_plan
@@ -27,6 +28,16 @@ class Stage(str, enum.Enum):
     LLM = "llm"
     REPO = "repo"
     MANIFEST = "manifest"
+
+    @classmethod
+    def parse_list(cls, text: str) -> tuple[Stage, ...]:
+        """`--only vision,repo` -> (Stage.VISION, Stage.REPO)."""
+        try:
+            return tuple(cls(s.strip()) for s in text.split(",") if s.strip())
+        except ValueError:
+            raise ConfigError(
+                f"--only {text!r}: stages are {', '.join(s.value for s in cls)}"
+            ) from None
 
 
 STAGES = tuple(Stage)

@@ -22,12 +22,14 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from ..triton import contract as c
 from .generate import (
     Endpoint,
     GenerateClient,
     GenerateRequest,
     Generation,
     RequestError,
+    Response,
     parse_url,
 )
 from .metrics import LevelMetrics, RequestRecord, level_metrics
@@ -100,6 +102,18 @@ def synthetic_images(width: int, height: int) -> ImageSource:
     return image
 
 
+def image_source(folder: Path | None, synthetic: str | None) -> tuple[ImageSource | None, str]:
+    """The images of `--images DIR` or `--synthetic WxH` (None: text-only requests), and
+    how the report names them."""
+    if folder and synthetic:
+        raise InputError("pass --images DIR or --synthetic WxH, not both")
+    if folder:
+        return folder_images(folder), str(folder)
+    if synthetic:
+        return synthetic_images(*parse_size(synthetic)), f"synthetic {synthetic}"
+    return None, "none (text only)"
+
+
 def parse_size(text: str) -> tuple[int, int]:
     """`640x480` -> (640, 480)."""
     try:
@@ -158,7 +172,7 @@ def run_level(
                 if i is None:
                     return
                 req = make_request(i)
-                records[i] = record = measure(client, req, image_tokens(req))
+                records[i] = record = measure(client, req, image_tokens(req)).record
                 if on_done:
                     on_done(record)
 
@@ -171,22 +185,47 @@ def run_level(
     return [r for r in records if r is not None]
 
 
-def measure(client: GenerateClient, req: GenerateRequest, image_tokens: int) -> RequestRecord:
-    """Send one request and time it; a failed request becomes a record with its error."""
+@dataclass(frozen=True)
+class Measurement:
+    """One request as its asker and the metrics see it: the answer and its timings."""
+
+    text: str  # what arrived (before the error, for a failed request)
+    record: RequestRecord
+
+    def raise_if_failed(self) -> None:
+        if self.record.error is not None:
+            raise RequestError(self.record.error)
+
+
+def measure(client: GenerateClient, req: GenerateRequest, image_tokens: int, *,
+            on_response: Callable[[Response], None] | None = None) -> Measurement:
+    """Send one request and time it, handing each response to `on_response` as it arrives;
+    a failed request becomes a record with its error. Text tokens = prompt tokens - image
+    tokens."""
     sent_at: list[float] = []
+    responses: list[Response] = []
     try:
-        generation = Generation(0.0, tuple(client.stream(req, sent_at=sent_at)))
+        for response in client.stream(req, sent_at=sent_at):
+            responses.append(response)
+            if on_response:
+                on_response(response)
     except RequestError as exc:
         sent = sent_at[0] if sent_at else time.perf_counter()
-        return RequestRecord(sent, None, None, error=str(exc))
-    return record_of(replace(generation, sent=sent_at[0]), image_tokens)
+        return Measurement("".join(r.text for r in responses),
+                           RequestRecord(sent, None, None, error=str(exc)))
+    g = Generation(sent_at[0], tuple(responses))
+    return Measurement(g.text, RequestRecord(g.sent, g.first_token, g.last_response,
+                                             g.completion_tokens,
+                                             g.prompt_tokens - image_tokens, image_tokens))
 
 
-def record_of(generation: Generation, image_tokens: int) -> RequestRecord:
-    """A finished generation as metrics see it; text tokens = prompt tokens - image tokens."""
-    return RequestRecord(generation.sent, generation.first_token, generation.last_response,
-                         generation.completion_tokens,
-                         generation.prompt_tokens - image_tokens, image_tokens)
+def ask(url: str, req: GenerateRequest, *, model: str = c.ENSEMBLE,
+        on_response: Callable[[Response], None] | None = None) -> Measurement:
+    """`qvl-trt infer`: one request to the deployment at `url`, measured as bench measures
+    each of its requests."""
+    with GenerateClient(url, model=model) as client:
+        image_tokens = client.image_token_counter()(req) if req.images else 0
+        return measure(client, req, image_tokens, on_response=on_response)
 
 
 def run_benchmark(

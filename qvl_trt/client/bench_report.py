@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..atomic import write_json_atomic
+from ..atomic import staged_file, write_json_atomic
 from ..deps import require
 from .bench import BenchReport
 from .metrics import REQUEST_METRICS, LevelMetrics
@@ -92,11 +92,9 @@ def write_plot(levels: tuple[LevelMetrics, ...], path: Path) -> Path:
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png")
+    with staged_file(path) as f:
+        fig.savefig(f, format="png")
     plt.close(fig)
-    tmp.replace(path)
     return path
 
 
@@ -106,8 +104,7 @@ def write_reports(report: BenchReport, out_dir: Path) -> dict[str, Path]:
     paths = {"json": out_dir / "bench.json", "csv": out_dir / "bench.csv",
              "png": out_dir / "bench.png"}
     write_json_atomic(paths["json"], report_json(report))
-    tmp = paths["csv"].with_name(".bench.csv.tmp")
-    tmp.write_text(report_csv(report))
-    tmp.replace(paths["csv"])
+    with staged_file(paths["csv"], "w") as f:
+        f.write(report_csv(report))
     write_plot(report.levels, paths["png"])
     return paths

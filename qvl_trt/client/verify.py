@@ -11,10 +11,11 @@ generated, before detokenization.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..deps import require
-from ..errors import InputError
+from ..errors import ConfigError, InputError
 from ..triton import contract as c
 from .generate import GenerateClient, GenerateRequest, RequestError, request_fields
 
@@ -117,8 +118,11 @@ def compare(case: Case, reference: Sequence[int], candidate: Sequence[int],
                       first_divergence(reference, candidate))
 
 
-def verify(cases: Sequence[Case], reference: Callable[[GenerateRequest], list[int]],
-           candidate: Callable[[GenerateRequest], list[int]], *, must_match: int | None = None,
+Side = Callable[[GenerateRequest], list[int]]  # a request -> its greedy token ids
+
+
+def verify(cases: Sequence[Case], reference: Side, candidate: Side, *,
+           must_match: int | None = None,
            on_case: Callable[[CaseResult], None] | None = None) -> list[CaseResult]:
     """Run every case on both sides and compare."""
     results = []
@@ -129,6 +133,28 @@ def verify(cases: Sequence[Case], reference: Callable[[GenerateRequest], list[in
         if on_case:
             on_case(result)
     return results
+
+
+@contextlib.contextmanager
+def open_sides(url: str, against: str, *, served_model: str = c.ENSEMBLE,
+               model: Path | None = None, llm_checkpoint: Path | None = None) \
+        -> Iterator[tuple[Side, StepwiseDeployment]]:
+    """(reference, candidate) for `verify`, closed on exit: the candidate is the deployment
+    at `url`; `against` is `reference` (the in-process pipeline on the HF checkpoint `model`,
+    with the deployment's request limits) or a second deployment's URL."""
+    with contextlib.ExitStack() as stack:
+        candidate = stack.enter_context(contextlib.closing(StepwiseDeployment(
+            url, model=served_model)))
+        if against == "reference":
+            if model is None:
+                raise ConfigError("--against reference needs --model (the deployment's HF "
+                                  "checkpoint)")
+            reference: Side = InProcessReference(model, limits=candidate.client.request_limits(),
+                                                 llm_checkpoint=llm_checkpoint)
+        else:
+            reference = stack.enter_context(contextlib.closing(StepwiseDeployment(
+                against, model=served_model)))
+        yield reference, candidate
 
 
 class StepwiseDeployment:

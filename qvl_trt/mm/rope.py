@@ -127,11 +127,3 @@ def mrope_cos_sin_table(position_ids: np.ndarray, text: TextDims, max_positions:
     table[seq:, :, 1] = 0.0
     return table.reshape(-1)
 
-
-def cos_sin_from_table(table: np.ndarray, num_tokens: int, head_dim: int) \
-        -> tuple[np.ndarray, np.ndarray]:
-    """Per-token (cos, sin), each [num_tokens, head_dim] in HF's layout (the half repeated),
-    read from an `mrope_rotary_cos_sin` table the way the context-phase kernel reads it."""
-    pairs = np.asarray(table).reshape(-1, head_dim // 2, 2)[:num_tokens]
-    cos, sin = pairs[..., 0], pairs[..., 1]
-    return np.concatenate([cos, cos], axis=-1), np.concatenate([sin, sin], axis=-1)

@@ -12,13 +12,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..atomic import staged_dir
+from ..atomic import staged_dir, write_json_atomic
 from ..deps import require
 from ..errors import ConfigError
 from .tokenizer_files import CHAT_TEMPLATE, write_tokenizer_files
@@ -263,8 +262,8 @@ def write_tiny_checkpoint(
         if shards > len(tensors):
             raise ConfigError(f"shards must be <= {len(tensors)} (the tensor count), got {shards}")
         _write_metadata(directory, config)
-        _write_json(directory / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
-        _write_json(directory / "video_preprocessor_config.json", VIDEO_PREPROCESSOR_CONFIG)
+        write_json_atomic(directory / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
+        write_json_atomic(directory / "video_preprocessor_config.json", VIDEO_PREPROCESSOR_CONFIG)
         write_tokenizer_files(directory)
         _write_safetensors(directory, tensors, shards)
 
@@ -388,16 +387,16 @@ def _write_safetensors(directory: Path, tensors: dict, shards: int) -> None:
         "total_parameters": sum(t.numel() for t in tensors.values()),
         "total_size": sum(t.numel() * t.element_size() for t in tensors.values()),
     }
-    _write_json(
+    write_json_atomic(
         directory / "model.safetensors.index.json",
         {"metadata": metadata, "weight_map": weight_map},
     )
 
 
 def _write_metadata(directory: Path, config: dict) -> None:
-    _write_json(directory / "config.json", config)
-    _write_json(directory / "generation_config.json", GENERATION_CONFIG)
-    _write_json(directory / "preprocessor_config.json", PREPROCESSOR_CONFIG)
+    write_json_atomic(directory / "config.json", config)
+    write_json_atomic(directory / "generation_config.json", GENERATION_CONFIG)
+    write_json_atomic(directory / "preprocessor_config.json", PREPROCESSOR_CONFIG)
 
 
 def _write_atomically(out: Path, fill: Callable[[Path], None]) -> Path:
@@ -408,10 +407,6 @@ def _write_atomically(out: Path, fill: Callable[[Path], None]) -> Path:
     with staged_dir(out) as staging:
         fill(staging)
     return out
-
-
-def _write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def _single(key: str, numbers: tuple[int, ...]) -> int:

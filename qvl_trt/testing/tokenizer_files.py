@@ -16,6 +16,7 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
+from ..atomic import write_json_atomic
 from ..deps import require
 from ..errors import DependencyError
 from ..triton.runtime.detokenizer import byte_to_unicode
@@ -210,7 +211,7 @@ def write_tokenizer_files(out: Path, *, cache_dir: Path | None = None) -> Path:
     else:
         for name in _CACHED_FILES:
             shutil.copyfile(source / name, out / name)
-    _write_json(out / "tokenizer_config.json", tokenizer_config())
+    write_json_atomic(out / "tokenizer_config.json", tokenizer_config())
     return out
 
 
@@ -290,7 +291,7 @@ def _build_into(directory: Path) -> None:
     tokenizers = require("tokenizers", extra="export", why="build the Qwen tokenizer")
     tokenizers.Tokenizer.from_str(tokenizer_json)
     (directory / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
-    _write_json(directory / "vocab.json", vocab, indent=None)
+    write_json_atomic(directory / "vocab.json", vocab, indent=None)
     (directory / "merges.txt").write_text(
         "#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8"
     )
@@ -390,7 +391,3 @@ def _tokenizer_json(vocab: dict[str, int], merges: list[str]) -> str:
         },
     }
     return json.dumps(document, ensure_ascii=False, indent=2)
-
-
-def _write_json(path: Path, data: dict, *, indent: int | None = 2) -> None:
-    path.write_text(json.dumps(data, ensure_ascii=False, indent=indent) + "\n", encoding="utf-8")

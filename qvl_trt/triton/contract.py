@@ -221,14 +221,6 @@ POSTPROCESSING_INPUTS: tuple[TensorSpec, ...] = tuple(
 POSTPROCESSING_OUTPUTS = ENSEMBLE_OUTPUTS
 
 
-def spec(specs: tuple[TensorSpec, ...], name: str) -> TensorSpec:
-    """The spec called `name` in `specs`."""
-    for s in specs:
-        if s.name == name:
-            return s
-    raise KeyError(name)
-
-
 # ---- TensorRT-LLM's word-list tensor (stop_words_list) ----------------------------------
 
 def stop_words_list(sequences: Sequence[Sequence[int]]) -> np.ndarray:

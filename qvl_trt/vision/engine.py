@@ -32,7 +32,7 @@ from ..errors import BuildError, ConfigError, QvlError, StageUnavailable
 from ..hashing import FileHasher
 from ..profiles import TrtEdition
 from ..typed_config import load_dataclass, to_jsonable
-from .spec import GraphSpec, PatchRange, TensorSpec
+from .spec import GraphSpec, GraphTensor, PatchRange
 
 # Fixed names: the child runs this module as __main__.
 log = logging.getLogger("qvl_trt.vision.engine")
@@ -58,8 +58,8 @@ class EngineBuildConfig:
     patches: PatchRange
     builder_optimization_level: int
     workspace_gib: float
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
+    inputs: tuple[GraphTensor, ...]
+    outputs: tuple[GraphTensor, ...]
     sources: dict[str, Any]  # what the ONNX was made from (hashes), copied to config.json
 
 

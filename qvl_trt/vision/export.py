@@ -25,7 +25,7 @@ from ..deps import require
 from ..errors import BuildError
 from ..profiles import TrtEdition
 from ..typed_config import to_jsonable
-from .spec import MERGE_BLOCKS, MIN_BLOCKS, GraphSpec, vision_graph_spec
+from .spec import MERGE_BLOCKS, MIN_BLOCKS, PATCHES, GraphSpec, vision_graph_spec
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,8 @@ def export_vision_onnx(ckpt: Checkpoint, out: Path, *, dtype: str = "float16",
     with _quiet_exporter():
         exported = torch.export.export(
             tower, example_inputs(ckpt, EXAMPLE_GRID),
-            dynamic_shapes=tuple({0: patches} for _ in spec.inputs), strict=False)
+            dynamic_shapes=tuple({i: patches for i, d in enumerate(t.shape) if d == PATCHES}
+                                 for t in spec.inputs), strict=False)
         program = torch.onnx.export(
             exported, dynamo=True, input_names=list(spec.input_names),
             output_names=list(spec.output_names), opset_version=opset, optimize=True,

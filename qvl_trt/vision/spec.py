@@ -1,6 +1,8 @@
-"""The vision graph's input/output contract: one spec drives the ONNX dynamic axes, the
-TensorRT optimisation profile and the Triton dims. Light (no torch, no TensorRT), so the
-Triton repository emitter and the request pipeline import it freely."""
+"""The vision graph's input/output contract: names, dtypes and named dynamic axes. One spec
+drives the ONNX export (its dynamic shapes and axis names), the check of the exported graph,
+the TensorRT optimisation profile and the engine's recorded I/O. The Triton vision_encoder
+model's dims are not these (it takes pixels and grids and computes the index inputs itself):
+they are in triton/contract.py. Light (no torch, no TensorRT)."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ OPT_IMAGE = (1080, 1920)  # height, width
 
 
 @dataclass(frozen=True)
-class TensorSpec:
+class GraphTensor:
     name: str
     dtype: str  # "float32" | "float16" | "bfloat16" | "int32"
     shape: tuple[int | str, ...]  # a str is a named dynamic axis
@@ -44,8 +46,8 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class GraphSpec:
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
+    inputs: tuple[GraphTensor, ...]
+    outputs: tuple[GraphTensor, ...]
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -55,13 +57,8 @@ class GraphSpec:
     def output_names(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.outputs)
 
-    def tensor(self, name: str) -> TensorSpec:
+    def tensor(self, name: str) -> GraphTensor:
         return next(t for t in self.inputs + self.outputs if t.name == name)
-
-    def dynamic_axes(self) -> dict[str, dict[int, str]]:
-        """name -> {axis index: axis name}, as torch.onnx takes it."""
-        return {t.name: {i: d for i, d in enumerate(t.shape) if isinstance(d, str)}
-                for t in self.inputs + self.outputs}
 
 
 @dataclass(frozen=True)
@@ -85,13 +82,13 @@ def vision_graph_spec(vision: VisionDims, dtype: str) -> GraphSpec:
     if dtype not in VISION_DTYPES:
         raise ConfigError(f"vision dtype {dtype!r} is not one of {', '.join(VISION_DTYPES)}")
     inputs = (
-        TensorSpec("pixel_values", "float32", (PATCHES, vision.patch_dim)),
-        TensorSpec("pos_interp_indices", "int32", (PATCHES, 4)),
-        TensorSpec("pos_interp_weights", "float32", (PATCHES, 4)),
-        TensorSpec("rope_position_ids", "int32", (PATCHES, 2)),
+        GraphTensor("pixel_values", "float32", (PATCHES, vision.patch_dim)),
+        GraphTensor("pos_interp_indices", "int32", (PATCHES, 4)),
+        GraphTensor("pos_interp_weights", "float32", (PATCHES, 4)),
+        GraphTensor("rope_position_ids", "int32", (PATCHES, 2)),
     )
     names = ["image_embeds"] + [f"deepstack_{k}" for k in range(vision.deepstack_count)]
-    outputs = tuple(TensorSpec(n, dtype, (TOKENS, vision.out_hidden_size)) for n in names)
+    outputs = tuple(GraphTensor(n, dtype, (TOKENS, vision.out_hidden_size)) for n in names)
     return GraphSpec(inputs, outputs)
 
 
