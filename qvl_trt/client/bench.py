@@ -21,13 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, RequestError
 from .generate import (
     Endpoint,
     GenerateClient,
     GenerateRequest,
     Generation,
-    RequestError,
     parse_url,
 )
 from .metrics import LevelMetrics, RequestRecord, level_metrics

@@ -23,16 +23,12 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from ..deps import require
-from ..errors import InputError, QvlError
+from ..errors import InputError, QvlError, RequestError
 from ..mm.geometry import image_token_count
 from ..triton import contract as c
 
 GRPC_PORT = 8001
 HTTP_PORT = 8000
-
-
-class RequestError(QvlError):
-    """The server answered a request with an error (or did not answer)."""
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from ..deps import require
-from ..errors import InputError
+from ..errors import InputError, RequestError
 from ..triton import contract as c
-from .generate import GenerateClient, GenerateRequest, RequestError, request_fields
+from .generate import GenerateClient, GenerateRequest, request_fields
 
 
 @dataclass(frozen=True)
