@@ -28,6 +28,14 @@ class InputError(QvlError):
     """A request is malformed: corrupt or oversized image, prompt too long, bad options."""
 
 
+class RequestError(QvlError):
+    """A server answered a request with an error (or did not answer)."""
+
+
+class ServerError(QvlError):
+    """tritonserver did not start or stopped unexpectedly."""
+
+
 class BuildError(QvlError):
     """A build stage failed or cannot run here."""
 

@@ -79,3 +79,37 @@ def to_jsonable(obj: Any) -> Any:
     if isinstance(obj, Mapping):
         return {k: to_jsonable(v) for k, v in obj.items()}
     return obj
+
+
+def load_parameters(cls: type[T], params: Mapping[str, str], where: str) -> T:
+    """`load_dataclass` over a Triton model's parameters, whose values are all strings: each
+    is read as its field's type first (bools as "true"/"false", as `pbconfig.set_parameters`
+    writes them)."""
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for key, text in params.items():
+        tp = hints.get(key)
+        values[key] = text if tp is None else _from_text(tp, text, f"{where}.{key}")
+    return load_dataclass(cls, values, where)
+
+
+def _from_text(tp: Any, text: str, where: str) -> Any:
+    try:
+        if tp is int:
+            return int(text)
+        if tp is float:
+            return float(text)
+    except ValueError:
+        kind = "an integer" if tp is int else "a number"
+        raise ConfigError(f"{where}: expected {kind}, got {text!r}") from None
+    if tp is bool:
+        if text not in ("true", "false"):
+            raise ConfigError(f"{where}: expected true or false, got {text!r}")
+        return text == "true"
+    return text  # str, and enums (load_dataclass converts those)
+
+
+def to_parameters(obj: Any) -> dict[str, str | int | float | bool]:
+    """A flat dataclass as Triton model parameters (enums by value); the inverse of
+    `load_parameters`."""
+    return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}

@@ -66,7 +66,7 @@ def decoders(converted) -> dict[int, ReferenceDecoder]:
 @pytest.fixture(scope="module")
 def preprocessor(tiny_ckpt: Path) -> RequestPreprocessor:
     ckpt = open_checkpoint(tiny_ckpt)
-    limits = dataclasses.replace(RequestLimits.of_checkpoint(ckpt), max_positions=MAX_POSITIONS,
+    limits = dataclasses.replace(RequestLimits.of_checkpoint(ckpt), max_seq_len=MAX_POSITIONS,
                                  max_input_len=MAX_POSITIONS - GREEDY_TOKENS)
     return RequestPreprocessor.from_checkpoint(tiny_ckpt, limits)
 

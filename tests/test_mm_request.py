@@ -231,11 +231,12 @@ def test_preprocessing_never_imports_torch(tiny_ckpt):
 def test_the_triton_preprocessing_step_enforces_the_profile_cap(tmp_path, tiny_build, tiny_ckpt,
                                                                   triton_profile):
     """repository.py writes the cap into the preprocessing model's parameters and
-    PreprocessLimits reads it back: a request over it is refused there."""
+    PreprocessingParameters reads it back: a request over it is refused there."""
+    from qvl_trt.triton.contract import PreprocessingParameters
     from qvl_trt.triton.model_configs import Flavor
     from qvl_trt.triton.pbconfig import read_config
     from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo
-    from qvl_trt.triton.runtime.preprocessing import PreprocessLimits, Preprocessor
+    from qvl_trt.triton.runtime.preprocessing import Preprocessor
 
     repo = write_repo([BuildInput(tiny_build)], tmp_path / "repo",
                       RepoOptions(flavor=Flavor.REFERENCE)).path
@@ -243,7 +244,7 @@ def test_the_triton_preprocessing_step_enforces_the_profile_cap(tmp_path, tiny_b
     cap = load_profile(str(triton_profile)).limits.max_visual_tokens_per_request
     assert int(params["max_visual_tokens"]) == cap == 128
     params["max_visual_tokens"] = "127"
-    step = Preprocessor(tiny_ckpt, PreprocessLimits.from_parameters(params))
+    step = Preprocessor(tiny_ckpt, PreprocessingParameters.from_parameters(params))
     with pytest.raises(InputError, match="holds 127 per request"):
         step.requests.prepare(messages=user_message("Compare.", 2),
                               images=[_png(256, 256, 6), _png(256, 256, 7)])

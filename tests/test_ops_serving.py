@@ -51,8 +51,8 @@ def test_infer_streams_over_grpc_and_http(triton_server, images):
         bounds = client.request_limits()
         generation = client.generate(GenerateRequest(
             "What is in the picture?", (images[0].read_bytes(),), max_tokens=8))
-    expected_image = image_tokens(images[0].read_bytes(), min_pixels=bounds["min_pixels"],
-                                  max_pixels=bounds["max_pixels"])
+    expected_image = image_tokens(images[0].read_bytes(), min_pixels=bounds.min_pixels,
+                                  max_pixels=bounds.max_pixels)
     assert data["input_image_tokens"] == expected_image > 0
     assert data["input_text_tokens"] + expected_image == generation.prompt_tokens
     assert generation.text == answer and len(generation.responses) > 1  # streamed in chunks

@@ -162,3 +162,30 @@ def reference_llm_closing() -> str:
     from qvl_trt.triton.runtime.reference_tensorrt_llm import CLOSING
 
     return CLOSING
+
+
+def test_a_decoder_bug_answers_every_request_of_its_batch_with_its_type_only(caplog) -> None:
+    """The error policy of the python models (backend.error_message): a bug is logged with its
+    traceback; the clients learn only its type, not its text."""
+    pytest.importorskip("torch")
+
+    class Broken(EndlessDecoder):
+        def stream(self, requests, *, wanted):
+            raise KeyError("internal detail")
+            yield
+
+    llm = ReferenceLlm(Broken(), max_batch_size=2, model_name="b4_tensorrt_llm")
+    errors: list[str] = []
+    done = threading.Semaphore(0)
+
+    def fail(message):
+        errors.append(message)
+        done.release()
+
+    request = LlmRequest.from_inputs(good_inputs(), LIMITS)
+    llm.submit(request, lambda t, f: pytest.fail("a broken decoder answered"), fail)
+    assert done.acquire(timeout=60)
+    llm.close()
+    assert errors == ["internal error in b4_tensorrt_llm: KeyError"]
+    (record,) = [r for r in caplog.records if r.exc_info]
+    assert "b4_tensorrt_llm" in record.getMessage() and record.exc_info[0] is KeyError

@@ -92,6 +92,20 @@ def test_tensorrt_llm_bls_calls_are_validated(tmp_path, tiny_build, breakage, re
     assert any(reason in p for p in found), found
 
 
+def test_a_parameter_the_model_would_not_read_is_a_problem(tmp_path, tiny_build) -> None:
+    """validate reads a BLS caller's parameters as its model.py does (contract.py's
+    dataclasses): a mistyped or missing one is reported, not found at load time."""
+    repo = write_repo([BuildInput(tiny_build)], tmp_path / "repo",
+                      RepoOptions(flavor=Flavor.REFERENCE)).path
+    edit_config(repo / "postprocessing", lambda cfg: cfg.parameters[
+        "workers"].__setattr__("string_value", "many"))
+    edit_config(repo / "tensorrt_llm_bls", lambda cfg: cfg.parameters.pop("workers"))
+    found = problems(repo)
+    assert any("postprocessing" in p and "workers: expected an integer, got 'many'" in p
+               for p in found), found
+    assert any("tensorrt_llm_bls" in p and "missing key 'workers'" in p for p in found), found
+
+
 def test_several_builds_get_their_own_model_names(tmp_path, tiny_build) -> None:
     result = write_repo([BuildInput(tiny_build, "small"), BuildInput(tiny_build, "big")],
                         tmp_path / "repo", RepoOptions(flavor=Flavor.REFERENCE))

@@ -53,13 +53,14 @@ def test_trt_flavor_builds_validates_and_serves(tmp_path, tiny_ckpt) -> None:
                       startup_timeout_s=600) as server:
         client = GenerateClient(f"grpc://{server.grpc_url}")
         answer = client.generate(request)
+        limits = client.request_limits()  # the deployment's, as `qvl-trt verify` reads them
         client.close()
+        assert (limits.max_input_len, limits.max_seq_len) == (512, 640)
         assert answer.completion_tokens > 0 and len(answer.responses) > 1
         deployment = StepwiseDeployment(f"grpc://{server.grpc_url}")
         tokens = deployment(request)
         deployment.close()
-    reference = InProcessReference(tiny_ckpt, limits={
-        "max_images": 2, "max_input_len": 512, "max_seq_len": 640, "min_pixels": 4096,
-        "max_pixels": 65536}, llm_checkpoint=build / "llm_checkpoint", device="cuda")
+    reference = InProcessReference(tiny_ckpt, limits=limits,
+                                   llm_checkpoint=build / "llm_checkpoint", device="cuda")
     # fp16 rounding may flip near-ties later on in a random-weight model: the first token.
     assert tokens[:1] == reference(request)[:1]

@@ -171,7 +171,7 @@ def test_row_cache_is_bounded_in_bytes_and_least_recently_used_goes_first() -> N
 
 def test_config_protobufs_parse_back_with_bool_parameters_and_scalar_reshapes() -> None:
     from qvl_trt.triton.model_configs import Flavor, StepSettings, step_configs
-    from qvl_trt.triton.pbconfig import parse_config, to_text
+    from qvl_trt.triton.pbconfig import parameters, parse_config, to_text
 
     settings = StepSettings(c.ModelNames.for_build("b4"), Flavor.TRT, max_batch_size=4,
                             hidden_size=64, patch_dim=1536, table_dtype="FP16",
@@ -203,8 +203,81 @@ def test_config_protobufs_parse_back_with_bool_parameters_and_scalar_reshapes() 
     assert {k: v.string_value for k, v in bls.parameters.items()} == {
         "preprocessing_model": "b4_preprocessing", "vision_encoder_model": "b4_vision_encoder",
         "tensorrt_llm_model": "b4_tensorrt_llm", "workers": "8"}
+    assert c.TensorrtLlmBlsParameters.from_parameters(parameters(bls)).workers == 8
     assert [i.name for i in bls.input] == [s.name for s in c.ENSEMBLE_INPUTS]
     assert [o.name for o in bls.output] == [s.name for s in c.ENSEMBLE_OUTPUTS]
+
+
+def test_python_model_parameters_round_trip_and_name_a_bad_key() -> None:
+    from qvl_trt.triton.pbconfig import new_config, parameters, set_parameters
+
+    written = c.PreprocessingParameters(
+        max_images=2, max_input_len=512, max_seq_len=640, min_pixels=4096, max_pixels=65536,
+        max_visual_tokens=128, default_max_tokens=64, image_url_allow_list="a.com,b.org")
+    config = new_config("pre", backend="python", max_batch_size=1)
+    set_parameters(config, written.to_parameters())
+    params = parameters(config)
+    assert params["max_seq_len"] == "640"  # one name from the writer to the reader
+    assert c.PreprocessingParameters.from_parameters(params) == written
+    vision = c.VisionEncoderParameters(c.Flavor.REFERENCE, "auto", "float32", 2**20)
+    assert vision.to_parameters()["flavor"] == "reference"
+    assert c.VisionEncoderParameters.from_parameters(
+        {k: str(v) for k, v in vision.to_parameters().items()}) == vision
+    with pytest.raises(ConfigError, match=r"pre: missing key 'max_visual_tokens'"):
+        c.PreprocessingParameters.from_parameters(
+            {k: v for k, v in params.items() if k != "max_visual_tokens"}, "pre")
+    with pytest.raises(ConfigError, match=r"post\.workers: expected an integer, got 'many'"):
+        c.PostprocessingParameters.from_parameters(
+            {"tensorrt_llm_model": "tensorrt_llm", "workers": "many"}, "post")
+    with pytest.raises(ConfigError, match=r"unknown key 'max_positions'"):
+        c.PreprocessingParameters.from_parameters({**params, "max_positions": "640"})
+    with pytest.raises(ConfigError, match=r"'gpu' is not one of 'trt', 'reference'"):
+        c.VisionEncoderParameters.from_parameters(
+            {"flavor": "gpu", "device": "auto", "dtype": "float32", "cache_bytes": "1"})
+
+
+def test_string_parameters_read_bools_as_set_parameters_writes_them() -> None:
+    from dataclasses import dataclass
+
+    from qvl_trt.triton.pbconfig import new_config, parameters, set_parameters
+    from qvl_trt.typed_config import load_parameters, to_parameters
+
+    @dataclass(frozen=True)
+    class Flags:
+        on: bool
+        ratio: float
+
+    config = new_config("m", backend="python", max_batch_size=1)
+    set_parameters(config, to_parameters(Flags(True, 0.5)))
+    assert parameters(config) == {"on": "true", "ratio": "0.5"}
+    assert load_parameters(Flags, parameters(config), "m") == Flags(True, 0.5)
+    with pytest.raises(ConfigError, match=r"m\.on: expected true or false, got 'yes'"):
+        load_parameters(Flags, {"on": "yes", "ratio": "1"}, "m")
+    with pytest.raises(ConfigError, match=r"m\.ratio: expected a number, got 'half'"):
+        load_parameters(Flags, {"on": "true", "ratio": "half"}, "m")
+
+
+# ---- the python models' error policy -------------------------------------------------------
+
+def test_a_user_error_reaches_the_client_and_a_bug_only_by_its_type(caplog) -> None:
+    from qvl_trt.triton.runtime.backend import guarded
+
+    def refuse(text):
+        raise InputError(f"{text} is too long; shorten it")
+
+    def crash(text):
+        return {}[text]
+
+    sent: list[str] = []
+    guarded("b4_preprocessing", sent.append, refuse, "prompt")
+    assert sent == ["prompt is too long; shorten it"] and not caplog.records
+    guarded("b4_preprocessing", sent.append, crash, "secret")
+    assert sent[1] == "internal error in b4_preprocessing: KeyError"
+    assert "secret" not in sent[1]
+    (record,) = caplog.records
+    assert record.exc_info[0] is KeyError and "b4_preprocessing" in record.getMessage()
+    assert guarded("b4_preprocessing", sent.append, str.upper, "fine") == "FINE"
+    assert len(sent) == 2
 
 
 # ---- server command lines -------------------------------------------------------------------
@@ -236,3 +309,40 @@ def test_single_rank_and_bad_world_sizes() -> None:
         server_command(INSTALL, ServerOptions(Path("/m"), world_size=0))
     with pytest.raises(ConfigError, match="reference flavor"):
         server_command(INSTALL, ServerOptions(Path("/m"), world_size=2))
+
+
+# ---- what the served code imports ------------------------------------------------------------
+
+def _qvl_imports(path: Path, root: Path) -> set[str]:
+    """qvl_trt modules a file imports, at any depth of it (imports inside functions too)."""
+    import ast
+
+    package = ".".join(path.relative_to(root).with_suffix("").parts)
+    if path.name == "__init__.py":
+        package += ".__init__"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: -node.level] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            found |= {module} | {f"{module}.{a.name}" for a in node.names}
+    return {m for m in found if m.split(".")[0] == "qvl_trt"}
+
+
+def test_the_served_code_imports_neither_the_config_writer_nor_the_fixtures() -> None:
+    root = Path(__file__).resolve().parents[1]
+    modules = {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in (root / "qvl_trt").rglob("*.py")}
+    todo = [p for p in (root / "triton_repo").glob("*/1/model.py")]
+    assert len(todo) == 5
+    reached: set[str] = set()
+    while todo:
+        for name in _qvl_imports(todo.pop(), root) - reached:
+            if name in modules:
+                reached.add(name)
+                todo.append(modules[name])
+    assert "qvl_trt.triton.runtime.backend" in reached
+    forbidden = {"qvl_trt.triton.model_configs", "qvl_trt.triton.repository", "qvl_trt.testing"}
+    assert not {m for m in reached if m in forbidden or m.startswith("qvl_trt.testing.")}

@@ -21,14 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, RequestError
 from ..triton import contract as c
 from .generate import (
     Endpoint,
     GenerateClient,
     GenerateRequest,
     Generation,
-    RequestError,
     Response,
     parse_url,
 )

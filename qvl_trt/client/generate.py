@@ -23,16 +23,12 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from ..deps import require
-from ..errors import InputError, QvlError
+from ..errors import ConfigError, InputError, QvlError, RequestError
 from ..mm.geometry import image_token_count
 from ..triton import contract as c
 
 GRPC_PORT = 8001
 HTTP_PORT = 8000
-
-
-class RequestError(QvlError):
-    """The server answered a request with an error (or did not answer)."""
 
 
 @dataclass(frozen=True)
@@ -223,25 +219,24 @@ class GenerateClient:
             raise RequestError(_http_error(reply.status, body))
         return json.loads(body)
 
-    def request_limits(self) -> dict[str, int]:
-        """The deployment's per-request limits (max_images, max_input_len, max_seq_len,
-        min_pixels, max_pixels), as its preprocessing step's parameters state them."""
+    def request_limits(self) -> c.PreprocessingParameters:
+        """The deployment's per-request limits, as its preprocessing step's parameters state
+        them."""
         names = c.ModelNames() if self.model == c.ENSEMBLE else c.ModelNames.for_build(self.model)
-        params = self.model_config(names.preprocessing).get("parameters", {})
-        keys = ("max_images", "max_input_len", "max_seq_len", "min_pixels", "max_pixels")
+        params = c.config_parameters(self.model_config(names.preprocessing))
         try:
-            return {k: int(params[k]["string_value"]) for k in keys}
-        except (KeyError, ValueError):
-            raise RequestError(f"{names.preprocessing} on {self.endpoint.address} does not state "
-                               f"{', '.join(keys)}; regenerate the repository with "
-                               "`qvl-trt repo`") from None
+            return c.PreprocessingParameters.from_parameters(
+                params, f"{names.preprocessing} on {self.endpoint.address}")
+        except ConfigError as exc:
+            raise RequestError(f"{exc}; regenerate the repository with `qvl-trt repo`") \
+                from None
 
     def image_token_counter(self) -> Callable[[GenerateRequest], int]:
         """Visual tokens a request's images become on this deployment: its pixel bounds
         applied to each image's size (read from the file header)."""
         limits = self.request_limits()
-        bounds = {k: limits[k] for k in ("min_pixels", "max_pixels")}
-        return lambda req: sum(image_tokens(data, **bounds) for data in req.images)
+        return lambda req: sum(image_tokens(data, min_pixels=limits.min_pixels,
+                                            max_pixels=limits.max_pixels) for data in req.images)
 
     def generate(self, req: GenerateRequest) -> Generation:
         """Send `req` and wait for its last response."""

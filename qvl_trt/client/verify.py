@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 from ..deps import require
-from ..errors import ConfigError, InputError
+from ..errors import ConfigError, InputError, RequestError
 from ..triton import contract as c
-from .generate import GenerateClient, GenerateRequest, RequestError, request_fields
+from .generate import GenerateClient, GenerateRequest, request_fields
 
 
 @dataclass(frozen=True)
@@ -269,21 +269,14 @@ class InProcessReference:
     """Greedy token ids from the in-process reference pipeline (PyTorch), preprocessing with
     the deployment's request limits so both sides see the same image sizes."""
 
-    def __init__(self, model: Path, *, limits: dict[str, int],
+    def __init__(self, model: Path, *, limits: c.PreprocessingParameters,
                  llm_checkpoint: Path | None = None, device: str = "cpu") -> None:
         from ..llm.pipeline import ReferencePipeline, generation_defaults
-        from ..mm.request import RequestLimits, RequestPreprocessor
+        from ..triton.runtime.preprocessing import request_limits
 
-        loaded = ReferencePipeline.load(model, checkpoint=llm_checkpoint, device=device,
-                                        max_seq_len=limits["max_seq_len"])
-        request_limits = RequestLimits(
-            max_images=limits["max_images"], max_input_len=limits["max_input_len"],
-            max_positions=loaded.decoder.config.max_position_embeddings,
-            min_pixels=limits["min_pixels"], max_pixels=limits["max_pixels"])
-        self.pipeline = ReferencePipeline(
-            loaded.checkpoint, RequestPreprocessor.from_checkpoint(loaded.checkpoint.path,
-                                                                   request_limits),
-            loaded.vision, loaded.decoder, loaded.stop_token_ids)
+        self.pipeline = ReferencePipeline.load(model, checkpoint=llm_checkpoint, device=device,
+                                               max_seq_len=limits.max_seq_len,
+                                               limits=request_limits(limits))
         # The deployment's end id (generation_config's first eos), cut as the backend does.
         stops = generation_defaults(Path(model))["stop_token_ids"]
         self.end_id = stops[0] if stops else None

@@ -95,11 +95,13 @@ class ReferencePipeline:
     @classmethod
     def load(cls, model: str | Path, *, checkpoint: str | Path | None = None,
              device: str = "cpu", dtype: str | None = None,
-             max_seq_len: int = 8192) -> ReferencePipeline:
+             max_seq_len: int = 8192,
+             limits: RequestLimits | None = None) -> ReferencePipeline:
         """`checkpoint`: a folder written by `qvl-trt convert` from `model`; without it the
         model is converted into a temporary folder (in its own dtype: lossless) with
         max_position_embeddings = `max_seq_len`. `dtype` is the compute precision: float32
-        on a CPU by default, the checkpoint's on CUDA."""
+        on a CPU by default, the checkpoint's on CUDA. `limits`: what a request may hold (a
+        deployment's; default: what the decoder holds); max_seq_len is the decoder's."""
         require("torch", extra="export", why="run the reference pipeline")
         from ..vision.tower import load_vision_tower
         from .reference import ReferenceDecoder
@@ -114,8 +116,9 @@ class ReferencePipeline:
             _check_converted_from(read_llm_config(Path(checkpoint)), ckpt, Path(checkpoint))
             decoder = ReferenceDecoder.load(checkpoint, device=device, dtype=compute)
         positions = decoder.config.max_position_embeddings
-        limits = dataclasses.replace(RequestLimits.of_checkpoint(ckpt), max_positions=positions,
-                                     max_input_len=positions - 1)
+        limits = dataclasses.replace(limits, max_seq_len=positions) if limits else \
+            dataclasses.replace(RequestLimits.of_checkpoint(ckpt), max_seq_len=positions,
+                                max_input_len=positions - 1)
         preprocessor = RequestPreprocessor.from_checkpoint(ckpt.path, limits)
         vision_dtype = str(decoder.dtype).removeprefix("torch.")
         vision = load_vision_tower(ckpt, vision_dtype).to(decoder.device)

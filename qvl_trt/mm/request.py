@@ -36,7 +36,7 @@ class RequestLimits:
 
     max_images: int
     max_input_len: int
-    max_positions: int  # the engine's max_position_embeddings (= the profile's max_seq_len)
+    max_seq_len: int  # the engine's max_position_embeddings (the profile's max_seq_len)
     min_pixels: int | None = None
     max_pixels: int | None = None
     max_decoded_pixels: int = DEFAULT_MAX_DECODED_PIXELS
@@ -48,7 +48,7 @@ class RequestLimits:
     def from_profile(cls, profile: GpuProfile) -> RequestLimits:
         lim = profile.limits
         return cls(max_images=lim.max_images_per_request, max_input_len=lim.max_input_len,
-                   max_positions=lim.max_seq_len, min_pixels=lim.vision_min_pixels,
+                   max_seq_len=lim.max_seq_len, min_pixels=lim.vision_min_pixels,
                    max_pixels=lim.vision_max_pixels,
                    max_visual_tokens=lim.max_visual_tokens_per_request)
 
@@ -56,7 +56,7 @@ class RequestLimits:
     def of_checkpoint(cls, checkpoint: Checkpoint) -> RequestLimits:
         """No deployment caps: the model's own context length, any number of images."""
         positions = checkpoint.text.max_position_embeddings
-        return cls(max_images=2**31 - 1, max_input_len=positions, max_positions=positions)
+        return cls(max_images=2**31 - 1, max_input_len=positions, max_seq_len=positions)
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class PreparedRequest:
     engine_input_ids: np.ndarray  # [seq] int32, visual token i = vocab_size + (1+K)i
     position_ids: np.ndarray  # [3, seq] int64
     mrope_position_delta: int
-    mrope_rotary_cos_sin: np.ndarray  # [max_positions * head_dim] float32
+    mrope_rotary_cos_sin: np.ndarray  # [max_seq_len * head_dim] float32
     prompt_table_extra_ids: np.ndarray  # [seq] uint64
     prompt_vocab_size: int  # prompt-table rows: (1+K) * visual tokens
 
@@ -141,9 +141,9 @@ class RequestPreprocessor:
             raise ConfigError(f"the deployment's minimum of {min_pixels} pixels per image exceeds "
                               f"the maximum of {max_pixels} (checkpoint and profile caps); lower "
                               "limits.vision_min_pixels")
-        if limits.max_input_len > limits.max_positions:
+        if limits.max_input_len > limits.max_seq_len:
             raise ConfigError(f"max_input_len {limits.max_input_len} exceeds the "
-                              f"{limits.max_positions} positions of the MRoPE table")
+                              f"{limits.max_seq_len} positions of the MRoPE table")
         vision = checkpoint.vision
         if (pixels.patch_size, pixels.merge_size, pixels.temporal_patch_size) != (
                 vision.patch_size, vision.spatial_merge_size, vision.temporal_patch_size):
@@ -188,7 +188,7 @@ class RequestPreprocessor:
                                             deepstack_count=deepstack),
             position_ids=rope.position_ids, mrope_position_delta=rope.delta,
             mrope_rotary_cos_sin=mrope_cos_sin_table(rope.position_ids, ckpt.text,
-                                                     lim.max_positions),
+                                                     lim.max_seq_len),
             prompt_table_extra_ids=prompt_table_extra_ids(
                 input_ids, image_token_id=image_id,
                 image_hashes=[image.patches.hash64 for image in prepared],

@@ -13,10 +13,14 @@ Data types are Triton's names without the `TYPE_` prefix; dims exclude the batch
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import enum
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from ..typed_config import load_parameters, to_parameters
 
 # ---- model names ----------------------------------------------------------------------------
 # The ensemble's steps: preprocessing -> vision_encoder -> postprocessing; postprocessing runs
@@ -58,6 +62,98 @@ class ModelNames:
         """Every model of the build, the ensemble first."""
         return (self.ensemble, self.preprocessing, self.vision_encoder, self.tensorrt_llm,
                 self.postprocessing, self.tensorrt_llm_bls)
+
+
+# ---- python models' parameters -----------------------------------------------------------
+# One frozen dataclass per python model: the repository writer sets `to_parameters()` in its
+# config, its model.py (and the client, serve and validate) read `from_parameters(...)`, so a
+# parameter has one name and one type from the profile's limits to the model that uses them.
+
+
+class Flavor(str, enum.Enum):
+    """How the vision_encoder and tensorrt_llm steps run; the I/O is the same."""
+
+    TRT = "trt"  # vision TensorRT engine in a python model; the stock tensorrtllm backend
+    REFERENCE = "reference"  # PyTorch vision tower and reference decoder, python models
+
+
+class ModelParameters:
+    def to_parameters(self) -> dict[str, str | int | float | bool]:
+        """The model config's parameters (`pbconfig.set_parameters` makes them strings)."""
+        return to_parameters(self)
+
+    @classmethod
+    def from_parameters(cls, params: Mapping[str, str], where: str = "") -> Any:
+        """From the model config's parameters (string values); a ConfigError names a missing,
+        unknown or mistyped key."""
+        return load_parameters(cls, params, where or f"{cls.__name__}")
+
+
+@dataclass(frozen=True)
+class PreprocessingParameters(ModelParameters):
+    """The deployment's per-request limits (the names of mm.request.RequestLimits; the profile
+    calls them limits.max_images_per_request, .max_input_len, .max_seq_len,
+    .vision_min_pixels, .vision_max_pixels, .max_visual_tokens_per_request) and defaults."""
+
+    max_images: int
+    max_input_len: int
+    max_seq_len: int
+    min_pixels: int
+    max_pixels: int
+    max_visual_tokens: int
+    default_max_tokens: int
+    image_url_allow_list: str = ""  # comma-separated hosts remote image URLs may name
+
+
+@dataclass(frozen=True)
+class VisionEncoderParameters(ModelParameters):
+    flavor: Flavor
+    device: str  # reference flavor: "auto" (cuda when present), "cpu", "cuda:0", ...
+    dtype: str  # reference flavor: the tower's precision
+    cache_bytes: int  # the row cache's budget
+
+
+@dataclass(frozen=True)
+class ReferenceLlmParameters(ModelParameters):
+    """The reference flavor's tensorrt_llm model."""
+
+    device: str
+    dtype: str  # the decoder's precision, and the prompt table's
+    # max_prompt_embedding_table_size / max_batch_size: the stand-in refuses bigger tables,
+    # as the executor does.
+    prompt_table_rows_per_request: int
+
+
+@dataclass(frozen=True)
+class PostprocessingParameters(ModelParameters):
+    tensorrt_llm_model: str  # the model it runs by BLS
+    # Worker threads, each holding one request (and one BLS call of the python backend's
+    # thread pool): the server sizes thread-pool-size from their sum.
+    workers: int
+
+
+@dataclass(frozen=True)
+class TensorrtLlmBlsParameters(PostprocessingParameters):
+    """Postprocessing's, and the steps it runs before it."""
+
+    preprocessing_model: str
+    vision_encoder_model: str
+
+
+def llm_caller_parameters(params: Mapping[str, str],
+                          where: str) -> PostprocessingParameters | None:
+    """The parameters of a model that runs tensorrt_llm by BLS (tensorrt_llm_bls, which names
+    the steps it runs first, or postprocessing), or None for another model."""
+    if "preprocessing_model" in params:
+        return TensorrtLlmBlsParameters.from_parameters(params, where)
+    if "tensorrt_llm_model" in params:
+        return PostprocessingParameters.from_parameters(params, where)
+    return None
+
+
+def config_parameters(config: Mapping[str, Any]) -> dict[str, str]:
+    """The parameters of a model config in Triton's JSON form (all string values)."""
+    return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
 
 
 # ---- tensor specs -----------------------------------------------------------------------------

@@ -7,31 +7,16 @@ engines, the flavor), so the files never carry a "${...}" placeholder.
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import contract as c
+from .contract import Flavor, PostprocessingParameters, TensorrtLlmBlsParameters
 from .pbconfig import add_inputs, add_outputs, new_config, pb2, set_parameters
 
-# Parameters of the models that call others by BLS: the tensorrt_llm model postprocessing and
-# tensorrt_llm_bls call, and the steps tensorrt_llm_bls runs before it.
-LLM_MODEL_PARAMETER = "tensorrt_llm_model"
-PREPROCESSING_MODEL_PARAMETER = "preprocessing_model"
-VISION_MODEL_PARAMETER = "vision_encoder_model"
-# A python model's worker threads, each holding one request (and one BLS call of the python
-# backend's thread pool): the server sizes thread-pool-size from their sum.
-WORKERS_PARAMETER = "workers"
 # Where the TensorRT-LLM container installs the executor worker (orchestrator mode).
 EXECUTOR_WORKER_PATH = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
-
-
-class Flavor(str, enum.Enum):
-    """How the vision_encoder and tensorrt_llm steps run; the I/O is the same."""
-
-    TRT = "trt"  # vision TensorRT engine in a python model; the stock tensorrtllm backend
-    REFERENCE = "reference"  # PyTorch vision tower and reference decoder, python models
 
 
 @dataclass(frozen=True)
@@ -49,9 +34,9 @@ class StepSettings:
     # memory free when it loads, so the vision engine loading beside it cannot race it.
     max_tokens_in_paged_kv_cache: int = 0
     batch_scheduler_policy: str = "guaranteed_no_evict"
-    # python models' parameters (read by their model.py), by step
-    parameters: Mapping[str, Mapping[str, str | int | float | bool]] = field(
-        default_factory=dict)
+    # python models' parameters (read by their model.py), by step; postprocessing's and
+    # tensorrt_llm_bls's come from the names and the batch
+    parameters: Mapping[str, c.ModelParameters] = field(default_factory=dict)
     preprocessing_instances: int = 2
 
 
@@ -76,7 +61,8 @@ def _python_model(s: StepSettings, name: str, step: str, *, instances: int = 1,
     config.instance_group.add(count=instances, kind=pb_kind("KIND_CPU"))
     if decoupled:
         config.model_transaction_policy.decoupled = True
-    set_parameters(config, s.parameters.get(step, {}))
+    if step in s.parameters:
+        set_parameters(config, s.parameters[step].to_parameters())
     return config
 
 
@@ -160,8 +146,8 @@ def postprocessing_config(s: StepSettings) -> Any:
     # Decoupled: it streams text as tensorrt_llm (which it calls) streams tokens. One
     # instance; each request runs in a worker thread of it.
     config = _python_model(s, s.names.postprocessing, c.POSTPROCESSING, decoupled=True)
-    set_parameters(config, {LLM_MODEL_PARAMETER: s.names.tensorrt_llm,
-                            WORKERS_PARAMETER: _workers(s)})
+    set_parameters(config, PostprocessingParameters(
+        tensorrt_llm_model=s.names.tensorrt_llm, workers=_workers(s)).to_parameters())
     add_inputs(config, _specialise(c.POSTPROCESSING_INPUTS, s))
     add_outputs(config, c.POSTPROCESSING_OUTPUTS)
     return config
@@ -172,9 +158,9 @@ def tensorrt_llm_bls_config(s: StepSettings) -> Any:
     a client's cancel reaches it."""
     n = s.names
     config = _python_model(s, n.tensorrt_llm_bls, c.TENSORRT_LLM_BLS, decoupled=True)
-    set_parameters(config, {PREPROCESSING_MODEL_PARAMETER: n.preprocessing,
-                            VISION_MODEL_PARAMETER: n.vision_encoder,
-                            LLM_MODEL_PARAMETER: n.tensorrt_llm, WORKERS_PARAMETER: _workers(s)})
+    set_parameters(config, TensorrtLlmBlsParameters(
+        tensorrt_llm_model=n.tensorrt_llm, workers=_workers(s), preprocessing_model=n.preprocessing,
+        vision_encoder_model=n.vision_encoder).to_parameters())
     add_inputs(config, c.ENSEMBLE_INPUTS)
     add_outputs(config, c.ENSEMBLE_OUTPUTS)
     return config

@@ -40,7 +40,6 @@ from ..typed_config import load_dataclass, to_jsonable
 from . import contract as c
 from .model_configs import Flavor, StepSettings, step_configs
 from .pbconfig import write_config
-from .runtime.reference_tensorrt_llm import ROWS_PER_REQUEST_PARAMETER
 
 log = logging.getLogger(__name__)
 
@@ -250,26 +249,24 @@ def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOpt
                       _build_info(build, options, names, kv_tokens))
 
 
-def _python_parameters(build: _Build, options: RepoOptions) -> dict[str, dict[str, Any]]:
+def _python_parameters(build: _Build, options: RepoOptions) -> dict[str, c.ModelParameters]:
     lim = build.profile.limits
-    return {
-        c.PREPROCESSING: {
-            "max_images": lim.max_images_per_request, "max_input_len": lim.max_input_len,
-            "max_seq_len": lim.max_seq_len, "min_pixels": lim.vision_min_pixels,
-            "max_pixels": lim.vision_max_pixels,
-            "max_visual_tokens": lim.max_visual_tokens_per_request,
-            "default_max_tokens": options.default_max_tokens,
-            "image_url_allow_list": ",".join(options.image_url_allow_list),
-        },
-        c.VISION_ENCODER: {
-            "flavor": options.flavor.value, "device": options.device,
-            "dtype": options.reference_dtype, "cache_bytes": options.vision_cache_mib * 2**20,
-        },
-        # The stand-in refuses tables above the runtime's per-request cap, as the executor does.
-        c.TENSORRT_LLM: {"device": options.device, "dtype": options.reference_dtype,
-                         ROWS_PER_REQUEST_PARAMETER: build.plan.prompt_table_rows_per_request},
-        c.POSTPROCESSING: {},
+    parameters: dict[str, c.ModelParameters] = {
+        c.PREPROCESSING: c.PreprocessingParameters(
+            max_images=lim.max_images_per_request, max_input_len=lim.max_input_len,
+            max_seq_len=lim.max_seq_len, min_pixels=lim.vision_min_pixels,
+            max_pixels=lim.vision_max_pixels, max_visual_tokens=lim.max_visual_tokens_per_request,
+            default_max_tokens=options.default_max_tokens,
+            image_url_allow_list=",".join(options.image_url_allow_list)),
+        c.VISION_ENCODER: c.VisionEncoderParameters(
+            flavor=options.flavor, device=options.device, dtype=options.reference_dtype,
+            cache_bytes=options.vision_cache_mib * 2**20),
     }
+    if options.flavor is Flavor.REFERENCE:
+        parameters[c.TENSORRT_LLM] = c.ReferenceLlmParameters(
+            device=options.device, dtype=options.reference_dtype,
+            prompt_table_rows_per_request=build.plan.prompt_table_rows_per_request)
+    return parameters
 
 
 def _build_info(build: _Build, options: RepoOptions, names: c.ModelNames,

@@ -17,10 +17,11 @@ from ..container import container_run, shm_flag
 from ..errors import ConfigError, QvlError
 from ..machine import NGC_TRITON_HOME, TritonInstall
 from ..profiles import TrtEdition
-from .model_configs import WORKERS_PARAMETER
+from .contract import llm_caller_parameters
 from .pbconfig import (
     CONFIG_FILE,
     get_parameter,
+    parameters,
     parse_config,
     read_config,
     set_parameters,
@@ -63,7 +64,8 @@ def read_serve_plan(repo: Path) -> ServePlan:
         if config.backend == "tensorrtllm":
             llm.append(name)
             worlds[name] = _engine_world_size(version / ENGINE_DIR)
-        callers += int(get_parameter(config, WORKERS_PARAMETER) or 0)
+        caller = llm_caller_parameters(parameters(config), str(path))
+        callers += caller.workers if caller else 0
         vision = version / ENGINE_DIR / "config.json"
         if config.backend == "python" and vision.is_file() and \
                 (version / ENGINE_DIR / "model.engine").is_file():

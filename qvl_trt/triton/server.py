@@ -25,7 +25,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import ConfigError, DependencyError, QvlError
+from ..errors import ConfigError, DependencyError, ServerError
 from ..machine import TritonInstall, find_tritonserver
 
 log = logging.getLogger(__name__)
@@ -200,10 +200,6 @@ def format_command(cmd: list[str], install: TritonInstall) -> str:
     prefix = "".join(f"{key}={shlex.quote(entry)}:${key} "
                      for key, entry in env_prepends(install).items())
     return prefix + shlex.join(cmd)
-
-
-class ServerError(QvlError):
-    """tritonserver did not start or stopped unexpectedly."""
 
 
 class TritonServer:

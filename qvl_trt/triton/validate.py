@@ -21,12 +21,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..llm.engine import FUSED_ATTENTION_DTYPES
 from . import contract as c
-from .model_configs import (
-    LLM_MODEL_PARAMETER,
-    PREPROCESSING_MODEL_PARAMETER,
-    VISION_MODEL_PARAMETER,
-    Flavor,
-)
+from .model_configs import Flavor
 from .pbconfig import CONFIG_FILE, data_type_name, get_parameter, parameters, parse_config
 from .repository import (
     BUILD_INFO,
@@ -93,10 +88,10 @@ def validate_repo(repo: Path) -> ValidationReport:
             _check_python_model(repo / name, name, report)
         if config.backend == "tensorrtllm":
             _check_tensorrtllm_parameters(name, config, report)
-        llm = get_parameter(config, LLM_MODEL_PARAMETER)
-        if llm is not None:
-            _check_llm_call(name, _llm_inputs_sent(name, config, configs, report), llm,
-                            configs, report)
+        caller = _llm_caller(name, config, report)
+        if caller is not None:
+            _check_llm_call(name, _llm_inputs_sent(name, caller, config, configs, report),
+                            caller.tensorrt_llm_model, configs, report)
     for name, config in configs.items():
         if config.platform == "ensemble":
             _check_artifacts(repo, name, configs, report)
@@ -215,14 +210,23 @@ def _check_step(ensemble: str, config: Any, step: Any, configs: dict[str, Any],
         produced[tensor] = (outputs[key], origin)
 
 
-def _llm_inputs_sent(name: str, config: Any, configs: dict[str, Any],
-                     report: ValidationReport) -> dict[str, _Tensor]:
+def _llm_caller(name: str, config: Any,
+                report: ValidationReport) -> c.PostprocessingParameters | None:
+    """The parameters of a model that runs tensorrt_llm, as its model.py reads them."""
+    try:
+        return c.llm_caller_parameters(parameters(config), f"{name} parameters")
+    except ConfigError as exc:
+        report.check(False, name, f"{exc}; regenerate the repository with `qvl-trt repo`")
+        return None
+
+
+def _llm_inputs_sent(name: str, caller: c.PostprocessingParameters, config: Any,
+                     configs: dict[str, Any], report: ValidationReport) -> dict[str, _Tensor]:
     """What a model sends tensorrt_llm: postprocessing its inputs; tensorrt_llm_bls (it names
     the steps it runs first) those steps' outputs, after its inputs went to preprocessing."""
-    steps = [get_parameter(config, p) for p in (PREPROCESSING_MODEL_PARAMETER,
-                                                VISION_MODEL_PARAMETER)]
-    if steps[0] is None:
+    if not isinstance(caller, c.TensorrtLlmBlsParameters):
         return _inputs(config)
+    steps = [caller.preprocessing_model, caller.vision_encoder_model]
     sent, outputs = _inputs(config), {}
     for step in steps:
         target = configs.get(step)

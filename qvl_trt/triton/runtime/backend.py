@@ -1,17 +1,22 @@
 """Glue between Triton's python backend and the steps' plain functions: request tensors in,
-response tensors out, errors as error responses. Imported by the generated model.py files
-inside the python backend stub, where `triton_python_backend_utils` exists."""
+response tensors out, errors as error responses (one policy for every python model:
+`error_message`). Imported by the generated model.py files inside the python backend stub,
+where `triton_python_backend_utils` exists."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
-from typing import Any
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
-from ...errors import InputError
-from ..contract import TensorSpec
+from ...errors import InputError, QvlError
+from ..contract import TensorSpec, config_parameters
+
+log = logging.getLogger(__name__)
+R = TypeVar("R")
 
 
 def pb():
@@ -22,8 +27,36 @@ def pb():
 
 def model_parameters(args: Mapping[str, str]) -> dict[str, str]:
     """The model config's parameters (all string values), from initialize()'s args."""
-    config = json.loads(args["model_config"])
-    return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+    return config_parameters(json.loads(args["model_config"]))
+
+
+def error_message(exc: Exception, model: str) -> str:
+    """What a python model tells the client about `exc`: a QvlError is the client's to fix,
+    its one-line message; anything else is a bug, logged with its traceback, and the client
+    learns only its type (not internals)."""
+    if isinstance(exc, QvlError):
+        return str(exc)
+    log.error("internal error in %s", model, exc_info=exc)
+    return f"internal error in {model}: {type(exc).__name__}"
+
+
+def guarded(model: str, fail: Callable[[str], R], handle: Callable[..., R], *args: Any) -> R:
+    """`handle(*args)`; if it raises, `fail(error_message(...))` instead."""
+    try:
+        return handle(*args)
+    except Exception as exc:
+        return fail(error_message(exc, model))
+
+
+def run_requests(requests: Sequence[Any], handle: Callable[[Any], Mapping[str, Any]],
+                 model: str) -> list[Any]:
+    """execute() of a model that is not decoupled: per request, a response holding the
+    outputs `handle(request)` returns, or an error response."""
+
+    def answer(request: Any) -> Any:
+        return response(handle(request))
+
+    return [guarded(model, error_response, answer, request) for request in requests]
 
 
 def read_row(request: Any, specs: Iterable[TensorSpec]) -> dict[str, Any]:

@@ -25,9 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import QvlError
 from .. import contract as c
-from .backend import error_response, pb, response, row_of
+from .backend import error_response, guarded, pb, response, row_of
 from .detokenizer import StreamDecoder, TokenBytes
 
 log = logging.getLogger(__name__)
@@ -42,9 +41,12 @@ Run = Callable[[Any, Any], None]
 
 
 class Postprocessor:
-    def __init__(self, tokenizer_json: Path, *, llm_model: str, workers: int) -> None:
+    def __init__(self, tokenizer_json: Path, *, llm_model: str, workers: int,
+                 model_name: str = c.POSTPROCESSING) -> None:
+        """`model_name`: the model it serves (postprocessing, or tensorrt_llm_bls), for errors."""
         self.token_bytes = TokenBytes.from_tokenizer_json(tokenizer_json)
         self.llm_model = llm_model
+        self.model_name = model_name
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="postprocess")
         self._closing = threading.Event()
 
@@ -65,12 +67,8 @@ class Postprocessor:
         if self._closing.is_set():
             sender.send(error_response(UNLOADING), flags=final)
             return
-        try:
-            run(request, sender)
-        except Exception as exc:  # QvlError is the client's; anything else a bug, logged
-            if not isinstance(exc, QvlError):
-                log.exception("%s failed", type(self).__name__)
-            sender.send(error_response(str(exc)), flags=final)
+        guarded(self.model_name, lambda message: sender.send(error_response(message),
+                                                             flags=final), run, request, sender)
 
     def _run(self, request: Any, sender: Any) -> None:
         tensors = {s.name: pb().get_input_tensor_by_name(request, s.name)

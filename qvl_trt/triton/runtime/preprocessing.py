@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,37 +17,18 @@ from .. import contract as c
 from .request_inputs import SamplingDefaults, UrlPolicy, chat_request
 
 
-@dataclass(frozen=True)
-class PreprocessLimits:
-    """The deployment's per-request limits (the preprocessing model's parameters)."""
-
-    max_images: int
-    max_input_len: int
-    max_seq_len: int
-    min_pixels: int
-    max_pixels: int
-    max_visual_tokens: int
-    default_max_tokens: int
-    image_url_allow_list: str = ""
-
-    @classmethod
-    def from_parameters(cls, params: Mapping[str, str]) -> PreprocessLimits:
-        return cls(
-            max_images=int(params["max_images"]), max_input_len=int(params["max_input_len"]),
-            max_seq_len=int(params["max_seq_len"]), min_pixels=int(params["min_pixels"]),
-            max_pixels=int(params["max_pixels"]),
-            max_visual_tokens=int(params["max_visual_tokens"]),
-            default_max_tokens=int(params["default_max_tokens"]),
-            image_url_allow_list=params.get("image_url_allow_list", ""))
+def request_limits(params: c.PreprocessingParameters) -> RequestLimits:
+    """What the deployment admits per request, from its preprocessing model's parameters."""
+    return RequestLimits(max_images=params.max_images, max_input_len=params.max_input_len,
+                         max_seq_len=params.max_seq_len, min_pixels=params.min_pixels,
+                         max_pixels=params.max_pixels, max_visual_tokens=params.max_visual_tokens)
 
 
 class Preprocessor:
-    def __init__(self, checkpoint_dir: Path, limits: PreprocessLimits) -> None:
+    def __init__(self, checkpoint_dir: Path, limits: c.PreprocessingParameters) -> None:
         self.limits = limits
-        self.requests = RequestPreprocessor.from_checkpoint(checkpoint_dir, RequestLimits(
-            max_images=limits.max_images, max_input_len=limits.max_input_len,
-            max_positions=limits.max_seq_len, min_pixels=limits.min_pixels,
-            max_pixels=limits.max_pixels, max_visual_tokens=limits.max_visual_tokens))
+        self.requests = RequestPreprocessor.from_checkpoint(checkpoint_dir,
+                                                            request_limits(limits))
         gen_path = Path(checkpoint_dir) / "generation_config.json"
         generation = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
         self.defaults = SamplingDefaults.from_generation_config(generation)

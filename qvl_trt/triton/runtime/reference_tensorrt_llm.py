@@ -20,7 +20,6 @@ finishes it (llmRequest.h finishByReason(kCANCELLED)) and sends the last result,
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -31,14 +30,11 @@ import numpy as np
 
 from ...errors import InputError
 from .. import contract as c
-
-log = logging.getLogger(__name__)
+from .backend import error_message
 
 # emit(new token ids, final): one response; fail(message): an error response (final).
 Emit = Callable[[list[int], bool], None]
 Fail = Callable[[str], None]
-# The model parameter holding max_prompt_embedding_table_size / max_batch_size.
-ROWS_PER_REQUEST_PARAMETER = "prompt_table_rows_per_request"
 CLOSING = "tensorrt_llm is unloading; send the request again once the server is back"
 
 
@@ -155,9 +151,12 @@ class _Job:
 
 class ReferenceLlm:
     def __init__(self, decoder: Any, *, max_batch_size: int,
-                 count_tokens: Callable[[int], None] = lambda n: None) -> None:
-        """`count_tokens(n)`: after each batch, the tokens the decoder made in it."""
+                 count_tokens: Callable[[int], None] = lambda n: None,
+                 model_name: str = c.TENSORRT_LLM) -> None:
+        """`count_tokens(n)`: after each batch, the tokens the decoder made in it.
+        `model_name`: the model it serves, for errors."""
         self.decoder = decoder
+        self.model_name = model_name
         self.max_batch_size = max_batch_size
         self.count_tokens = count_tokens
         self._queue: queue.Queue[_Job | None] = queue.Queue()
@@ -227,11 +226,11 @@ class ReferenceLlm:
             else:  # find the bad request: the others must not fail with it
                 for job in wave:
                     self._run_wave([job])
-        except Exception as exc:  # a bug: answer every waiting client, keep serving
-            log.exception("reference decoder failed")
+        except Exception as exc:  # answer every waiting client, keep serving
+            message = error_message(exc, self.model_name)
             for job in wave:
                 if not job.done:
-                    self._end(job, error=f"reference decoder failed: {exc!r}")
+                    self._end(job, error=message)
 
     def _decode(self, wave: list[_Job]) -> None:
         torch = _torch()

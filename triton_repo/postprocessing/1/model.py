@@ -8,17 +8,18 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "qvl_trt_runtime.zip"))
 
-from qvl_trt.triton.model_configs import LLM_MODEL_PARAMETER, WORKERS_PARAMETER  # noqa: E402
+from qvl_trt.triton.contract import PostprocessingParameters  # noqa: E402
 from qvl_trt.triton.runtime.backend import model_parameters  # noqa: E402
 from qvl_trt.triton.runtime.postprocessing import Postprocessor  # noqa: E402
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        params = model_parameters(args)
+        params = PostprocessingParameters.from_parameters(model_parameters(args),
+                                                          args["model_name"])
         self.postprocessor = Postprocessor(HERE / "tokenizer.json",
-                                           llm_model=params[LLM_MODEL_PARAMETER],
-                                           workers=int(params[WORKERS_PARAMETER]))
+                                           llm_model=params.tensorrt_llm_model,
+                                           workers=params.workers, model_name=args["model_name"])
 
     def execute(self, requests):
         for request in requests:

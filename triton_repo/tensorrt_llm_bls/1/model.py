@@ -9,12 +9,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "qvl_trt_runtime.zip"))
 
-from qvl_trt.triton.model_configs import (  # noqa: E402
-    LLM_MODEL_PARAMETER,
-    PREPROCESSING_MODEL_PARAMETER,
-    VISION_MODEL_PARAMETER,
-    WORKERS_PARAMETER,
-)
+from qvl_trt.triton.contract import TensorrtLlmBlsParameters  # noqa: E402
 from qvl_trt.triton.runtime.backend import model_parameters  # noqa: E402
 from qvl_trt.triton.runtime.postprocessing import Postprocessor  # noqa: E402
 from qvl_trt.triton.runtime.tensorrt_llm_bls import Bls  # noqa: E402
@@ -22,12 +17,12 @@ from qvl_trt.triton.runtime.tensorrt_llm_bls import Bls  # noqa: E402
 
 class TritonPythonModel:
     def initialize(self, args):
-        params = model_parameters(args)
-        postprocessor = Postprocessor(HERE / "tokenizer.json",
-                                      llm_model=params[LLM_MODEL_PARAMETER],
-                                      workers=int(params[WORKERS_PARAMETER]))
-        self.bls = Bls(postprocessor, preprocessing=params[PREPROCESSING_MODEL_PARAMETER],
-                       vision_encoder=params[VISION_MODEL_PARAMETER])
+        params = TensorrtLlmBlsParameters.from_parameters(model_parameters(args),
+                                                          args["model_name"])
+        postprocessor = Postprocessor(HERE / "tokenizer.json", llm_model=params.tensorrt_llm_model,
+                                      workers=params.workers, model_name=args["model_name"])
+        self.bls = Bls(postprocessor, preprocessing=params.preprocessing_model,
+                       vision_encoder=params.vision_encoder_model)
 
     def execute(self, requests):
         for request in requests:
