@@ -21,6 +21,27 @@ from .typed_config import to_jsonable
 DENSE_MODEL_TYPE = "qwen3_vl"
 TEXT_PREFIX = "model.language_model."
 VISION_PREFIX = "model.visual."
+# Qwen3-VL's image geometry (every published size; VisionDims reads a checkpoint's own):
+# 16-pixel patches, 2x2 of them merged into one image token. GPU profiles, the resize policy
+# and validate size images with it without a checkpoint at hand.
+PATCH_SIZE = 16
+SPATIAL_MERGE_SIZE = 2
+PIXELS_PER_PATCH = PATCH_SIZE * PATCH_SIZE
+# Resized image sides are multiples of this; one image token covers its square in pixels.
+RESIZE_FACTOR = PATCH_SIZE * SPATIAL_MERGE_SIZE
+PIXELS_PER_IMAGE_TOKEN = RESIZE_FACTOR * RESIZE_FACTOR
+# The checkpoint's files by who reads them (weights are listed by the tensor index).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+                   "chat_template.json", "chat_template.jinja")
+# What the request side (Triton's preprocessing) reads: the model and image configs, the
+# generation defaults and the tokenizer; REQUIRED ones it cannot do without.
+PREPROCESSING_FILES = ("config.json", "preprocessor_config.json", "generation_config.json",
+                       *TOKENIZER_FILES)
+PREPROCESSING_REQUIRED_FILES = ("config.json", "preprocessor_config.json", "tokenizer.json",
+                                "tokenizer_config.json")
+# What a build reads besides the tokenizer and the weights.
+_BUILD_CONFIG_FILES = ("config.json", "generation_config.json", "preprocessor_config.json",
+                       "model.safetensors.index.json")
 
 # safetensors dtype tag -> bytes per element
 _DTYPE_BYTES = {
@@ -247,17 +268,23 @@ class Checkpoint:
     def file_bytes(self) -> int:
         return sum((self.path / f).stat().st_size for f in {i.file for i in self.tensors.values()})
 
+    def _present(self, names: tuple[str, ...]) -> list[str]:
+        return [n for n in names if (self.path / n).is_file()]
+
     @property
     def tokenizer_files(self) -> list[str]:
-        names = (
-            "tokenizer.json",
-            "tokenizer_config.json",
-            "vocab.json",
-            "merges.txt",
-            "chat_template.json",
-            "chat_template.jinja",
-        )
-        return [n for n in names if (self.path / n).is_file()]
+        return self._present(TOKENIZER_FILES)
+
+    @property
+    def preprocessing_files(self) -> list[str]:
+        """The files of PREPROCESSING_FILES this checkpoint has."""
+        return self._present(PREPROCESSING_FILES)
+
+    @property
+    def build_files(self) -> list[str]:
+        """Every file a build reads: configs, tokenizer, weights."""
+        return (self._present(_BUILD_CONFIG_FILES) + self.tokenizer_files
+                + sorted({i.file for i in self.tensors.values()}))
 
     def summary(self) -> dict[str, Any]:
         """What `qvl-trt inspect` reports, as JSON values."""
@@ -386,9 +413,9 @@ def _vision_dims(config: dict[str, Any]) -> VisionDims:
         intermediate_size=int(vc["intermediate_size"]),
         num_heads=int(vc["num_heads"]),
         out_hidden_size=int(vc["out_hidden_size"]),
-        patch_size=int(vc.get("patch_size", 16)),
+        patch_size=int(vc.get("patch_size", PATCH_SIZE)),
         temporal_patch_size=int(vc.get("temporal_patch_size", 2)),
-        spatial_merge_size=int(vc.get("spatial_merge_size", 2)),
+        spatial_merge_size=int(vc.get("spatial_merge_size", SPATIAL_MERGE_SIZE)),
         in_channels=int(vc.get("in_channels", 3)),
         num_position_embeddings=int(vc["num_position_embeddings"]),
         deepstack_visual_indexes=tuple(int(i) for i in vc.get("deepstack_visual_indexes", ())),

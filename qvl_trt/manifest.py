@@ -1,8 +1,11 @@
-"""The build manifest (`manifest.json` in a build folder): what each stage was built from and
-what it wrote, so an unchanged stage is skipped and a build can be resumed elsewhere."""
+"""The build folder's format: its layout (`BuildFolder`: one folder per stage, and the files
+later readers take from them) and its manifest (`manifest.json`: what each stage was built
+from and what it wrote, so an unchanged stage is skipped and a build can be resumed
+elsewhere)."""
 
 from __future__ import annotations
 
+import enum
 import json
 import platform
 import shlex
@@ -12,11 +15,107 @@ from typing import Any
 
 from . import __version__
 from .atomic import write_json_atomic
-from .errors import BuildError
+from .child import write_reproduce
+from .errors import BuildError, ConfigError
 from .hashing import fingerprint
+from .profiles import GpuProfile
+from .typed_config import load_dataclass
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = 1
+PROFILE_NAME = "profile.json"  # in plan/: the resolved GPU profile
+# The vision engine's folder: the engine and the config.json its runner reads (vision/engine).
+VISION_ENGINE_NAME = "model.engine"
+VISION_CONFIG_NAME = "config.json"
+# In llm/: the engine folder, holding TensorRT-LLM's config.json and rank{N}.engine
+# (tensorrt_llm/builder.py Engine.save).
+LLM_ENGINE_DIR = "engine"
+LLM_ENGINE_CONFIG_NAME = "config.json"
+
+
+class Stage(str, enum.Enum):
+    """The build's stages; each writes the folder of its name."""
+
+    INSPECT = "inspect"
+    PLAN = "plan"
+    VISION = "vision"
+    LLM_CHECKPOINT = "llm_checkpoint"
+    LLM = "llm"
+    REPO = "repo"
+    MANIFEST = "manifest"
+
+    @classmethod
+    def parse_list(cls, text: str) -> tuple[Stage, ...]:
+        """`--only vision,repo` -> (Stage.VISION, Stage.REPO)."""
+        try:
+            return tuple(cls(s.strip()) for s in text.split(",") if s.strip())
+        except ValueError:
+            raise ConfigError(
+                f"--only {text!r}: stages are {', '.join(s.value for s in cls)}"
+            ) from None
+
+
+@dataclass(frozen=True)
+class BuildFolder:
+    """Where a build folder (`qvl-trt build --out`) keeps what its readers take. Stage
+    folders appear only when complete."""
+
+    path: Path
+
+    def stage(self, stage: Stage) -> Path:
+        return self.path / stage.value
+
+    @property
+    def profile_file(self) -> Path:
+        return self.stage(Stage.PLAN) / PROFILE_NAME
+
+    @property
+    def vision_engine(self) -> Path:
+        return self.stage(Stage.VISION) / VISION_ENGINE_NAME
+
+    @property
+    def vision_config(self) -> Path:
+        return self.stage(Stage.VISION) / VISION_CONFIG_NAME
+
+    @property
+    def llm_engine(self) -> Path:
+        return self.stage(Stage.LLM) / LLM_ENGINE_DIR
+
+    @property
+    def llm_engine_config(self) -> Path:
+        return self.llm_engine / LLM_ENGINE_CONFIG_NAME
+
+    @property
+    def llm_checkpoint(self) -> Path:
+        return self.stage(Stage.LLM_CHECKPOINT)
+
+    def manifest(self) -> Manifest:
+        """The manifest, refusing a folder that has none."""
+        manifest = Manifest.load(self.path)
+        if manifest is None or not manifest.options:
+            raise BuildError(f"{self.path} is not a qvl-trt build folder (no {MANIFEST_NAME}); "
+                             "build one with `qvl-trt build --model M --gpu G --out DIR`")
+        return manifest
+
+    def profile(self) -> GpuProfile:
+        """The GPU profile the build was planned for (plan/profile.json)."""
+        path = self.profile_file
+        if not path.is_file():
+            raise BuildError(f"{self.path} has no {path.relative_to(self.path)}; run "
+                             f"`qvl-trt build --resume {self.path}`")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise BuildError(f"{path} is corrupt ({exc}); run `qvl-trt build --resume "
+                             f"{self.path} --force --only plan`") from None
+        return load_dataclass(GpuProfile, data, str(path))
+
+    def finished(self, folder: Path, why: str) -> Path:
+        """`folder` (a stage's output or a folder in it), which must exist because `why`."""
+        if not folder.is_dir():
+            raise BuildError(f"{self.path} has no {folder.relative_to(self.path)}/, which {why}; "
+                             f"finish the build with `qvl-trt build --resume {self.path}` first")
+        return folder
 
 
 @dataclass
@@ -96,9 +195,9 @@ def tool_versions() -> dict[str, Any]:
     }
 
 
-def reproduce_script(manifest: Manifest) -> str:
-    """A bash script that checks the checkpoint is the one this build read, then rebuilds
-    with the same options (`MODEL`, `OUT` and extra `qvl-trt build` arguments override)."""
+def write_reproduce_script(manifest: Manifest, path: Path) -> Path:
+    """Write the bash script that checks the checkpoint is the one this build read, then
+    rebuilds with the same options (`MODEL`, `OUT` and extra `qvl-trt build` arguments override)."""
     opts = manifest.options
     tools = manifest.tools
     build = [
@@ -118,21 +217,19 @@ def reproduce_script(manifest: Manifest) -> str:
     )
     sums = "".join(f"{h}  {name}\n" for name, h in manifest.inputs["checkpoint"].items())
     default_out = f"reproduced-{manifest.inputs['profile']['name']}"
-    return (
-        "#!/usr/bin/env bash\n"
-        f"# Rebuild of a qvl-trt {__version__} build (cache key {manifest.cache_key}).\n"
-        f"# Built with: {used or 'no TensorRT or TensorRT-LLM'}; "
-        f"GPUs: {', '.join(tools.get('gpus') or []) or 'none'}.\n"
-        "# Usage: [MODEL=checkpoint] [OUT=folder] bash reproduce.sh [qvl-trt build options]\n"
-        "set -euo pipefail\n"
-        f"MODEL=${{MODEL:-{shlex.quote(opts['model'])}}}\n"
-        f"OUT=${{OUT:-{default_out}}}\n"
-        f'if [ "$(qvl-trt --version)" != "qvl-trt {__version__}" ]; then\n'
-        f'  echo "warning: this build was made by qvl-trt {__version__}" >&2\n'
-        "fi\n"
-        "# The checkpoint must be the one this build read.\n"
-        "(cd \"$MODEL\" && sha256sum --check --quiet --strict) <<'EOF'\n"
-        f"{sums}"
-        "EOF\n"
-        f'{" ".join(build)} "$@"\n'
-    )
+    # Run from where the user is: MODEL and OUT may be relative to it.
+    return write_reproduce(path, [
+        f"MODEL=${{MODEL:-{shlex.quote(opts['model'])}}}",
+        f"OUT=${{OUT:-{default_out}}}",
+        f'if [ "$(qvl-trt --version)" != "qvl-trt {__version__}" ]; then',
+        f'  echo "warning: this build was made by qvl-trt {__version__}" >&2',
+        "fi",
+        "# The checkpoint must be the one this build read.",
+        "(cd \"$MODEL\" && sha256sum --check --quiet --strict) <<'EOF'",
+        f"{sums}EOF",
+        f'{" ".join(build)} "$@"',
+    ], f"Rebuild of a qvl-trt {__version__} build (cache key {manifest.cache_key}).\n"
+       f"Built with: {used or 'no TensorRT or TensorRT-LLM'}; "
+       f"GPUs: {', '.join(tools.get('gpus') or []) or 'none'}.\n"
+       "Usage: [MODEL=checkpoint] [OUT=folder] bash reproduce.sh [qvl-trt build options]",
+       in_folder=False)

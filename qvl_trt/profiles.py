@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .checkpoint import PIXELS_PER_IMAGE_TOKEN
 from .errors import ConfigError
 from .resources import data_dir
 from .typed_config import load_dataclass
@@ -17,8 +18,12 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-# One merged image token covers (patch 16 x merge 2)^2 pixels.
-PIXELS_PER_IMAGE_TOKEN = 32 * 32
+
+
+def sm_digits(compute_capability: str) -> str:
+    """"8.9" -> "89": the compute capability as NVIDIA's SM names spell it (sm_89, SM89)."""
+    major, minor = compute_capability.split(".")
+    return f"{int(major)}{int(minor)}"
 
 
 class TrtEdition(str, enum.Enum):
@@ -76,8 +81,7 @@ class GpuProfile:
     @property
     def sm(self) -> int:
         """Compute capability as an integer, e.g. 89 for "8.9"."""
-        major, minor = self.gpu.compute_capability.split(".")
-        return int(major) * 10 + int(minor)
+        return int(sm_digits(self.gpu.compute_capability))
 
 
 @dataclass(frozen=True)

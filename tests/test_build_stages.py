@@ -78,3 +78,22 @@ def test_bad_options_are_one_line_errors(tiny_ckpt, tmp_path):
         result = runner.invoke(app, args)
         assert result.exit_code == 1, (args, result.output)
         assert message in result.output
+
+
+def test_build_folder_names_each_stage_output_once(tmp_path):
+    from qvl_trt.manifest import BuildFolder
+
+    folder = BuildFolder(tmp_path)
+    assert folder.profile_file == tmp_path / "plan" / "profile.json"
+    assert folder.vision_engine == tmp_path / "vision" / "model.engine"
+    assert folder.llm_engine_config == tmp_path / "llm" / "engine" / "config.json"
+    with pytest.raises(BuildError, match=r"is not a qvl-trt build folder \(no manifest.json\)"):
+        folder.manifest()
+    with pytest.raises(BuildError, match=r"has no plan/profile.json; run `qvl-trt build "):
+        folder.profile()
+    with pytest.raises(BuildError, match=r"has no llm/engine/, which holds it; finish the build"):
+        folder.finished(folder.llm_engine, "holds it")
+    folder.profile_file.parent.mkdir()
+    folder.profile_file.write_text('{"name": "x"}')
+    with pytest.raises(ConfigError, match=r"profile.json: missing key"):
+        folder.profile()

@@ -130,7 +130,9 @@ def test_child_exit_codes_become_build_errors(tmp_path):
 
     with pytest.raises(StageUnavailable, match="^the reason$"):
         _run_rank(0, child(3), tmp_path)
-    with pytest.raises(BuildError, match=r"rank 1 \(exit code 2\): the reason; rerun with -v"):
+    with pytest.raises(BuildError, match=r"rank 1 failed \(exit code 2\): log line \| the "
+                       r"reason\. Full log: .*build-rank1\.log; reproduce with: bash "
+                       r".*reproduce\.sh"):
         _run_rank(1, child(2), tmp_path)
     assert (tmp_path / "build-rank1.log").read_text() == "log line\nthe reason\n"
 

@@ -94,3 +94,12 @@ def test_missing_file_and_bad_toml(tmp_path):
         load_profile(str(tmp_path / "nope.toml"))
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_profile(_write(tmp_path, "[gpu\nname="))
+
+
+def test_compute_capability_has_one_spelling_of_its_digits() -> None:
+    from qvl_trt.build.matrix import runner_labels
+    from qvl_trt.profiles import sm_digits
+    from qvl_trt.vision.engine import _sm
+
+    assert sm_digits("8.9") == "89" and sm_digits("12.0") == "120"
+    assert _sm("12.0") == "SM120" and runner_labels("8.6")[-1] == "gpu-sm86"

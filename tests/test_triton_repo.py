@@ -266,6 +266,11 @@ BREAKAGES = {
     "table rows": (_edit_engine_config(
         lambda c: c["build_config"].update(max_prompt_embedding_table_size=7)),
         "max_prompt_embedding_table_size is 7, the plan for its profile says"),
+    "build.json key": (_replace_in("ensemble/1/build.json", '"shm_bytes"', '"shm"'),
+                       "unknown key 'shm'"),
+    "build.json type": (_replace_in("ensemble/1/build.json", '"tp_size": 1', '"tp_size": "1"'),
+                        "build.json.tp_size: expected an integer, got '1'; regenerate the "
+                        "repository with `qvl-trt repo`"),
     "world size": (_edit_engine_config(
         lambda c: c["pretrained_config"]["mapping"].update(world_size=2)),
         "LLM engine has world size 2, the build says tp_size 1"),
@@ -374,3 +379,17 @@ def test_serve_dry_run_prints_one_rank_per_gpu(tmp_path, trt_repo) -> None:
     prefixes = sorted(set(part.split("=")[-1] for part in line.split()
                           if "shm-region-prefix-name" in part))
     assert len(prefixes) == 2 and prefixes[0].endswith("r0_") and prefixes[1].endswith("r1_")
+
+
+def test_build_info_names_a_missing_or_mistyped_key(tmp_path) -> None:
+    from qvl_trt.errors import ConfigError
+    from qvl_trt.triton.repository import BuildInfo
+
+    path = tmp_path / "build.json"
+    path.write_text("{")
+    with pytest.raises(ConfigError, match="is not JSON .*; regenerate the repository with"):
+        BuildInfo.read(path)
+    path.write_text(json.dumps({"qvl_trt": "0"}))
+    with pytest.raises(ConfigError, match=r"build.json: missing key 'flavor'; regenerate the "
+                       r"repository with `qvl-trt repo`"):
+        BuildInfo.read(path)

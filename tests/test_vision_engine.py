@@ -96,7 +96,7 @@ def test_build_files_reproduce_the_engine(rtx_engine: Path, tiny_ckpt, tmp_path)
     copy = tmp_path / "copy"
     shutil.copytree(rtx_engine, copy)
     (copy / ENGINE_NAME).unlink()
-    subprocess.run(["sh", str(copy / REPRODUCE_NAME)], check=True, capture_output=True,
+    subprocess.run(["bash", str(copy / REPRODUCE_NAME)], check=True, capture_output=True,
                    env={**os.environ, "PYTHON": sys.executable})
     again = json.loads((copy / CONFIG_NAME).read_text())
     before = json.loads((rtx_engine / CONFIG_NAME).read_text())
@@ -120,7 +120,7 @@ def test_unparsable_onnx_is_a_build_error(tmp_path, tiny_ckpt, tiny_vision_onnx)
     with pytest.raises(BuildError) as info:
         build_vision_engine(folder, _config(open_checkpoint(tiny_ckpt)))
     message = str(info.value)
-    assert "cannot parse" in message and f"sh {folder / REPRODUCE_NAME}" in message
+    assert "cannot parse" in message and f"bash {folder / REPRODUCE_NAME}" in message
     assert not (folder / ENGINE_NAME).exists()
     assert "cannot parse" in (folder / BUILD_LOG_NAME).read_text()
 

@@ -132,7 +132,7 @@ def test_failed_engine_build_keeps_its_folder(tmp_path, tiny_ckpt) -> None:
     message = str(info.value)
     assert "sm75" in message and "b16" in message
     failed = out / "vision.failed"
-    assert f"sh {failed / 'reproduce.sh'}" in message
+    assert f"bash {failed / 'reproduce.sh'}" in message
     assert (failed / "reproduce.sh").is_file() and (failed / "onnx" / "model.onnx").is_file()
     assert "sm75" in (failed / "build.log").read_text()
     assert not (out / "vision").exists()

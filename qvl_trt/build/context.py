@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
@@ -12,33 +11,11 @@ from typing import Any
 
 from ..checkpoint import Checkpoint
 from ..container import container_command
-from ..errors import ConfigError
 from ..hashing import FileHasher, fingerprint
-from ..manifest import Manifest, tool_versions
+from ..manifest import BuildFolder, Manifest, Stage, tool_versions
 from ..plan import make_plan
 from ..profiles import GpuProfile, TrtEdition
 from ..typed_config import to_jsonable
-
-
-class Stage(str, enum.Enum):
-    INSPECT = "inspect"
-    PLAN = "plan"
-    VISION = "vision"
-    LLM_CHECKPOINT = "llm_checkpoint"
-    LLM = "llm"
-    REPO = "repo"
-    MANIFEST = "manifest"
-
-    @classmethod
-    def parse_list(cls, text: str) -> tuple[Stage, ...]:
-        """`--only vision,repo` -> (Stage.VISION, Stage.REPO)."""
-        try:
-            return tuple(cls(s.strip()) for s in text.split(",") if s.strip())
-        except ValueError:
-            raise ConfigError(
-                f"--only {text!r}: stages are {', '.join(s.value for s in cls)}"
-            ) from None
-
 
 STAGES = tuple(Stage)
 # Stages that always run (cheaply, usually skipped) because later ones read their results.
@@ -82,8 +59,12 @@ class BuildContext:
     def trt_edition(self) -> TrtEdition:
         return self.options.trt_edition or self.profile.gpu.trt_edition
 
+    @property
+    def folder(self) -> BuildFolder:
+        return BuildFolder(self.out)
+
     def stage_dir(self, stage: Stage) -> Path:
-        return self.out / stage.value
+        return self.folder.stage(stage)
 
     def stage_outputs(self, stage: Stage) -> dict[str, str]:
         return self.manifest.stages.get(stage.value, {}).get("outputs", {})

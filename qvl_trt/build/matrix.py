@@ -18,7 +18,7 @@ from ..container import TRTLLM_CONTAINER
 from ..errors import ConfigError
 from ..hashing import FileHasher
 from ..manifest import cache_key
-from ..profiles import GpuProfile, TrtEdition, load_profile, profile_names
+from ..profiles import GpuProfile, TrtEdition, load_profile, profile_names, sm_digits
 from ..typed_config import to_jsonable
 from .context import BuildOptions
 from .runner import build_inputs
@@ -44,7 +44,7 @@ class MatrixJob:
 def runner_labels(compute_capability: str) -> tuple[str, ...]:
     """Self-hosted runner labels for a GPU of this compute capability (`gpu-sm89` ...):
     engines are specific to it, so any card of the same capability can build them."""
-    return ("self-hosted", "linux", "x64", f"gpu-sm{compute_capability.replace('.', '')}")
+    return ("self-hosted", "linux", "x64", f"gpu-sm{sm_digits(compute_capability)}")
 
 
 def select_profiles(gpus: str) -> list[tuple[str, GpuProfile]]:

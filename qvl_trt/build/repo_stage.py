@@ -27,8 +27,7 @@ def run_repo_stage(ctx: BuildContext, work: Path) -> dict[str, Any]:
 
     final = ctx.stage_dir(Stage.REPO)
     flavors = [Flavor.REFERENCE]
-    if ((ctx.stage_dir(Stage.VISION) / "model.engine").is_file()
-            and (ctx.stage_dir(Stage.LLM) / "engine" / "config.json").is_file()):
+    if ctx.folder.vision_engine.is_file() and ctx.folder.llm_engine_config.is_file():
         flavors.insert(0, Flavor.TRT)
     for flavor in flavors:
         # gpt_model_path names where the stage folder ends up, not the staging folder.

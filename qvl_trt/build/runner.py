@@ -179,17 +179,6 @@ def build_lock(out: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-# Checkpoint files besides weights and tokenizer that a build reads, when present.
-_CHECKPOINT_CONFIGS = (
-    "config.json",
-    "generation_config.json",
-    "preprocessor_config.json",
-    "model.safetensors.index.json",
-)
-
-
 def checkpoint_hashes(ckpt: Checkpoint, hasher: FileHasher) -> dict[str, str]:
     """sha256 of every checkpoint file a build reads: configs, tokenizer, weights."""
-    names = [n for n in _CHECKPOINT_CONFIGS if (ckpt.path / n).is_file()]
-    names += ckpt.tokenizer_files + sorted({i.file for i in ckpt.tensors.values()})
-    return {name: hasher.hash(ckpt.path / name) for name in names}
+    return {name: hasher.hash(ckpt.path / name) for name in ckpt.build_files}

@@ -8,9 +8,10 @@ from typing import Any
 
 from .. import __version__
 from ..atomic import write_json_atomic
+from ..child import REPRODUCE_NAME
 from ..errors import StageUnavailable
 from ..hashing import fingerprint
-from ..manifest import reproduce_script
+from ..manifest import PROFILE_NAME, write_reproduce_script
 from ..plan import check_fits, make_plan
 from ..typed_config import to_jsonable
 from .context import BuildContext, Stage, StageSpec
@@ -39,7 +40,7 @@ def _run_plan(ctx: BuildContext, work: Path) -> dict[str, Any]:
     plan = make_plan(ctx.checkpoint, ctx.profile)
     check_fits(plan)
     write_json_atomic(work / "plan.json", to_jsonable(plan))
-    write_json_atomic(work / "profile.json", to_jsonable(ctx.profile))
+    write_json_atomic(work / PROFILE_NAME, to_jsonable(ctx.profile))
     return {
         "kv_capacity_tokens": plan.kv_capacity_tokens,
         "concurrent_typical_requests": plan.concurrent_typical_requests,
@@ -58,9 +59,7 @@ def _manifest_inputs(ctx: BuildContext) -> dict[str, Any]:
 
 def _run_manifest(ctx: BuildContext, work: Path) -> dict[str, Any]:
     ctx.manifest.tools = ctx.tools
-    script = work / "reproduce.sh"
-    script.write_text(reproduce_script(ctx.manifest))
-    script.chmod(0o755)
+    write_reproduce_script(ctx.manifest, work / REPRODUCE_NAME)
     seconds = {
         name: rec["seconds"]
         for name, rec in ctx.manifest.stages.items()

@@ -2,10 +2,11 @@
 of a converted checkpoint into an engine folder (config.json + rank{N}.engine) that the stock
 C++ runtime and the tensorrtllm Triton backend load.
 
-Each tensor-parallel rank is built by `python -m qvl_trt.llm.engine` in a child process, so a
-crash or an out-of-memory kill becomes a clean BuildError and GPU memory is freed after each
-rank. A child that cannot import tensorrt_llm exits with code 3, which the build turns into
-StageUnavailable (the build can be resumed in the TensorRT-LLM container).
+Each tensor-parallel rank is built by `python -m qvl_trt.llm.engine` in a child process (the
+protocol of qvl_trt/child.py), so a crash or an out-of-memory kill becomes a clean BuildError
+and GPU memory is freed after each rank. A child that cannot import tensorrt_llm exits with
+StageUnavailable's exit code, which the build turns into StageUnavailable (the build can be
+resumed in the TensorRT-LLM container).
 
 Engines are float16 or bfloat16 with fused context attention (context_fmha): the attention
 plugin reads the MRoPE table only on that path, which TensorRT-LLM has for fp16/bf16 alone
@@ -20,25 +21,24 @@ from __future__ import annotations
 import json
 import logging
 import shlex
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..atomic import write_json_atomic
+from ..child import REPRODUCE_NAME, child_main, run_child, write_reproduce
 from ..deps import require
-from ..errors import BuildError, ConfigError, DependencyError, QvlError, StageUnavailable
+from ..errors import BuildError, ConfigError
+from ..manifest import LLM_ENGINE_DIR as ENGINE_DIR
+from ..mm.prompt_table import rows_per_visual_token
 from ..profiles import BuildLimits, GpuProfile
 from .layout import DTYPES, read_llm_config
 
 log = logging.getLogger(__name__)
 
-ENGINE_DIR = "engine"
 BUILD_CONFIG_NAME = "build_config.json"
 TIMING_CACHE_NAME = "timing.cache"
-REPRODUCE_NAME = "reproduce.sh"
-UNAVAILABLE_EXIT = 3
 # The dtypes TensorRT-LLM's fused context attention (the only reader of the MRoPE table) runs.
 FUSED_ATTENTION_DTYPES = ("float16", "bfloat16")
 
@@ -55,7 +55,8 @@ def prompt_table_rows(limits: BuildLimits, deepstack_layers: int) -> int:
     (limits.max_visual_tokens_per_request), each visual token with 1 + K rows. The runtime
     admits table / max_batch_size rows per request (PromptTuningBuffers, TensorRT-LLM
     cpp/tensorrt_llm/batch_manager/promptTuningBuffers.cpp), so the cap is exact per slot."""
-    return limits.max_batch_size * (1 + deepstack_layers) * limits.max_visual_tokens_per_request
+    return (limits.max_batch_size * rows_per_visual_token(deepstack_layers)
+            * limits.max_visual_tokens_per_request)
 
 
 def engine_build_config(profile: GpuProfile, *, deepstack_layers: int,
@@ -109,7 +110,8 @@ def build_engines(checkpoint: Path, work: Path, build_config: dict[str, Any]) ->
     write_json_atomic(work / BUILD_CONFIG_NAME, settings)
     (work / ENGINE_DIR).mkdir(exist_ok=True)
     commands = [rank_command(checkpoint, rank) for rank in range(tp_size)]
-    _write_reproduce(work / REPRODUCE_NAME, commands)
+    write_reproduce(work / REPRODUCE_NAME, [shlex.join(c) for c in commands],
+                    "Rebuild the LLM engine ranks of this folder.")
     for rank, command in enumerate(commands):
         _run_rank(rank, command, work)
     engine_dir = work / ENGINE_DIR
@@ -124,32 +126,10 @@ def rank_command(checkpoint: Path, rank: int) -> list[str]:
 
 
 def _run_rank(rank: int, command: list[str], work: Path) -> None:
-    log_path = work / f"build-rank{rank}.log"
     log.info("building LLM engine rank %d (TensorRT-LLM, child process)", rank)
-    last = ""
-    with log_path.open("w") as log_file:
-        proc = subprocess.Popen(command, cwd=work, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            log_file.write(line)
-            if line.strip():
-                last = line.strip()
-                log.debug("rank %d: %s", rank, last)
-        code = proc.wait()
-    if code == UNAVAILABLE_EXIT:
-        raise StageUnavailable(last)
-    if code != 0:
-        raise BuildError(f"TensorRT-LLM failed to build LLM engine rank {rank} (exit code "
-                         f"{code}): {last or 'no output'}; rerun with -v to see its log")
-
-
-def _write_reproduce(path: Path, commands: list[list[str]]) -> None:
-    lines = ["#!/usr/bin/env bash", "# Rebuild the LLM engine ranks of this folder.",
-             "set -euo pipefail", 'cd "$(dirname "$0")"',
-             *(shlex.join(c) for c in commands)]
-    path.write_text("\n".join(lines) + "\n")
-    path.chmod(0o755)
+    run_child(command, cwd=work, log_path=work / f"build-rank{rank}.log",
+              what=f"TensorRT-LLM's build of LLM engine rank {rank}",
+              reproduce=work / REPRODUCE_NAME)
 
 
 # ---- child process -----------------------------------------------------------------------
@@ -198,19 +178,10 @@ def _build_rank(checkpoint: Path, engine_dir: Path, rank: int, config_file: Path
     engine.save(str(engine_dir))
 
 
-def _main(argv: list[str]) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+def _main(argv: list[str]) -> None:
     checkpoint, engine_dir, rank, config_file = argv
-    try:
-        _build_rank(Path(checkpoint), Path(engine_dir), int(rank), Path(config_file))
-    except DependencyError as exc:
-        print(exc, flush=True)
-        return UNAVAILABLE_EXIT
-    except QvlError as exc:
-        print(exc, flush=True)
-        return 1
-    return 0
+    _build_rank(Path(checkpoint), Path(engine_dir), int(rank), Path(config_file))
 
 
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    sys.exit(child_main(_main))

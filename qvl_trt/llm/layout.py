@@ -13,6 +13,7 @@ from pathlib import Path
 from ..checkpoint import TEXT_PREFIX, TextDims
 from ..deps import require
 from ..errors import CheckpointError
+from ..mm.prompt_table import rows_per_visual_token
 from ..typed_config import load_dataclass
 
 # Our own Qwen3-VL causal LM class (TensorRT-LLM 1.2 has none); the C++ runtime ignores it.
@@ -88,7 +89,7 @@ class LlmConfig:
 
     @property
     def rows_per_visual_token(self) -> int:
-        return 1 + self.num_deepstack_layers
+        return rows_per_visual_token(self.num_deepstack_layers)
 
 
 def llm_config(text: TextDims, deepstack_layers: int, *, dtype: str, tp_size: int,

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import math
 
+from ..checkpoint import RESIZE_FACTOR
 from ..errors import InputError
 
-# patch 16 x spatial merge 2: resized sides are multiples of this.
-RESIZE_FACTOR = 32
 MAX_ASPECT_RATIO = 200
 
 

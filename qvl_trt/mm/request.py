@@ -22,7 +22,7 @@ from ..profiles import GpuProfile, load_profile
 from .chat import PromptBuilder, user_message
 from .image_input import DEFAULT_MAX_DECODED_PIXELS, load_rgb, read_image_files
 from .pixels import ImagePatches, PixelConfig, image_patches
-from .prompt_table import fake_token_ids, prompt_table_extra_ids
+from .prompt_table import fake_token_ids, prompt_table_extra_ids, rows_per_visual_token
 from .rope import mrope_cos_sin_table, rope_index
 from .vision_index import VisionIndex, vision_index_tensors
 
@@ -193,7 +193,7 @@ class RequestPreprocessor:
                 input_ids, image_token_id=image_id,
                 image_hashes=[image.patches.hash64 for image in prepared],
                 image_token_counts=counts),
-            prompt_vocab_size=(1 + deepstack) * sum(counts),
+            prompt_vocab_size=rows_per_visual_token(deepstack) * sum(counts),
         )
 
     def _image(self, number: int, image: ImageInput) -> PreparedImage:

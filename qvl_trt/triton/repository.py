@@ -26,15 +26,14 @@ import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .. import __version__
 from ..atomic import staged_dir, write_json_atomic
-from ..checkpoint import Checkpoint, open_checkpoint
+from ..checkpoint import VISION_PREFIX, Checkpoint, open_checkpoint
 from ..errors import BuildError, ConfigError
-from ..manifest import Manifest
+from ..manifest import VISION_CONFIG_NAME, VISION_ENGINE_NAME, BuildFolder, Manifest, Stage
 from ..plan import Plan, make_plan, repository_kv_budgets
-from ..profiles import GpuProfile
+from ..profiles import GpuProfile, TrtEdition
 from ..resources import data_dir
 from ..typed_config import load_dataclass, to_jsonable
 from . import contract as c
@@ -50,10 +49,6 @@ CHECKPOINT_DIR = "checkpoint"  # in a version folder: configs, tokenizer, weight
 ENGINE_DIR = "engine"  # in a version folder: the vision or LLM engine
 BUILD_INFO = "build.json"  # in the ensemble's version folder: what the repository holds
 TOKENIZER_JSON = "tokenizer.json"
-# Checkpoint files preprocessing reads (weights stay out).
-_CHECKPOINT_FILES = ("config.json", "preprocessor_config.json", "generation_config.json",
-                     "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
-                     "chat_template.json", "chat_template.jinja")
 _TABLE_DTYPES = {"float16": "FP16", "float32": "FP32"}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -89,6 +84,36 @@ class RepoOptions:
     # decoder: float32 by default (it is the accuracy oracle, and what the in-process
     # reference pipeline computes on a CPU).
     reference_dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """`<ensemble>/1/build.json`: what the repository holds, which validate and serve check
+    it against."""
+
+    qvl_trt: str
+    flavor: Flavor
+    build: str  # the build folder it was written from
+    cache_key: str
+    models: c.ModelNames
+    profile: GpuProfile
+    llm_dtype: str
+    vision_dtype: str
+    tp_size: int
+    trt_edition: TrtEdition
+    kv_cache_tokens: int  # the KV budget planned for this build beside the others
+    prompt_table_rows: int
+    shm_bytes: int  # shared memory its largest requests need in flight
+
+    @classmethod
+    def read(cls, path: Path) -> BuildInfo:
+        try:
+            return load_dataclass(cls, json.loads(Path(path).read_text()), str(path))
+        except json.JSONDecodeError as exc:
+            problem = f"{path} is not JSON ({exc})"
+        except ConfigError as exc:
+            problem = str(exc)
+        raise ConfigError(f"{problem}; regenerate the repository with `qvl-trt repo`")
 
 
 @dataclass(frozen=True)
@@ -161,34 +186,23 @@ def _resolve_names(builds: Sequence[BuildInput]) -> list[tuple[BuildInput, str |
 class _Build:
     """What the repository reads from a build folder."""
 
-    path: Path
+    folder: BuildFolder
     manifest: Manifest
     checkpoint: Checkpoint
     profile: GpuProfile
     plan: Plan
 
-    def stage(self, name: str, why: str) -> Path:
-        """A stage's output folder (stage folders appear only when complete)."""
-        folder = self.path / name
-        if not folder.is_dir():
-            raise BuildError(f"{self.path} has no {name}/, which {why}; finish the build "
-                             f"with `qvl-trt build --resume {self.path}` first")
-        return folder
+    @property
+    def path(self) -> Path:
+        return self.folder.path
 
 
 def _open_build(path: Path) -> _Build:
-    path = Path(path).resolve()
-    manifest = Manifest.load(path)
-    if manifest is None or not manifest.options:
-        raise BuildError(f"{path} is not a qvl-trt build folder (no manifest.json); build one "
-                         "with `qvl-trt build --model M --gpu G --out DIR`")
-    profile_file = path / "plan" / "profile.json"
-    if not profile_file.is_file():
-        raise BuildError(f"{path} has no plan/profile.json; run `qvl-trt build --resume {path}`")
-    data = json.loads(profile_file.read_text())
-    profile = load_dataclass(GpuProfile, data, str(profile_file))
+    folder = BuildFolder(Path(path).resolve())
+    manifest = folder.manifest()
+    profile = folder.profile()
     checkpoint = open_checkpoint(manifest.options["model"], validate=False)
-    return _Build(path, manifest, checkpoint, profile, make_plan(checkpoint, profile))
+    return _Build(folder, manifest, checkpoint, profile, make_plan(checkpoint, profile))
 
 
 def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOptions,
@@ -217,13 +231,16 @@ def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOpt
     _copy_files(ckpt.path, vision / CHECKPOINT_DIR, ["config.json"])
     llm = folders[names.tensorrt_llm]
     if options.flavor is Flavor.TRT:
-        _link_tree(build.stage("vision", "holds the vision engine"), vision / ENGINE_DIR,
-                   only=("model.engine", "config.json"))
-        _link_tree(build.stage("llm/engine", "holds the LLM engine"), llm / ENGINE_DIR)
+        _link_tree(build.folder.finished(build.folder.stage(Stage.VISION),
+                                         "holds the vision engine"),
+                   vision / ENGINE_DIR, only=(VISION_ENGINE_NAME, VISION_CONFIG_NAME))
+        _link_tree(build.folder.finished(build.folder.llm_engine, "holds the LLM engine"),
+                   llm / ENGINE_DIR)
     else:
         _write_vision_weights(ckpt, vision / CHECKPOINT_DIR / "model.safetensors")
         _python_model(llm, c.TENSORRT_LLM, runtime)
-        _link_tree(build.stage("llm_checkpoint", "holds the converted LLM checkpoint"),
+        _link_tree(build.folder.finished(build.folder.llm_checkpoint,
+                                         "holds the converted LLM checkpoint"),
                    llm / CHECKPOINT_DIR)
 
     post = folders[names.postprocessing]
@@ -246,7 +263,7 @@ def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOpt
     for name, config in step_configs(settings).items():
         write_config(config, root / name)
     write_json_atomic(folders[names.ensemble] / BUILD_INFO,
-                      _build_info(build, options, names, kv_tokens))
+                      to_jsonable(_build_info(build, options, names, kv_tokens)))
 
 
 def _python_parameters(build: _Build, options: RepoOptions) -> dict[str, c.ModelParameters]:
@@ -270,24 +287,23 @@ def _python_parameters(build: _Build, options: RepoOptions) -> dict[str, c.Model
 
 
 def _build_info(build: _Build, options: RepoOptions, names: c.ModelNames,
-                kv_tokens: int) -> dict[str, Any]:
-    """What validate (and serve) check the repository against."""
-    return {
-        "qvl_trt": __version__,
-        "flavor": options.flavor.value,
-        "build": str(build.path),
-        "cache_key": build.manifest.cache_key,
-        "models": to_jsonable(names),
-        "profile": to_jsonable(build.profile),
-        "llm_dtype": build.manifest.options.get("llm_dtype", "float16"),
-        "vision_dtype": build.manifest.options.get("vision_dtype", "float16"),
-        "tp_size": build.manifest.options.get("tp_size", 1),
-        "trt_edition": (build.manifest.options.get("trt_edition")
-                        or build.profile.gpu.trt_edition.value),
-        "kv_cache_tokens": kv_tokens,
-        "prompt_table_rows": build.plan.prompt_table_rows,
-        "shm_bytes": build.plan.shm_bytes,
-    }
+                kv_tokens: int) -> BuildInfo:
+    edition = build.manifest.options.get("trt_edition")
+    return BuildInfo(
+        qvl_trt=__version__,
+        flavor=options.flavor,
+        build=str(build.path),
+        cache_key=build.manifest.cache_key,
+        models=names,
+        profile=build.profile,
+        llm_dtype=build.manifest.options.get("llm_dtype", "float16"),
+        vision_dtype=build.manifest.options.get("vision_dtype", "float16"),
+        tp_size=build.manifest.options.get("tp_size", 1),
+        trt_edition=TrtEdition(edition) if edition else build.profile.gpu.trt_edition,
+        kv_cache_tokens=kv_tokens,
+        prompt_table_rows=build.plan.prompt_table_rows,
+        shm_bytes=build.plan.shm_bytes,
+    )
 
 
 # ---- files ----------------------------------------------------------------------------------
@@ -299,7 +315,7 @@ def _python_model(folder: Path, step: str, runtime: Path) -> None:
 
 
 def _copy_checkpoint_files(ckpt: Checkpoint, dest: Path) -> None:
-    _copy_files(ckpt.path, dest, [n for n in _CHECKPOINT_FILES if (ckpt.path / n).is_file()])
+    _copy_files(ckpt.path, dest, ckpt.preprocessing_files)
 
 
 def _copy_files(src: Path, dest: Path, names: Sequence[str]) -> None:
@@ -336,9 +352,9 @@ def _write_vision_weights(ckpt: Checkpoint, dest: Path) -> None:
     safetensors_torch = require("safetensors.torch", extra="export",
                                 why="write the reference vision weights")
     tensors = {name: ckpt.load(name).contiguous() for name in ckpt.tensors
-               if name.startswith("model.visual.")}
+               if name.startswith(VISION_PREFIX)}
     if not tensors:
-        raise BuildError(f"{ckpt.path} holds no vision weights (model.visual.*); the reference "
+        raise BuildError(f"{ckpt.path} holds no vision weights ({VISION_PREFIX}*); the reference "
                          "flavor needs the full checkpoint")
     safetensors_torch.save_file(tensors, str(dest), {"format": "pt"})
 

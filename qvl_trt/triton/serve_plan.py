@@ -27,7 +27,7 @@ from .pbconfig import (
     set_parameters,
     write_config,
 )
-from .repository import BUILD_INFO, ENGINE_DIR, VERSION
+from .repository import BUILD_INFO, ENGINE_DIR, VERSION, BuildInfo
 from .server import DEFAULT_THREAD_POOL, SHM_DIR, Ports, ServerOptions, server_command
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def read_serve_plan(repo: Path) -> ServePlan:
             editions[name] = TrtEdition(json.loads(vision.read_text())["edition"])
         info = version / BUILD_INFO
         if info.is_file():
-            shm += int(json.loads(info.read_text()).get("shm_bytes", 0))
+            shm += BuildInfo.read(info).shm_bytes
     return ServePlan(repo, tuple(llm), worlds, callers, shm, editions)
 
 

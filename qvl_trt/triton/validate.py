@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint import PIXELS_PER_PATCH, PREPROCESSING_REQUIRED_FILES
 from ..errors import ConfigError
 from ..llm.engine import FUSED_ATTENTION_DTYPES
+from ..typed_config import to_jsonable
 from . import contract as c
 from .model_configs import Flavor
 from .pbconfig import CONFIG_FILE, data_type_name, get_parameter, parameters, parse_config
@@ -31,6 +33,7 @@ from .repository import (
     RUNTIME_ZIP,
     TOKENIZER_JSON,
     VERSION,
+    BuildInfo,
 )
 from .tensorrtllm_backend import check_parameters, parse_bool, parse_float, parse_int
 
@@ -308,12 +311,16 @@ def _check_artifacts(repo: Path, ensemble: str, configs: dict[str, Any],
     info_path = repo / ensemble / VERSION / BUILD_INFO
     if not info_path.is_file():
         return  # not written by qvl-trt: nothing to check the engines against
-    info = json.loads(info_path.read_text())
-    models = info["models"]
-    flavor = Flavor(info["flavor"])
-    for key in ("preprocessing", "vision_encoder", "tensorrt_llm", "postprocessing",
-                "tensorrt_llm_bls"):
-        report.check(models[key] in configs, ensemble, f"{key} model {models[key]} is missing")
+    try:
+        info = BuildInfo.read(info_path)
+    except ConfigError as exc:
+        report.check(False, f"{ensemble}/{VERSION}/{BUILD_INFO}", str(exc))
+        return
+    models = to_jsonable(info.models)
+    flavor = info.flavor
+    for key, model in models.items():
+        if key != "ensemble":
+            report.check(model in configs, ensemble, f"{key} model {model} is missing")
 
     def present(where: str, base: Path, names: Iterable[str]) -> None:
         for n in names:
@@ -321,8 +328,7 @@ def _check_artifacts(repo: Path, ensemble: str, configs: dict[str, Any],
                          "missing; regenerate the repository with `qvl-trt repo`")
 
     pre = repo / models["preprocessing"] / VERSION / CHECKPOINT_DIR
-    present(models["preprocessing"], pre, ["config.json", "preprocessor_config.json",
-                                           TOKENIZER_JSON, "tokenizer_config.json"])
+    present(models["preprocessing"], pre, PREPROCESSING_REQUIRED_FILES)
     for key in ("postprocessing", "tensorrt_llm_bls"):
         present(models[key], repo / models[key] / VERSION, [TOKENIZER_JSON])
     vision = repo / models["vision_encoder"] / VERSION
@@ -331,7 +337,7 @@ def _check_artifacts(repo: Path, ensemble: str, configs: dict[str, Any],
         present(models["vision_encoder"], vision / CHECKPOINT_DIR,
                 ["config.json", "model.safetensors"])
         present(models["tensorrt_llm"], llm / CHECKPOINT_DIR,
-                ["config.json"] + [f"rank{r}.safetensors" for r in range(info["tp_size"])])
+                ["config.json"] + [f"rank{r}.safetensors" for r in range(info.tp_size)])
         return
     _check_vision_engine(models["vision_encoder"], vision / ENGINE_DIR, info, report)
     if models["tensorrt_llm"] in configs:
@@ -339,7 +345,7 @@ def _check_artifacts(repo: Path, ensemble: str, configs: dict[str, Any],
                           llm / ENGINE_DIR, info, report)
 
 
-def _check_vision_engine(name: str, folder: Path, info: dict[str, Any],
+def _check_vision_engine(name: str, folder: Path, info: BuildInfo,
                          report: ValidationReport) -> None:
     config_path = folder / "config.json"
     if not report.check((folder / "model.engine").is_file() and config_path.is_file(), name,
@@ -347,22 +353,22 @@ def _check_vision_engine(name: str, folder: Path, info: dict[str, Any],
                         "build it with `qvl-trt build --only vision` and regenerate"):
         return
     engine = json.loads(config_path.read_text())
-    profile = info["profile"]
-    report.check(engine.get("edition") == info["trt_edition"], name,
+    profile = info.profile
+    report.check(engine.get("edition") == info.trt_edition.value, name,
                  f"vision engine was built with {engine.get('edition')}, the repository's "
-                 f"profile {profile['name']} uses {info['trt_edition']}; rebuild it")
-    cc = profile["gpu"]["compute_capability"]
+                 f"profile {profile.name} uses {info.trt_edition.value}; rebuild it")
+    cc = profile.gpu.compute_capability
     report.check(cc in engine.get("compute_capabilities", []), name,
                  f"vision engine targets compute capability "
-                 f"{'/'.join(engine.get('compute_capabilities', []))}, profile {profile['name']} "
+                 f"{'/'.join(engine.get('compute_capabilities', []))}, profile {profile.name} "
                  f"is {cc}; rebuild it")
-    max_patches = profile["limits"]["vision_max_pixels"] // 256
+    max_patches = profile.limits.vision_max_pixels // PIXELS_PER_PATCH
     report.check(engine.get("patches", {}).get("max", 0) >= max_patches, name,
                  f"vision engine takes at most {engine.get('patches', {}).get('max')} patches, "
                  f"the profile admits images of {max_patches}; rebuild it")
 
 
-def _check_llm_engine(name: str, config: Any, folder: Path, info: dict[str, Any],
+def _check_llm_engine(name: str, config: Any, folder: Path, info: BuildInfo,
                       report: ValidationReport) -> None:
     path = get_parameter(config, "gpt_model_path") or ""
     report.check(path.rstrip("/").endswith(f"{name}/{VERSION}/{ENGINE_DIR}"), name,
@@ -379,10 +385,10 @@ def _check_llm_engine(name: str, config: Any, folder: Path, info: dict[str, Any]
     for rank in range(world):
         report.check((folder / f"rank{rank}.engine").is_file(), name,
                      f"LLM engine rank{rank}.engine is missing (world size {world})")
-    limits = info["profile"]["limits"]
+    limits = to_jsonable(info.profile.limits)
     for key in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens"):
         report.check(build.get(key) == limits[key], name,
-                     f"LLM engine {key} is {build.get(key)}, profile {info['profile']['name']} "
+                     f"LLM engine {key} is {build.get(key)}, profile {info.profile.name} "
                      f"says {limits[key]}; rebuild the engine")
     report.check(config.max_batch_size <= build.get("max_batch_size", 0), name,
                  f"config max_batch_size {config.max_batch_size} exceeds the engine's "
@@ -392,8 +398,8 @@ def _check_llm_engine(name: str, config: Any, folder: Path, info: dict[str, Any]
     report.check(table is not None and table.data_type == dtype, name,
                  f"prompt_embedding_table is {table.data_type if table else 'absent'}, the "
                  f"engine computes in {dtype}")
-    report.check(world == info["tp_size"], name,
-                 f"LLM engine has world size {world}, the build says tp_size {info['tp_size']}; "
+    report.check(world == info.tp_size, name,
+                 f"LLM engine has world size {world}, the build says tp_size {info.tp_size}; "
                  "rebuild the engine")
     _check_mrope_engine(name, pretrained, build, report)
     _check_budgets(name, parameters(config), build, info, report)
@@ -420,22 +426,19 @@ def _check_mrope_engine(name: str, pretrained: dict[str, Any], build: dict[str, 
 
 
 def _check_budgets(name: str, params: dict[str, str], build: dict[str, Any],
-                   info: dict[str, Any], report: ValidationReport) -> None:
+                   info: BuildInfo, report: ValidationReport) -> None:
     """The KV budget and the prompt table against what `qvl-trt repo` planned."""
-    if not report.check("kv_cache_tokens" in info and "prompt_table_rows" in info, name,
-                        "build.json has no planned KV budget; regenerate with `qvl-trt repo`"):
-        return
     if parse_bool(params.get("enable_chunked_context", "false")):
         report.check(build.get("plugin_config", {}).get("use_paged_context_fmha") is True, name,
                      "enable_chunked_context needs an engine built with use_paged_context_fmha; "
                      "set it false or rebuild the engine")
     tokens = parse_int(params.get("max_tokens_in_paged_kv_cache", "0")) or 0
-    report.check(tokens <= info["kv_cache_tokens"], name,
+    report.check(tokens <= info.kv_cache_tokens, name,
                  f"max_tokens_in_paged_kv_cache {tokens} exceeds the planned KV budget "
-                 f"{info['kv_cache_tokens']} (what is left beside every build's engines); "
+                 f"{info.kv_cache_tokens} (what is left beside every build's engines); "
                  "regenerate with `qvl-trt repo`")
     rows = build.get("max_prompt_embedding_table_size", 0)
     # Larger than planned would take memory the KV budget counts on.
-    report.check(rows == info["prompt_table_rows"], name,
+    report.check(rows == info.prompt_table_rows, name,
                  f"LLM engine's max_prompt_embedding_table_size is {rows}, the plan for its "
-                 f"profile says {info['prompt_table_rows']} rows; rebuild the engine")
+                 f"profile says {info.prompt_table_rows} rows; rebuild the engine")

@@ -5,11 +5,12 @@ TensorRT-RTX (GeForce/RTX cards; builds ahead of time for listed compute capabil
 needed). Networks are strongly typed: precision comes from the graph, so neither edition
 gets a precision flag.
 
-The build runs in a child process (`python -m qvl_trt.vision.engine build_config.json`), so
-a crash or an out-of-memory kill becomes a BuildError and the memory is returned. Beside the
-engine it leaves `build_config.json` (the resolved settings), `build.log` (TensorRT's log,
-routed through Python logging) and `reproduce.sh` (re-runs that same child command), and
-`config.json`, which the runner reads.
+The build runs in a child process (`python -m qvl_trt.vision.engine build_config.json`,
+the protocol of qvl_trt/child.py), so a crash or an out-of-memory kill becomes a BuildError
+and the memory is returned. Beside the engine it leaves `build_config.json` (the resolved
+settings), `build.log` (the child's output, TensorRT's log routed through Python logging)
+and `reproduce.sh` (re-runs that same child command), and `config.json`, which the runner
+reads.
 """
 
 from __future__ import annotations
@@ -17,20 +18,20 @@ from __future__ import annotations
 import json
 import logging
 import resource
-import shlex
-import subprocess
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..atomic import staged_file, write_json_atomic
+from ..child import REPRODUCE_NAME, child_main, run_child, write_reproduce
 from ..deps import available, require
-from ..errors import BuildError, ConfigError, QvlError, StageUnavailable
+from ..errors import BuildError, ConfigError, StageUnavailable
 from ..hashing import FileHasher
-from ..profiles import TrtEdition
+from ..manifest import VISION_CONFIG_NAME as CONFIG_NAME
+from ..manifest import VISION_ENGINE_NAME as ENGINE_NAME
+from ..profiles import TrtEdition, sm_digits
 from ..typed_config import load_dataclass, to_jsonable
 from .spec import GraphSpec, GraphTensor, PatchRange
 
@@ -38,12 +39,8 @@ from .spec import GraphSpec, GraphTensor, PatchRange
 log = logging.getLogger("qvl_trt.vision.engine")
 trt_log = logging.getLogger("qvl_trt.vision.tensorrt")
 
-ENGINE_NAME = "model.engine"
-CONFIG_NAME = "config.json"
 BUILD_CONFIG_NAME = "build_config.json"
 BUILD_LOG_NAME = "build.log"
-REPRODUCE_NAME = "reproduce.sh"
-_EXIT_UNAVAILABLE = 3  # the child's exit code for StageUnavailable
 EDITION_NAMES = {TrtEdition.TENSORRT: "TensorRT", TrtEdition.TENSORRT_RTX: "TensorRT-RTX"}
 
 
@@ -111,39 +108,17 @@ def build_vision_engine(folder: Path, config: EngineBuildConfig) -> dict[str, An
     build files beside it; return the engine's config.json."""
     folder = Path(folder)
     write_json_atomic(folder / BUILD_CONFIG_NAME, to_jsonable(config))
-    script = folder / REPRODUCE_NAME
-    script.write_text(
-        "#!/bin/sh\n"
-        f"# Rebuild {ENGINE_NAME} from {config.onnx} with the settings in {BUILD_CONFIG_NAME}\n"
-        "# (TensorRT's log goes to build.log). Needs qvl-trt and the TensorRT edition named in\n"
-        "# it; PYTHON picks the interpreter.\n"
-        "set -e\n"
-        'cd "$(dirname "$0")"\n'
-        f'exec "${{PYTHON:-python3}}" -m qvl_trt.vision.engine {BUILD_CONFIG_NAME}\n')
-    script.chmod(0o755)
-    command = [sys.executable, "-m", "qvl_trt.vision.engine", str(folder / BUILD_CONFIG_NAME)]
+    script = write_reproduce(
+        folder / REPRODUCE_NAME,
+        [f'"${{PYTHON:-python3}}" -m qvl_trt.vision.engine {BUILD_CONFIG_NAME}'],
+        f"Rebuild {ENGINE_NAME} from {config.onnx} with the settings in {BUILD_CONFIG_NAME}.\n"
+        "Needs qvl-trt and the TensorRT edition named in it; PYTHON picks the interpreter.")
+    command = [sys.executable, "-m", "qvl_trt.vision.engine", BUILD_CONFIG_NAME]
     log.info("building the vision engine (%s, %s, compute capability %s) in a child process",
              config.edition.value, config.dtype, "/".join(config.compute_capabilities))
     started = time.perf_counter()
-    tail: deque[str] = deque(maxlen=12)
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, errors="replace")
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        if line.strip():
-            tail.append(_relay(line.rstrip()))
-    code = proc.wait()
-    if code == _EXIT_UNAVAILABLE:
-        raise StageUnavailable(" | ".join(tail))
-    if code != 0:
-        # A child that failed cleanly logged its reason last; after a crash, show the tail.
-        why = (f"killed by signal {-code}" + (" (out of memory?)" if -code == 9 else "")
-               if code < 0 else f"exit code {code}")
-        detail = tail[-1] if code == 1 and tail else " | ".join(tail) or "no output"
-        raise BuildError(
-            f"vision engine build failed ({why}): {detail}. "
-            f"Full log: {folder / BUILD_LOG_NAME}; reproduce with: sh "
-            f"{shlex.quote(str(script))}")
+    run_child(command, cwd=folder, log_path=folder / BUILD_LOG_NAME,
+              what="vision engine build", reproduce=script)
     log.info("vision engine built in %.1f s", time.perf_counter() - started)
     return read_engine_config(folder)
 
@@ -161,16 +136,6 @@ def read_engine_config(folder: Path) -> dict[str, Any]:
 
 
 # ---- the child process ---------------------------------------------------------------------
-
-def _relay(line: str) -> str:
-    """Log a line of the child's stderr ("LEVEL message") at its level; return the message."""
-    level, _, message = line.partition(" ")
-    if level in ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG"):
-        log.log(logging.getLevelName(level), "%s", message)
-        return message
-    log.warning("%s", line)  # native code writing to stderr directly, or a traceback
-    return line
-
 
 def make_trt_logger(trt):
     """A TensorRT ILogger that hands every message to Python logging."""
@@ -196,8 +161,8 @@ def make_trt_logger(trt):
 
 
 def _sm(cc: str) -> str:
-    major, minor = cc.split(".")
-    return f"SM{major}{minor}"
+    """TensorRT-RTX's ComputeCapability member for `cc` ("8.9" -> SM89)."""
+    return f"SM{sm_digits(cc)}"
 
 
 def _build_in_this_process(folder: Path, config: EngineBuildConfig) -> None:
@@ -270,31 +235,14 @@ def _check_current_gpu(compute_capabilities: tuple[str, ...]) -> None:
             "a matching GPU (or pick it with CUDA_VISIBLE_DEVICES)")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _main(argv: list[str]) -> None:
     """Child entry point: build the engine described by a build_config.json."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print(f"usage: python -m qvl_trt.vision.engine {BUILD_CONFIG_NAME}", file=sys.stderr)
-        return 2
-    path = Path(args[0]).resolve()
-    folder = path.parent
-    root = logging.getLogger()
-    root.setLevel(logging.INFO)
-    file_handler = logging.FileHandler(folder / BUILD_LOG_NAME, mode="w", encoding="utf-8")
-    file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: "
-                                                "%(message)s"))
-    relay = logging.StreamHandler(sys.stderr)
-    relay.setLevel(logging.WARNING)
-    relay.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
-    root.handlers[:] = [file_handler, relay]
-    try:
-        config = load_dataclass(EngineBuildConfig, json.loads(path.read_text()), str(path))
-        _build_in_this_process(folder, config)
-    except QvlError as exc:
-        log.error("%s", exc)
-        return _EXIT_UNAVAILABLE if isinstance(exc, StageUnavailable) else 1
-    return 0
+    if len(argv) != 1:
+        raise ConfigError(f"usage: python -m qvl_trt.vision.engine {BUILD_CONFIG_NAME}")
+    path = Path(argv[0]).resolve()
+    config = load_dataclass(EngineBuildConfig, json.loads(path.read_text()), str(path))
+    _build_in_this_process(path.parent, config)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(child_main(_main))

@@ -1,0 +1,102 @@
+"""The one protocol for a build step run in a child process (the vision engine, each LLM
+engine rank), so a crash or an out-of-memory kill becomes a clean BuildError and memory is
+returned when it ends.
+
+The child (`child_main`) logs "LEVEL name: message" lines to stderr and ends, on a user
+error, with the message alone on its last line, exiting with StageUnavailable.exit_code when
+this machine lacks what the step needs (the build can be resumed elsewhere) and 1 otherwise.
+The parent (`run_child`) keeps the whole output in a log file, relays warnings, and raises
+with the log tail, the log's path and the reproduce.sh (`write_reproduce`) that reruns it.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import subprocess
+import sys
+from collections import deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from .errors import BuildError, DependencyError, QvlError, StageUnavailable
+
+log = logging.getLogger(__name__)
+
+UNAVAILABLE_EXIT = StageUnavailable.exit_code
+_TAIL_LINES = 12
+_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
+REPRODUCE_NAME = "reproduce.sh"
+
+
+def write_reproduce(path: Path, commands: Sequence[str], comment: str, *,
+                    in_folder: bool = True) -> Path:
+    """Write an executable bash script at `path` that runs `commands` (shell lines) after
+    `comment`; `in_folder`: from the script's folder, which the commands' relative paths
+    name."""
+    path = Path(path)
+    path.write_text("\n".join([
+        "#!/usr/bin/env bash",
+        *(f"# {line}".rstrip() for line in comment.splitlines()),
+        "set -euo pipefail",
+        *(['cd "$(dirname "$0")"'] if in_folder else []),
+        *commands,
+    ]) + "\n")
+    path.chmod(0o755)
+    return path
+
+
+def run_child(cmd: Sequence[str], *, cwd: Path | None, log_path: Path, what: str,
+              reproduce: Path) -> None:
+    """Run `cmd`; its output goes to `log_path`. Raises StageUnavailable (the child's exit
+    code StageUnavailable.exit_code) with the child's reason, or BuildError naming `what`,
+    the reason (or the log tail after a crash), the log and `reproduce`."""
+    tail: deque[str] = deque(maxlen=_TAIL_LINES)
+    with Path(log_path).open("w", encoding="utf-8") as log_file:
+        proc = subprocess.Popen(list(cmd), cwd=cwd, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, errors="replace")
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log_file.write(line)
+            if line.strip():
+                tail.append(_relay(line.rstrip()))
+        code = proc.wait()
+    if code == UNAVAILABLE_EXIT:
+        raise StageUnavailable(tail[-1] if tail else f"{what} is unavailable here")
+    if code != 0:
+        # A child that failed cleanly printed its reason last; after a crash, show the tail.
+        why = (f"killed by signal {-code}" + (" (out of memory?)" if -code == 9 else "")
+               if code < 0 else f"exit code {code}")
+        detail = tail[-1] if code == 1 and tail else " | ".join(tail) or "no output"
+        raise BuildError(f"{what} failed ({why}): {detail}. Full log: {log_path}; reproduce "
+                         f"with: bash {shlex.quote(str(reproduce))}")
+
+
+def _relay(line: str) -> str:
+    """Log a child's line: its warnings and errors at their level, the rest at debug.
+    Returns the line without its level and logger name."""
+    level, _, rest = line.partition(" ")
+    if level not in _LEVELS:
+        log.debug("%s", line)  # native code or a library printing directly, or a traceback
+        return line
+    _, sep, message = rest.partition(": ")
+    message = message if sep else rest
+    number = logging.getLevelName(level)
+    log.log(number if number >= logging.WARNING else logging.DEBUG, "%s", message)
+    return message
+
+
+def child_main(fn: Callable[[list[str]], None], argv: list[str] | None = None) -> int:
+    """Run `fn(argv)` as a child's entry point; returns its exit code (0 when done)."""
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    root.handlers[:] = [handler]
+    try:
+        fn(sys.argv[1:] if argv is None else argv)
+    except QvlError as exc:
+        sys.stdout.flush()
+        print(exc, file=sys.stderr, flush=True)
+        return UNAVAILABLE_EXIT if isinstance(exc, (StageUnavailable, DependencyError)) else 1
+    return 0
