@@ -18,19 +18,17 @@ from .atomic import write_json_atomic
 from .child import write_reproduce
 from .errors import BuildError, ConfigError
 from .hashing import fingerprint
+from .llm.engine import ENGINE_CONFIG_NAME, ENGINE_DIR
 from .profiles import GpuProfile
 from .typed_config import load_dataclass
+from .vision.engine import CONFIG_NAME, ENGINE_NAME
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = 1
 PROFILE_NAME = "profile.json"  # in plan/: the resolved GPU profile
-# The vision engine's folder: the engine and the config.json its runner reads (vision/engine).
-VISION_ENGINE_NAME = "model.engine"
-VISION_CONFIG_NAME = "config.json"
-# In llm/: the engine folder, holding TensorRT-LLM's config.json and rank{N}.engine
-# (tensorrt_llm/builder.py Engine.save).
-LLM_ENGINE_DIR = "engine"
-LLM_ENGINE_CONFIG_NAME = "config.json"
+# The stages' output names, defined by the code that writes them.
+VISION_ENGINE_NAME, VISION_CONFIG_NAME = ENGINE_NAME, CONFIG_NAME
+LLM_ENGINE_DIR, LLM_ENGINE_CONFIG_NAME = ENGINE_DIR, ENGINE_CONFIG_NAME
 
 
 class Stage(str, enum.Enum):

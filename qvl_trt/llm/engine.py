@@ -30,13 +30,16 @@ from ..atomic import write_json_atomic
 from ..child import REPRODUCE_NAME, child_main, run_child, write_reproduce
 from ..deps import require
 from ..errors import BuildError, ConfigError
-from ..manifest import LLM_ENGINE_DIR as ENGINE_DIR
 from ..mm.prompt_table import rows_per_visual_token
 from ..profiles import BuildLimits, GpuProfile
 from .layout import DTYPES, read_llm_config
 
 log = logging.getLogger(__name__)
 
+# The engine folder engine.save writes (tensorrt_llm/builder.py Engine.save): TensorRT-LLM's
+# config.json and rank{N}.engine.
+ENGINE_DIR = "engine"
+ENGINE_CONFIG_NAME = "config.json"
 BUILD_CONFIG_NAME = "build_config.json"
 TIMING_CACHE_NAME = "timing.cache"
 # The dtypes TensorRT-LLM's fused context attention (the only reader of the MRoPE table) runs.

@@ -29,8 +29,6 @@ from ..child import REPRODUCE_NAME, child_main, run_child, write_reproduce
 from ..deps import available, require
 from ..errors import BuildError, ConfigError, StageUnavailable
 from ..hashing import FileHasher
-from ..manifest import VISION_CONFIG_NAME as CONFIG_NAME
-from ..manifest import VISION_ENGINE_NAME as ENGINE_NAME
 from ..profiles import TrtEdition, sm_digits
 from ..typed_config import load_dataclass, to_jsonable
 from .spec import GraphSpec, GraphTensor, PatchRange
@@ -39,6 +37,9 @@ from .spec import GraphSpec, GraphTensor, PatchRange
 log = logging.getLogger("qvl_trt.vision.engine")
 trt_log = logging.getLogger("qvl_trt.vision.tensorrt")
 
+# The engine and the config.json its runner reads.
+ENGINE_NAME = "model.engine"
+CONFIG_NAME = "config.json"
 BUILD_CONFIG_NAME = "build_config.json"
 BUILD_LOG_NAME = "build.log"
 EDITION_NAMES = {TrtEdition.TENSORRT: "TensorRT", TrtEdition.TENSORRT_RTX: "TensorRT-RTX"}
