@@ -245,7 +245,7 @@ class InProcessReference:
 
     def __init__(self, model: Path, *, limits: dict[str, int],
                  llm_checkpoint: Path | None = None, device: str = "cpu") -> None:
-        from ..llm.pipeline import ReferencePipeline, generation_defaults
+        from ..llm.pipeline import ReferencePipeline
         from ..mm.request import RequestLimits, RequestPreprocessor
 
         loaded = ReferencePipeline.load(model, checkpoint=llm_checkpoint, device=device,
@@ -259,8 +259,7 @@ class InProcessReference:
                                                                    request_limits),
             loaded.vision, loaded.decoder, loaded.stop_token_ids)
         # The deployment's end id (generation_config's first eos), cut as the backend does.
-        stops = generation_defaults(Path(model))["stop_token_ids"]
-        self.end_id = stops[0] if stops else None
+        self.end_id = loaded.checkpoint.generation.end_ids[0]
 
     def __call__(self, req: GenerateRequest) -> list[int]:
         from ..llm.sampling import SamplingParams

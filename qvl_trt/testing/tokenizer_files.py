@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..deps import require
 from ..errors import DependencyError
-from ..triton.runtime.detokenizer import byte_to_unicode
+from ..mm.detokenizer import byte_to_unicode
 
 BASE_VOCAB_SIZE = 151_643
 
