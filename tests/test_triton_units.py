@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from qvl_trt.errors import ConfigError, InputError
+from qvl_trt.generation_config import SamplingDefaults
 from qvl_trt.machine import TritonInstall
 from qvl_trt.triton import contract as c
-from qvl_trt.generation_config import SamplingDefaults
 from qvl_trt.triton.runtime.request_inputs import UrlPolicy, chat_request
 from qvl_trt.triton.runtime.vision_cache import RowCache
 from qvl_trt.triton.server import Ports, ServerOptions, format_command, server_command
