@@ -16,6 +16,7 @@ from typing import Any
 
 from .deps import require
 from .errors import CheckpointError
+from .generation_config import GenerationConfig
 from .typed_config import to_jsonable
 
 DENSE_MODEL_TYPE = "qwen3_vl"
@@ -307,6 +308,13 @@ class Checkpoint:
     @property
     def preprocessor_config(self) -> dict[str, Any]:
         return _read_json(self.path / "preprocessor_config.json", required=False) or {}
+
+    @cached_property
+    def generation(self) -> GenerationConfig:
+        """generation_config.json (transformers' defaults where it is missing)."""
+        path = self.path / "generation_config.json"
+        return GenerationConfig.from_json(_read_json(path, required=False), self.config,
+                                          where=str(path))
 
 
 def open_checkpoint(path: str | Path, *, validate: bool = True) -> Checkpoint:

@@ -83,12 +83,19 @@ def test_pipeline_matches_hf(pipeline: ReferencePipeline, hf_run) -> None:
     assert answer.text == pipeline.preprocessor.prompts.tokenizer.decode(hf_tokens)
 
 
-def test_streamed_text_adds_up(pipeline: ReferencePipeline) -> None:
+@pytest.mark.parametrize(("seed", "tokens"), [(4, 10), (48, 8)])
+def test_streamed_text_adds_up(pipeline: ReferencePipeline, seed: int, tokens: int) -> None:
+    """The stream (the served postprocessing's StreamDecoder) adds up to the one-shot decode,
+    also when the answer ends inside a character (seed 48: a lone byte, U+FFFD at the end,
+    which the old prefix re-decoding dropped from the stream)."""
     deltas = []
-    answer = pipeline.ask("Hello", sampling=SamplingParams(max_tokens=10, seed=4),
+    answer = pipeline.ask("Hello", sampling=SamplingParams(max_tokens=tokens, seed=seed),
                           on_text=deltas.append)
     assert [d.token_id for d in deltas] == list(answer.token_ids)
     assert "".join(d.text for d in deltas) == answer.text
+    tokenizer = pipeline.preprocessor.prompts.tokenizer
+    assert answer.text == tokenizer.decode(list(answer.token_ids), skip_special_tokens=True)
+    assert answer.text.endswith("\ufffd") == (seed == 48)
 
 
 def test_stop_ids_and_sampling_defaults(pipeline: ReferencePipeline, tiny_ckpt: Path) -> None:

@@ -12,6 +12,7 @@ import io
 import json
 import queue
 import re
+import shutil
 import threading
 import urllib.error
 import urllib.request
@@ -61,13 +62,15 @@ class RequestFailed(Exception):
 
 
 def grpc_ask(server, *, prompt: str | None = None, images=(), messages=None,
-             max_tokens: int = 12, temperature: float = 0.0, top_k: int | None = None,
-             top_p: float | None = None, seed: int | None = None, stream: bool = True,
-             stop=(), model: str = c.ENSEMBLE) -> Answer:
-    """One request through the ensemble (`model`) over gRPC streaming."""
+             max_tokens: int = 12, temperature: float | None = 0.0,
+             top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+             stream: bool = True, stop=(), model: str = c.ENSEMBLE) -> Answer:
+    """One request through the ensemble (`model`) over gRPC streaming; a setting that is
+    None is left out (the checkpoint's generation defaults apply)."""
     values = {c.MAX_TOKENS: np.array([[max_tokens]], np.int32),
-              c.TEMPERATURE: np.array([[temperature]], np.float32),
               c.STREAM: np.array([[stream]])}
+    if temperature is not None:
+        values[c.TEMPERATURE] = np.array([[temperature]], np.float32)
     if messages is not None:
         values[c.MESSAGES] = np.array([[json.dumps(messages).encode()]], object)
     else:
@@ -340,3 +343,69 @@ def test_two_builds_in_one_repository_are_served_side_by_side(tmp_path, tiny_bui
             grpc_ask(server, **question)  # no unnamed ensemble in a repository of two builds
     assert a.text == grpc_ask(triton_server, **question).text  # build a: the session's model
     assert b.text != a.text  # build b: another checkpoint
+
+
+# ---- the checkpoint's own generation defaults: `qvl-trt generate` decodes as served ----------
+
+PARITY_PROMPT = "Tell me a story."
+PARITY_SEED = 3
+
+
+def cli_generate(model: Path, build: Path, *options: str) -> str:
+    """`qvl-trt generate` (the in-process reference) on the build's converted checkpoint."""
+    from typer.testing import CliRunner
+
+    from qvl_trt.cli import app
+
+    result = CliRunner().invoke(app, [
+        "generate", "--model", str(model), "--checkpoint", str(build / "llm_checkpoint"),
+        "--prompt", PARITY_PROMPT, "--max-tokens", "16", "--seed", str(PARITY_SEED), "--json",
+        *options])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)["text"]
+
+
+# The tiny checkpoint's generation_config values, passed explicitly: what `generate` did
+# before it followed do_sample (it sampled with them whether or not do_sample was true).
+SAMPLED = ("--temperature", "0.7", "--top-k", "20", "--top-p", "0.8")
+
+
+def test_generate_and_the_server_agree_when_do_sample_is_true(tiny_ckpt, tiny_build,
+                                                              triton_server) -> None:
+    """The tiny checkpoint has do_sample true (temperature 0.7, top_k 20, top_p 0.8): a
+    seeded request that leaves its settings out samples alike on both sides."""
+    assert json.loads((tiny_ckpt / "generation_config.json").read_text())["do_sample"] is True
+    served = grpc_ask(triton_server, prompt=PARITY_PROMPT, max_tokens=16, temperature=None,
+                      seed=PARITY_SEED).text
+    assert cli_generate(tiny_ckpt, tiny_build) == served
+    # Not greedy: a pipeline that ignored do_sample: true would fail the line above.
+    assert cli_generate(tiny_ckpt, tiny_build, "--greedy") != served
+
+
+def test_generate_and_the_server_agree_when_do_sample_is_unset(tmp_path, tiny_ckpt,
+                                                               triton_profile) -> None:
+    """The same weights with do_sample left out of generation_config.json (transformers then
+    decodes greedily, temperature/top_k/top_p notwithstanding): both sides decode greedily,
+    and the text differs from sampling with the file's values (the old `generate`)."""
+    from qvl_trt.build import BuildOptions, Stage, run_build
+    from qvl_trt.triton.model_configs import Flavor
+    from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo
+    from qvl_trt.triton.server import ServerOptions, TritonServer, free_ports
+
+    model = tmp_path / "unset"
+    shutil.copytree(tiny_ckpt, model)
+    config = json.loads((model / "generation_config.json").read_text())
+    del config["do_sample"]
+    (model / "generation_config.json").write_text(json.dumps(config))
+    build = tmp_path / "build"
+    run_build(BuildOptions(model=str(model), gpu=str(triton_profile)), build,
+              only=(Stage.LLM_CHECKPOINT,))
+    repo = write_repo([BuildInput(build)], tmp_path / "repo", RepoOptions(
+        flavor=Flavor.REFERENCE, preprocessing_instances=1, vision_cache_mib=16))
+    with TritonServer(ServerOptions(repo.path, free_ports()), log_file=tmp_path / "server.log",
+                      startup_timeout_s=180) as server:
+        served = grpc_ask(server, prompt=PARITY_PROMPT, max_tokens=16, temperature=None,
+                          seed=PARITY_SEED).text
+    assert cli_generate(model, build) == served
+    assert cli_generate(model, build, "--greedy") == served
+    assert cli_generate(model, build, *SAMPLED) != served

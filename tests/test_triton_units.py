@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from qvl_trt.errors import ConfigError, InputError
+from qvl_trt.generation_config import SamplingDefaults
 from qvl_trt.machine import TritonInstall
 from qvl_trt.triton import contract as c
-from qvl_trt.triton.runtime.request_inputs import SamplingDefaults, UrlPolicy, chat_request
+from qvl_trt.triton.runtime.request_inputs import UrlPolicy, chat_request
 from qvl_trt.triton.runtime.vision_cache import RowCache
 from qvl_trt.triton.server import Ports, ServerOptions, format_command, server_command
 
@@ -30,7 +31,7 @@ def test_streamed_deltas_concatenate_to_the_one_shot_decode(tokenizer_dir: Path)
     """Token by token, including characters split over byte tokens, invalid byte runs,
     special tokens and ids beyond the vocabulary: the deltas add up to HF's decode."""
     tokenizers = pytest.importorskip("tokenizers")
-    from qvl_trt.triton.runtime.detokenizer import StreamDecoder, TokenBytes
+    from qvl_trt.mm.detokenizer import StreamDecoder, TokenBytes
 
     tok = tokenizers.Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
     table = TokenBytes.from_tokenizer_json(tokenizer_dir / "tokenizer.json")
@@ -130,12 +131,13 @@ def test_remote_images_come_only_from_allowed_hosts(tmp_path) -> None:
 
 
 def test_greedy_and_defaults() -> None:
+    """A request without settings gets the defaults; the checkpoint's defaults
+    (GenerationConfig.sampling_defaults) are tested in test_generation_config.py."""
     settings = _parse(text_input=b"x").settings
     assert (settings.temperature, settings.top_k, settings.stream) == (1.0, 0, False)
-    qwen = SamplingDefaults.from_generation_config(
-        {"do_sample": True, "temperature": 0.7, "top_k": 20, "top_p": 0.8})
-    assert (qwen.temperature, qwen.top_k, qwen.top_p) == (0.7, 20, 0.8)
-    assert SamplingDefaults.from_generation_config({}).temperature == 0.0
+    greedy = chat_request({"text_input": b"x", "top_k": 5}, urls=UrlPolicy(),
+                          defaults=SamplingDefaults(temperature=0.0)).settings
+    assert (greedy.temperature, greedy.top_k, greedy.top_p) == (0.0, 5, 1.0)
 
 
 def test_word_lists_round_trip() -> None:

@@ -271,15 +271,14 @@ class InProcessReference:
 
     def __init__(self, model: Path, *, limits: c.PreprocessingParameters,
                  llm_checkpoint: Path | None = None, device: str = "cpu") -> None:
-        from ..llm.pipeline import ReferencePipeline, generation_defaults
+        from ..llm.pipeline import ReferencePipeline
         from ..triton.runtime.preprocessing import request_limits
 
         self.pipeline = ReferencePipeline.load(model, checkpoint=llm_checkpoint, device=device,
                                                max_seq_len=limits.max_seq_len,
                                                limits=request_limits(limits))
         # The deployment's end id (generation_config's first eos), cut as the backend does.
-        stops = generation_defaults(Path(model))["stop_token_ids"]
-        self.end_id = stops[0] if stops else None
+        self.end_id = self.pipeline.checkpoint.generation.end_ids[0]
 
     def __call__(self, req: GenerateRequest) -> list[int]:
         from ..llm.sampling import SamplingParams

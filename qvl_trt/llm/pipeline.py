@@ -9,7 +9,6 @@ steps is the one the engines receive.
 from __future__ import annotations
 
 import dataclasses
-import json
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,13 +21,11 @@ from ..checkpoint import Checkpoint, open_checkpoint
 from ..deps import require
 from ..errors import CheckpointError, ConfigError, InputError
 from ..mm.chat import user_message
+from ..mm.detokenizer import StreamDecoder, TokenBytes
 from ..mm.prompt_table import assemble_prompt_table
 from ..mm.request import ImageInput, PreparedRequest, RequestLimits, RequestPreprocessor
 from .layout import DTYPES, LlmConfig, read_llm_config
 from .sampling import DecodeRequest, FinishReason, SamplingParams
-
-# The checkpoint's own sampling defaults (generation_config.json) that SamplingParams takes.
-_GENERATION_KEYS = ("temperature", "top_k", "top_p")
 
 
 @dataclass(frozen=True)
@@ -46,39 +43,27 @@ class GenerationOutput:
 
 @dataclass(frozen=True)
 class TextDelta:
-    """One streamed token and the text it completes (empty while a character is split)."""
+    """One streamed token and the text it completes (empty while a character is split; the
+    last one flushes an unfinished character as U+FFFD, as a one-shot decode does)."""
 
     token_id: int
     text: str
 
 
-def generation_defaults(model: Path) -> dict[str, Any]:
-    """Sampling defaults and stop ids from the checkpoint's generation_config.json."""
-    path = Path(model) / "generation_config.json"
-    try:
-        data = json.loads(path.read_text()) if path.is_file() else {}
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path} is not valid JSON ({exc}); re-download it") from None
-    eos = data.get("eos_token_id", [])
-    defaults = {key: data[key] for key in _GENERATION_KEYS if key in data}
-    defaults["stop_token_ids"] = tuple(eos if isinstance(eos, list) else [eos])
-    return defaults
-
-
 def sampling_params(model: str | Path, *, max_tokens: int, greedy: bool = False,
                     temperature: float | None = None, top_k: int | None = None,
                     top_p: float | None = None, seed: int | None = None) -> SamplingParams:
-    """Greedy, or sampling with the options given and the checkpoint's generation_config
-    for the others."""
+    """Greedy, or the options given over the checkpoint's sampling defaults
+    (`GenerationConfig.sampling_defaults`: greedy unless its do_sample is true), as the
+    served preprocessing fills a request's settings."""
     given = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
     if greedy:
         if any(v is not None for v in given.values()):
             raise InputError("--greedy takes no --temperature, --top-k or --top-p")
         return SamplingParams(max_tokens=max_tokens, greedy=True, seed=seed)
-    defaults = generation_defaults(Path(model))
-    chosen = {k: v if v is not None else defaults.get(k) for k, v in given.items()}
-    return SamplingParams(max_tokens=max_tokens, seed=seed,
-                          **{k: v for k, v in chosen.items() if v is not None})
+    defaults = open_checkpoint(model, validate=False).generation.sampling_defaults()
+    return SamplingParams(max_tokens=max_tokens, seed=seed, **{
+        k: getattr(defaults, k) if v is None else v for k, v in given.items()})
 
 
 class ReferencePipeline:
@@ -91,6 +76,8 @@ class ReferencePipeline:
         self.vision = vision
         self.decoder = decoder
         self.stop_token_ids = stop_token_ids
+        # The served postprocessing's detokenizer, so both stream the same text.
+        self.token_bytes = TokenBytes.from_tokenizer_json(checkpoint.path / "tokenizer.json")
 
     @classmethod
     def load(cls, model: str | Path, *, checkpoint: str | Path | None = None,
@@ -122,8 +109,7 @@ class ReferencePipeline:
         preprocessor = RequestPreprocessor.from_checkpoint(ckpt.path, limits)
         vision_dtype = str(decoder.dtype).removeprefix("torch.")
         vision = load_vision_tower(ckpt, vision_dtype).to(decoder.device)
-        stop = generation_defaults(ckpt.path)["stop_token_ids"]
-        return cls(ckpt, preprocessor, vision, decoder, stop)
+        return cls(ckpt, preprocessor, vision, decoder, ckpt.generation.end_ids)
 
     def prepare(self, messages: Sequence[Mapping[str, Any]],
                 images: Sequence[ImageInput] = (), *,
@@ -146,25 +132,21 @@ class ReferencePipeline:
                  on_text: Callable[[TextDelta], None] | None = None) -> GenerationOutput:
         """Run one request; `on_text` sees each token with the text it adds."""
         prepared, request = self.prepare(messages, images, sampling=sampling)
-        tokenizer = self.preprocessor.prompts.tokenizer
-        tokens: list[int] = []
-        shown = ""
+        stream = StreamDecoder(self.token_bytes)
+        pieces: list[str] = []
 
         def on_token(event) -> None:
-            nonlocal shown
-            tokens.append(event.token_id)
-            text = tokenizer.decode(tokens, skip_special_tokens=True)
-            # A character split across tokens decodes as U+FFFD until it is complete.
-            delta = "" if text.endswith("\ufffd") else text[len(shown):]
-            shown += delta
+            delta = TextDelta(event.token_id, stream.push(
+                [event.token_id], final=event.finish_reason is not None))
+            pieces.append(delta.text)
             if on_text is not None:
-                on_text(TextDelta(event.token_id, delta))
+                on_text(delta)
 
         result = self.decoder.generate([request], on_token=on_token)[0]
         return GenerationOutput(
-            text=tokenizer.decode(list(result.token_ids), skip_special_tokens=True),
-            token_ids=result.token_ids, finish_reason=result.finish_reason,
-            prompt_tokens=result.prompt_tokens, image_tokens=sum(prepared.image_token_counts))
+            text="".join(pieces), token_ids=result.token_ids,
+            finish_reason=result.finish_reason, prompt_tokens=result.prompt_tokens,
+            image_tokens=sum(prepared.image_token_counts))
 
     def ask(self, prompt: str, images: Sequence[ImageInput] = (), *,
             sampling: SamplingParams | None = None,

@@ -19,7 +19,7 @@ from pathlib import Path
 from ..atomic import write_json_atomic
 from ..deps import require
 from ..errors import DependencyError
-from ..triton.runtime.detokenizer import byte_to_unicode
+from ..mm.detokenizer import byte_to_unicode
 
 BASE_VOCAB_SIZE = 151_643
 

@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from ...mm.detokenizer import StreamDecoder, TokenBytes
 from .. import contract as c
 from .backend import error_response, guarded, pb, response, row_of
-from .detokenizer import StreamDecoder, TokenBytes
 
 log = logging.getLogger(__name__)
 

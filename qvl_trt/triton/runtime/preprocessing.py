@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-import json
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import numpy as np
 from ...errors import InputError
 from ...mm.request import RequestLimits, RequestPreprocessor
 from .. import contract as c
-from .request_inputs import SamplingDefaults, UrlPolicy, chat_request
+from .request_inputs import UrlPolicy, chat_request
 
 
 def request_limits(params: c.PreprocessingParameters) -> RequestLimits:
@@ -29,15 +28,12 @@ class Preprocessor:
         self.limits = limits
         self.requests = RequestPreprocessor.from_checkpoint(checkpoint_dir,
                                                             request_limits(limits))
-        gen_path = Path(checkpoint_dir) / "generation_config.json"
-        generation = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
-        self.defaults = SamplingDefaults.from_generation_config(generation)
-        eos = generation.get("eos_token_id", self.requests.prompts.tokenizer.eos_token_id)
-        eos = list(eos) if isinstance(eos, Sequence) else [eos]
-        self.end_id = int(eos[0])
+        generation = self.requests.checkpoint.generation
+        self.defaults = generation.sampling_defaults()
+        self.end_id = generation.end_ids[0]
         # TensorRT-LLM takes one end id; the others stop generation as one-token stop words.
-        self.extra_end_ids = [[int(t)] for t in eos[1:]]
-        self.pad_id = int(generation.get("pad_token_id", self.end_id))
+        self.extra_end_ids = [[t] for t in generation.end_ids[1:]]
+        self.pad_id = generation.pad_id
         self.urls = UrlPolicy.from_parameter(limits.image_url_allow_list)
         self.patch_dim = self.requests.pixels.patch_dim
 

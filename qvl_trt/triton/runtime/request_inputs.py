@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import InputError
+from ...generation_config import SamplingDefaults
 from ...mm.chat import IMAGE_PART_TYPES, user_message
 
 
@@ -55,26 +56,11 @@ class ChatRequest:
     settings: GenerationSettings
 
 
-@dataclass(frozen=True)
-class SamplingDefaults:
-    """Used where a request leaves a setting out (the checkpoint's generation_config)."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-
-    @classmethod
-    def from_generation_config(cls, config: Mapping[str, Any]) -> SamplingDefaults:
-        if not config.get("do_sample", False):
-            return cls(temperature=0.0)
-        return cls(float(config.get("temperature", 1.0)), float(config.get("top_p", 1.0)),
-                   int(config.get("top_k", 0)))
-
-
 def chat_request(inputs: Mapping[str, Any], *, urls: UrlPolicy,
                  defaults: SamplingDefaults) -> ChatRequest:
     """`inputs`: public input name -> value (one batch row, scalars unwrapped; absent inputs
-    missing). Raises InputError naming the input and the fix."""
+    missing); `defaults`: the checkpoint's (Checkpoint.generation.sampling_defaults()).
+    Raises InputError naming the input and the fix."""
     messages_raw = inputs.get("messages")
     text = inputs.get("text_input")
     image_list = _items(inputs.get("image_bytes"))

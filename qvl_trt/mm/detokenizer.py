@@ -1,4 +1,5 @@
-"""Incremental detokenization for streamed answers.
+"""Incremental detokenization for streamed answers: the served postprocessing model and the
+in-process reference pipeline both stream through `StreamDecoder`.
 
 Qwen's byte-level BPE maps every token to fixed bytes; a character may be split across tokens
 (a CJK character or an emoji is often two or three byte tokens). Decoding each streamed
