@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .deps import require
+from .dtypes import Dtype
 from .errors import CheckpointError
 from .typed_config import to_jsonable
 
@@ -22,12 +23,11 @@ DENSE_MODEL_TYPE = "qwen3_vl"
 TEXT_PREFIX = "model.language_model."
 VISION_PREFIX = "model.visual."
 
-# safetensors dtype tag -> bytes per element
+# safetensors dtype tag -> bytes per element: the dtypes qvl-trt computes in, and the others a
+# checkpoint may hold.
 _DTYPE_BYTES = {
+    **{d.safetensors: d.itemsize for d in Dtype},
     "F64": 8,
-    "F32": 4,
-    "F16": 2,
-    "BF16": 2,
     "I64": 8,
     "I32": 4,
     "I16": 2,

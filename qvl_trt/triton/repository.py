@@ -31,7 +31,9 @@ from typing import Any
 from .. import __version__
 from ..atomic import staged_dir, write_json_atomic
 from ..checkpoint import Checkpoint, open_checkpoint
+from ..dtypes import NUMPY_DTYPES, Dtype
 from ..errors import BuildError, ConfigError
+from ..llm.engine import ENGINE_DTYPE
 from ..manifest import Manifest
 from ..plan import Plan, make_plan, repository_kv_budgets
 from ..profiles import GpuProfile
@@ -55,7 +57,6 @@ TOKENIZER_JSON = "tokenizer.json"
 _CHECKPOINT_FILES = ("config.json", "preprocessor_config.json", "generation_config.json",
                      "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
                      "chat_template.json", "chat_template.jinja")
-_TABLE_DTYPES = {"float16": "FP16", "float32": "FP32"}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
@@ -89,7 +90,7 @@ class RepoOptions:
     # The reference flavor's precision for the vision tower, the prompt table and the
     # decoder: float32 by default (it is the accuracy oracle, and what the in-process
     # reference pipeline computes on a CPU).
-    reference_dtype: str = "float32"
+    reference_dtype: Dtype = Dtype.FLOAT32
 
 
 @dataclass(frozen=True)
@@ -194,12 +195,11 @@ def _open_build(path: Path) -> _Build:
 
 def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOptions,
                 runtime: Path, *, kv_tokens: int, mount_root: Path) -> None:
-    # The prompt table travels in the dtype the LLM step computes in.
-    llm_dtype = (build.manifest.options.get("llm_dtype", "float16")
-                 if options.flavor is Flavor.TRT else options.reference_dtype)
-    if llm_dtype not in _TABLE_DTYPES:
-        raise ConfigError(f"{build.path}: LLM dtype {llm_dtype} is not supported by the "
-                          f"repository's python models ({', '.join(_TABLE_DTYPES)})")
+    # The prompt table travels in the dtype the LLM step computes in, as numpy.
+    llm_dtype = ENGINE_DTYPE if options.flavor is Flavor.TRT else Dtype(options.reference_dtype)
+    if llm_dtype not in NUMPY_DTYPES:
+        raise ConfigError(f"LLM dtype {llm_dtype} is not supported by the repository's python "
+                          f"models, which move tensors as numpy ({', '.join(NUMPY_DTYPES)})")
     for name in names.all():
         if (root / name).exists():
             raise ConfigError(f"model {name} would be written twice; give the builds distinct "
@@ -237,7 +237,7 @@ def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOpt
     settings = StepSettings(
         names=names, flavor=options.flavor, max_batch_size=lim.max_batch_size,
         hidden_size=ckpt.text.hidden_size, patch_dim=ckpt.vision.patch_dim,
-        table_dtype=_TABLE_DTYPES[llm_dtype],
+        table_dtype=llm_dtype.triton,
         engine_dir=str(mount_root / names.tensorrt_llm / VERSION / ENGINE_DIR),
         kv_cache_free_gpu_mem_fraction=lim.kv_cache_free_gpu_mem_fraction,
         max_tokens_in_paged_kv_cache=kv_tokens,
@@ -282,7 +282,7 @@ def _build_info(build: _Build, options: RepoOptions, names: c.ModelNames,
         "cache_key": build.manifest.cache_key,
         "models": to_jsonable(names),
         "profile": to_jsonable(build.profile),
-        "llm_dtype": build.manifest.options.get("llm_dtype", "float16"),
+        "llm_dtype": ENGINE_DTYPE.value,
         "vision_dtype": build.manifest.options.get("vision_dtype", "float16"),
         "tp_size": build.manifest.options.get("tp_size", 1),
         "trt_edition": (build.manifest.options.get("trt_edition")

@@ -28,6 +28,7 @@ from typing import Any
 
 from ..atomic import staged_file, write_json_atomic
 from ..deps import available, require
+from ..dtypes import Dtype
 from ..errors import BuildError, ConfigError, QvlError, StageUnavailable
 from ..hashing import FileHasher
 from ..profiles import TrtEdition
@@ -52,7 +53,7 @@ class EngineBuildConfig:
     """Everything an engine build reads besides the ONNX graph (build_config.json)."""
 
     edition: TrtEdition
-    dtype: str
+    dtype: Dtype
     onnx: str  # relative to the folder holding build_config.json
     compute_capabilities: tuple[str, ...]  # e.g. ("8.9",)
     patches: PatchRange
