@@ -208,7 +208,8 @@ class Checkpoint:
     def source_dtype(self) -> str:
         tc = self.config.get("text_config", {})
         return str(
-            tc.get("dtype") or tc.get("torch_dtype") or self.config.get("torch_dtype") or "bfloat16"
+            tc.get("dtype") or tc.get("torch_dtype") or self.config.get("torch_dtype")
+            or Dtype.BFLOAT16.value
         )
 
     @cached_property

@@ -283,7 +283,7 @@ def _build_info(build: _Build, options: RepoOptions, names: c.ModelNames,
         "models": to_jsonable(names),
         "profile": to_jsonable(build.profile),
         "llm_dtype": ENGINE_DTYPE.value,
-        "vision_dtype": build.manifest.options.get("vision_dtype", "float16"),
+        "vision_dtype": build.manifest.options.get("vision_dtype", Dtype.FLOAT16.value),
         "tp_size": build.manifest.options.get("tp_size", 1),
         "trt_edition": (build.manifest.options.get("trt_edition")
                         or build.profile.gpu.trt_edition.value),
