@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .deps import require
+from .dtypes import Dtype
 from .errors import CheckpointError
 from .generation_config import GenerationConfig
 from .typed_config import to_jsonable
@@ -44,12 +45,11 @@ PREPROCESSING_REQUIRED_FILES = ("config.json", "preprocessor_config.json", "toke
 _BUILD_CONFIG_FILES = ("config.json", "generation_config.json", "preprocessor_config.json",
                        "model.safetensors.index.json")
 
-# safetensors dtype tag -> bytes per element
+# safetensors dtype tag -> bytes per element: the dtypes qvl-trt computes in, and the others a
+# checkpoint may hold.
 _DTYPE_BYTES = {
+    **{d.safetensors: d.itemsize for d in Dtype},
     "F64": 8,
-    "F32": 4,
-    "F16": 2,
-    "BF16": 2,
     "I64": 8,
     "I32": 4,
     "I16": 2,
@@ -230,7 +230,8 @@ class Checkpoint:
     def source_dtype(self) -> str:
         tc = self.config.get("text_config", {})
         return str(
-            tc.get("dtype") or tc.get("torch_dtype") or self.config.get("torch_dtype") or "bfloat16"
+            tc.get("dtype") or tc.get("torch_dtype") or self.config.get("torch_dtype")
+            or Dtype.BFLOAT16.value
         )
 
     @cached_property

@@ -16,8 +16,10 @@ from typing import Annotated, TypeVar
 import typer
 
 from . import __version__
+from .dtypes import Dtype
 from .errors import ConfigError, QvlError
 from .profiles import TrtEdition
+from .triton.model_configs import Flavor
 
 F = TypeVar("F", bound=Callable)
 
@@ -222,12 +224,12 @@ def build(
         ),
     ] = None,
     vision_dtype: Annotated[
-        str,
+        Dtype,
         typer.Option(
             help="Vision engine precision: float16, or bfloat16 for checkpoints whose "
             "activations overflow fp16."
         ),
-    ] = "float16",
+    ] = Dtype.FLOAT16,
     tp_size: Annotated[int, typer.Option(help="Tensor-parallel size of the LLM engine.")] = 1,
     force: Annotated[
         bool, typer.Option(help="Rebuild stages whose inputs did not change.")
@@ -252,8 +254,6 @@ def build(
     else:
         if model is None or gpu is None:
             raise ConfigError("build needs --model and --gpu (or --resume DIR)")
-        if vision_dtype not in ("float16", "bfloat16"):
-            raise ConfigError(f"--vision-dtype must be float16 or bfloat16, got {vision_dtype}")
         options = BuildOptions(
             model=str(model.resolve()),
             gpu=profile_argument(gpu),
@@ -275,8 +275,8 @@ def convert(
         "max_position_embeddings.")] = None,
     max_seq_len: Annotated[int | None, typer.Option(
         help="Engine max_seq_len (instead of --gpu).")] = None,
-    dtype: Annotated[str, typer.Option(help="float16, bfloat16 (or float32 for tests).")]
-    = "float16",
+    dtype: Annotated[Dtype, typer.Option(help="float16, bfloat16 (or float32 for tests).")]
+    = Dtype.FLOAT16,
     tp_size: Annotated[int, typer.Option(help="Tensor-parallel ranks.")] = 1,
     force: Annotated[bool, typer.Option(help="Replace an existing --out folder.")] = False,
     json_out: JsonOpt = False,
@@ -321,9 +321,9 @@ def matrix(
 @command("export-vision", panel="Build")
 def export_vision(
     model: ModelOpt,
-    dtype: Annotated[str, typer.Option(
+    dtype: Annotated[Dtype, typer.Option(
         help="float16 or bfloat16 (what the engine is built from), or float32 (the reference "
-        "graph).")] = "float16",
+        "graph).")] = Dtype.FLOAT16,
     out: Annotated[Path | None, typer.Option(
         "--out", "-o", help="Folder to create for model.onnx + its weights "
         "[default: build/vision-onnx-DTYPE].", show_default=False)] = None,
@@ -582,9 +582,9 @@ def repo(
         show_default=False)],
     out: Annotated[Path, typer.Option("--out", "-o", help="Repository folder to write.",
                                       show_default=False)],
-    flavor: Annotated[str, typer.Option(
+    flavor: Annotated[Flavor, typer.Option(
         help="trt: vision engine + stock tensorrtllm backend; reference: PyTorch vision tower "
-        "and reference decoder (any machine, CPU included).")] = "trt",
+        "and reference decoder (any machine, CPU included).")] = Flavor.TRT,
     mount_path: Annotated[str | None, typer.Option(
         help="Where the repository will be mounted when served (the tensorrtllm backend takes "
         "an absolute engine path) [default: --out].")] = None,
@@ -599,22 +599,17 @@ def repo(
 ) -> None:
     """Write a Triton model repository from one or more build folders."""
     from .console import out as console
-    from .triton.model_configs import Flavor
     from .triton.repository import BuildInput, RepoOptions, write_repo
 
-    try:
-        chosen = Flavor(flavor)
-    except ValueError:
-        raise ConfigError(f"--flavor {flavor!r}: choose trt or reference") from None
-    options = RepoOptions(flavor=chosen, mount_path=mount_path,
+    options = RepoOptions(flavor=flavor, mount_path=mount_path,
                           default_max_tokens=default_max_tokens,
                           vision_cache_mib=vision_cache_mib,
                           image_url_allow_list=tuple(allow_image_host or ()))
     result = write_repo([BuildInput.parse(b) for b in build], out, options, force=force)
     ensembles = ", ".join(b.names.ensemble for b in result.builds)
-    console.print(f"wrote the {chosen.value} repository {result.path}: {len(result.models)} "
+    console.print(f"wrote the {flavor.value} repository {result.path}: {len(result.models)} "
                   f"models; ensemble{'s' if len(result.builds) > 1 else ''}: {ensembles}")
-    if chosen is Flavor.TRT:
+    if flavor is Flavor.TRT:
         from .triton.serve_plan import read_serve_plan, serve_container_command
 
         console.print("serve it in the TensorRT-LLM container with: "

@@ -11,9 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from qvl_trt.dtypes import Dtype
 from qvl_trt.errors import QvlError
 from qvl_trt.testing.tiny_checkpoint import (
-    DTYPES,
     RELEASED,
     TinyDims,
     parse_dims,
@@ -56,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--untied", action="store_true", help="separate lm_head (like the 8B)")
     parser.add_argument("--shards", type=int, default=1, help="safetensors files (default 1)")
-    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="weight dtype")
+    parser.add_argument("--dtype", choices=[d.value for d in Dtype], default="float32",
+                        help="weight dtype")
     parser.add_argument(
         "--config-only",
         choices=sorted(RELEASED),

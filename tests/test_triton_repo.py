@@ -16,6 +16,7 @@ from cli_harness import run_cli
 from qvl_trt.atomic import leftovers
 from qvl_trt.build import Stage, resume_build
 from qvl_trt.deps import available
+from qvl_trt.dtypes import Dtype
 from qvl_trt.errors import ConfigError
 from qvl_trt.triton.model_configs import Flavor
 from qvl_trt.triton.pbconfig import CONFIG_FILE, data_type, parse_config, read_config, to_text
@@ -122,12 +123,26 @@ def test_several_builds_get_their_own_model_names(tmp_path, tiny_build) -> None:
     assert leftovers(tmp_path) == [], "a failed write leaves nothing behind"
 
 
+def test_a_table_dtype_numpy_cannot_hold_is_refused(tmp_path, tiny_build) -> None:
+    with pytest.raises(ConfigError, match="^LLM dtype bfloat16 is not supported by the "
+                                          "repository's python models, which move tensors as "
+                                          r"numpy \(float16, float32\)$"):
+        write_repo([BuildInput(tiny_build)], tmp_path / "bf16",
+                   RepoOptions(flavor=Flavor.REFERENCE, reference_dtype=Dtype.BFLOAT16))
+    assert not (tmp_path / "bf16").exists()
+
+
 def test_repo_command_and_build_stage(tmp_path, tiny_build) -> None:
     out = tmp_path / "repo"
     done = run_cli("repo", "--build", str(tiny_build), "--out", str(out), "--flavor",
                    "reference")
     assert done.returncode == 0, done.stderr
     assert "wrote the reference repository" in done.stdout
+    # --flavor is enum-typed: Typer refuses other names and lists the choices.
+    bad = run_cli("repo", "--build", str(tiny_build), "--out", str(tmp_path / "x"), "--flavor",
+                  "pytorch")
+    text = " ".join(bad.stderr.replace("│", " ").split())
+    assert bad.returncode == 2 and "'pytorch' is not one of 'trt', 'reference'" in text
     again = run_cli("repo", "--build", str(tiny_build), "--out", str(out))
     assert again.returncode == 1 and "pass --force" in again.stderr
     checked = run_cli("validate", str(out))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from qvl_trt.checkpoint import open_checkpoint
-from qvl_trt.errors import BuildError
+from qvl_trt.errors import BuildError, ConfigError
 from qvl_trt.profiles import TrtEdition
 from qvl_trt.vision.export import EXAMPLE_GRID, OPSETS, check_onnx_io, export_vision_onnx
 from qvl_trt.vision.spec import vision_graph_spec
@@ -171,3 +171,10 @@ def test_export_refuses_a_non_empty_folder(tiny_ckpt, tmp_path) -> None:
     with pytest.raises(BuildError, match="not an empty folder"):
         export_vision_onnx(open_checkpoint(tiny_ckpt), tmp_path, dtype="float32")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
+
+
+def test_export_refuses_a_dtype_it_has_no_graph_for(tiny_ckpt, tmp_path) -> None:
+    with pytest.raises(ConfigError, match="^vision dtype 'int8' is not one of float16, "
+                                          "bfloat16, float32$"):
+        export_vision_onnx(open_checkpoint(tiny_ckpt), tmp_path / "x", dtype="int8")
+    assert not (tmp_path / "x").exists()

@@ -11,11 +11,15 @@ from typing import Any
 
 from ..checkpoint import Checkpoint
 from ..container import container_command
+from ..dtypes import Dtype
+from ..errors import ConfigError
 from ..hashing import FileHasher, fingerprint
+from ..llm.engine import ENGINE_DTYPE
 from ..manifest import BuildFolder, Manifest, Stage, tool_versions
 from ..plan import make_plan
 from ..profiles import GpuProfile, TrtEdition
 from ..typed_config import to_jsonable
+from ..vision.spec import ENGINE_DTYPES
 
 STAGES = tuple(Stage)
 # Stages that always run (cheaply, usually skipped) because later ones read their results.
@@ -31,15 +35,27 @@ class BuildOptions:
     model: str
     gpu: str
     trt_edition: TrtEdition | None = None
-    vision_dtype: str = "float16"
-    llm_dtype: str = "float16"
+    vision_dtype: Dtype = Dtype.FLOAT16
     tp_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.vision_dtype not in ENGINE_DTYPES:
+            raise ConfigError(f"--vision-dtype {self.vision_dtype}: the engine takes "
+                              f"{' or '.join(ENGINE_DTYPES)}")
+        object.__setattr__(self, "vision_dtype", Dtype(self.vision_dtype))
 
     def to_json(self) -> dict[str, Any]:
         return to_jsonable(asdict(self))
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> BuildOptions:
+        data = dict(data)
+        # Manifests of earlier versions record the LLM dtype, which no option could change.
+        llm_dtype = data.pop("llm_dtype", ENGINE_DTYPE.value)
+        if llm_dtype != ENGINE_DTYPE:
+            raise ConfigError(f"the build's manifest.json sets llm_dtype {llm_dtype!r}, but "
+                              f"qvl-trt builds the language model in {ENGINE_DTYPE} only; "
+                              "remove the key from its options, or start a new build folder")
         edition = data.get("trt_edition")
         return cls(**{**data, "trt_edition": TrtEdition(edition) if edition else None})
 

@@ -11,6 +11,7 @@ from ..atomic import write_json_atomic
 from ..child import REPRODUCE_NAME
 from ..errors import StageUnavailable
 from ..hashing import fingerprint
+from ..llm.engine import ENGINE_DTYPE
 from ..manifest import PROFILE_NAME, write_reproduce_script
 from ..plan import check_fits, make_plan
 from ..typed_config import to_jsonable
@@ -70,7 +71,7 @@ def _run_manifest(ctx: BuildContext, work: Path) -> dict[str, Any]:
 
 def _llm_checkpoint_inputs(ctx: BuildContext) -> dict[str, Any]:
     o = ctx.options
-    return {"checkpoint": ctx.manifest.inputs["checkpoint"], "dtype": o.llm_dtype,
+    return {"checkpoint": ctx.manifest.inputs["checkpoint"], "dtype": ENGINE_DTYPE.value,
             "tp_size": o.tp_size, "max_seq_len": ctx.profile.limits.max_seq_len}
 
 
@@ -80,7 +81,7 @@ def _run_llm_checkpoint(ctx: BuildContext, work: Path) -> dict[str, Any]:
     # `work` is the stage's empty staging folder; convert replaces it with the finished
     # checkpoint (config.json + rank{N}.safetensors).
     result = convert_checkpoint(ctx.checkpoint, work, max_seq_len=ctx.profile.limits.max_seq_len,
-                                dtype=ctx.options.llm_dtype, tp_size=ctx.options.tp_size,
+                                dtype=ENGINE_DTYPE, tp_size=ctx.options.tp_size,
                                 force=True)
     return {"dtype": result.config.dtype, "tp_size": result.config.tp_size,
             "max_position_embeddings": result.config.max_position_embeddings,
@@ -90,8 +91,7 @@ def _run_llm_checkpoint(ctx: BuildContext, work: Path) -> dict[str, Any]:
 def _llm_build_config(ctx: BuildContext) -> dict[str, Any]:
     from ..llm.engine import engine_build_config
 
-    return engine_build_config(ctx.profile, deepstack_layers=ctx.checkpoint.vision.deepstack_count,
-                               dtype=ctx.options.llm_dtype)
+    return engine_build_config(ctx.profile, deepstack_layers=ctx.checkpoint.vision.deepstack_count)
 
 
 def _llm_inputs(ctx: BuildContext) -> dict[str, Any]:

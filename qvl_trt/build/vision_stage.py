@@ -14,13 +14,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..errors import BuildError, ConfigError, StageUnavailable
+from ..errors import BuildError, StageUnavailable
 from ..machine import package_version
 from ..profiles import TrtEdition
 from ..typed_config import to_jsonable
 from ..vision.engine import EngineBuildConfig, build_vision_engine, check_edition_here
 from ..vision.export import ONNX_NAME, export_inputs, read_export_meta
-from ..vision.spec import ENGINE_DTYPES, patch_range, vision_graph_spec
+from ..vision.spec import patch_range, vision_graph_spec
 from ..vision.validate import export_and_validate
 from .context import BuildContext, Stage
 
@@ -52,8 +52,6 @@ def vision_stage_inputs(ctx: BuildContext) -> dict[str, Any]:
 def run_vision_stage(ctx: BuildContext, work: Path) -> dict[str, Any]:
 
     dtype = ctx.options.vision_dtype
-    if dtype not in ENGINE_DTYPES:
-        raise ConfigError(f"--vision-dtype {dtype}: the engine takes {' or '.join(ENGINE_DTYPES)}")
     inputs = vision_stage_inputs(ctx)
     engine = inputs["engine"]
     ccs = tuple(engine["compute_capabilities"])

@@ -18,6 +18,7 @@ from pathlib import Path
 from ..atomic import staged_dir
 from ..checkpoint import Checkpoint, open_checkpoint
 from ..deps import require
+from ..dtypes import Dtype, pick
 from ..errors import CheckpointError, ConfigError
 from ..typed_config import to_jsonable
 from .layout import CONFIG_NAME, DTYPES, LlmConfig, llm_config, rank_shape, shard, weight_sources
@@ -44,7 +45,7 @@ def convert_checkpoint(
     out: str | Path,
     *,
     max_seq_len: int,
-    dtype: str = "float16",
+    dtype: Dtype | str = Dtype.FLOAT16,
     tp_size: int = 1,
     force: bool = False,
 ) -> ConvertResult:
@@ -63,7 +64,7 @@ def convert_checkpoint(
     shapes = {name: rank_shape(name, [ckpt.tensors[s].shape for s in srcs], config)
               for name, srcs in sources.items()}
     log.info("converting %s -> %s (%s, TP %d, max_position_embeddings %d)", ckpt.path, out,
-             dtype, tp_size, config.max_position_embeddings)
+             config.dtype, tp_size, config.max_position_embeddings)
     with staged_dir(out) as staging:
         _write_ranks(ckpt, staging, config, sources, shapes)
         (staging / CONFIG_NAME).write_text(json.dumps(to_jsonable(config), indent=2) + "\n")
@@ -85,10 +86,10 @@ def resolve_max_seq_len(gpu: str | None, max_seq_len: int | None) -> int:
     return max_seq_len
 
 
-def _config_for(ckpt: Checkpoint, *, dtype: str, tp_size: int, max_seq_len: int) -> LlmConfig:
+def _config_for(ckpt: Checkpoint, *, dtype: Dtype | str, tp_size: int,
+                max_seq_len: int) -> LlmConfig:
     text = ckpt.text
-    if dtype not in DTYPES:
-        raise ConfigError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    dtype = pick(dtype, DTYPES, "dtype")
     if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
         raise ConfigError(f"tensor-parallel size must be a positive integer, got {tp_size!r}")
     for what, count in (("attention heads", text.num_heads), ("KV heads", text.num_kv_heads),
@@ -139,26 +140,23 @@ def _check_sources(ckpt: Checkpoint, sources: dict[str, tuple[str, ...]]) -> Non
 def _write_ranks(ckpt: Checkpoint, folder: Path, config: LlmConfig,
                  sources: dict[str, tuple[str, ...]],
                  shapes: dict[str, tuple[int, ...]]) -> None:
-    torch = require("torch", extra="export", why="convert the checkpoint")
-    target = getattr(torch, config.dtype)
     with contextlib.ExitStack() as stack:
         streams = [stack.enter_context(SafetensorsStream(folder / rank_file(r), config.dtype,
                                                          shapes))
                    for r in range(config.tp_size)]
         for name, names in sources.items():
-            tensors = [_cast(ckpt.load(s), target, s) for s in names]
+            tensors = [_cast(ckpt.load(s), config.dtype, s) for s in names]
             for rank, stream in enumerate(streams):
                 stream.write(name, shard(name, tensors, config, rank))
             log.debug("wrote %s", name)
             del tensors
 
 
-def _cast(tensor, target, name: str):
+def _cast(tensor, dtype: Dtype, name: str):
     torch = require("torch", extra="export", why="convert the checkpoint")
-    cast = tensor.to(target)
+    cast = tensor.to(dtype.torch())
     # Checked in slices: a bool mask of a whole embedding would cost half its size again.
     if not all(bool(torch.isfinite(part).all()) for part in cast.reshape(-1).split(1 << 24)):
-        hint = "; convert with --dtype bfloat16" if target == torch.float16 else ""
-        raise CheckpointError(f"tensor {name} holds values that are not finite in "
-                              f"{str(target).removeprefix('torch.')}{hint}")
+        hint = "; convert with --dtype bfloat16" if dtype is Dtype.FLOAT16 else ""
+        raise CheckpointError(f"tensor {name} holds values that are not finite in {dtype}{hint}")
     return cast

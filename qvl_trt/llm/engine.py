@@ -29,6 +29,7 @@ from typing import Any
 from ..atomic import write_json_atomic
 from ..child import REPRODUCE_NAME, child_main, run_child, write_reproduce
 from ..deps import require
+from ..dtypes import Dtype, pick
 from ..errors import BuildError, ConfigError
 from ..mm.prompt_table import rows_per_visual_token
 from ..profiles import BuildLimits, GpuProfile
@@ -43,7 +44,10 @@ ENGINE_CONFIG_NAME = "config.json"
 BUILD_CONFIG_NAME = "build_config.json"
 TIMING_CACHE_NAME = "timing.cache"
 # The dtypes TensorRT-LLM's fused context attention (the only reader of the MRoPE table) runs.
-FUSED_ATTENTION_DTYPES = ("float16", "bfloat16")
+FUSED_ATTENTION_DTYPES = (Dtype.FLOAT16, Dtype.BFLOAT16)
+# What `qvl-trt build` converts and builds the language model in. The trt flavor's python
+# models hold the prompt table in the engine dtype as numpy, which has no bfloat16.
+ENGINE_DTYPE = Dtype.FLOAT16
 
 
 @dataclass(frozen=True)
@@ -63,14 +67,13 @@ def prompt_table_rows(limits: BuildLimits, deepstack_layers: int) -> int:
 
 
 def engine_build_config(profile: GpuProfile, *, deepstack_layers: int,
-                        dtype: str = "float16") -> dict[str, Any]:
+                        dtype: Dtype | str = ENGINE_DTYPE) -> dict[str, Any]:
     """Keyword arguments of `tensorrt_llm.builder.BuildConfig.from_dict` for this profile.
 
     max_position_embeddings is not a BuildConfig field: the converted checkpoint carries it,
     equal to max_seq_len (the build checks), which sizes the per-request MRoPE table.
     """
-    if dtype not in DTYPES:
-        raise ConfigError(f"LLM engine dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    dtype = pick(dtype, DTYPES, "LLM engine dtype")
     if dtype not in FUSED_ATTENTION_DTYPES:
         raise ConfigError(f"LLM engine dtype {dtype} cannot place image tokens: MRoPE needs "
                           "fused context attention, which TensorRT-LLM has only for "
@@ -87,8 +90,8 @@ def engine_build_config(profile: GpuProfile, *, deepstack_layers: int,
         "use_mrope": True,
         "strongly_typed": True,
         "plugin_config": {
-            "gemm_plugin": dtype,
-            "gpt_attention_plugin": dtype,
+            "gemm_plugin": dtype.value,
+            "gpt_attention_plugin": dtype.value,
             "paged_kv_cache": True,
             "remove_input_padding": True,
             "context_fmha": True,
@@ -137,7 +140,7 @@ def _run_rank(rank: int, command: list[str], work: Path) -> None:
 
 # ---- child process -----------------------------------------------------------------------
 
-def check_fused_context_attention(settings: dict[str, Any], checkpoint_dtype: str) -> None:
+def check_fused_context_attention(settings: dict[str, Any], checkpoint_dtype: Dtype) -> None:
     """Raise BuildError unless these BuildConfig settings and checkpoint dtype give the
     attention plugin its fused context path, the only one that reads the MRoPE table."""
     plugins = settings.get("plugin_config", {})

@@ -12,13 +12,15 @@ from pathlib import Path
 
 from ..checkpoint import TEXT_PREFIX, TextDims
 from ..deps import require
+from ..dtypes import Dtype
 from ..errors import CheckpointError
 from ..mm.prompt_table import rows_per_visual_token
 from ..typed_config import load_dataclass
 
 # Our own Qwen3-VL causal LM class (TensorRT-LLM 1.2 has none); the C++ runtime ignores it.
 ARCHITECTURE = "Qwen3VLForCausalLM"
-DTYPES = ("float16", "bfloat16", "float32")
+# What `convert` writes (float32 for tests and the reference decoder).
+DTYPES = (Dtype.FLOAT16, Dtype.BFLOAT16, Dtype.FLOAT32)
 CONFIG_NAME = "config.json"
 
 
@@ -51,8 +53,8 @@ class LlmConfig:
     keys plus `num_deepstack_layers` (K: prompt-table rows per visual token = 1 + K)."""
 
     architecture: str
-    dtype: str
-    logits_dtype: str
+    dtype: Dtype
+    logits_dtype: Dtype
     vocab_size: int
     max_position_embeddings: int
     hidden_size: int
@@ -92,11 +94,11 @@ class LlmConfig:
         return rows_per_visual_token(self.num_deepstack_layers)
 
 
-def llm_config(text: TextDims, deepstack_layers: int, *, dtype: str, tp_size: int,
+def llm_config(text: TextDims, deepstack_layers: int, *, dtype: Dtype, tp_size: int,
                max_position_embeddings: int) -> LlmConfig:
     """The converted checkpoint's config for these text dimensions."""
     return LlmConfig(
-        architecture=ARCHITECTURE, dtype=dtype, logits_dtype="float32",
+        architecture=ARCHITECTURE, dtype=dtype, logits_dtype=Dtype.FLOAT32,
         vocab_size=text.vocab_size, max_position_embeddings=max_position_embeddings,
         hidden_size=text.hidden_size, num_hidden_layers=text.num_layers,
         num_attention_heads=text.num_heads, num_key_value_heads=text.num_kv_heads,

@@ -19,7 +19,8 @@ import numpy as np
 
 from ..checkpoint import Checkpoint, open_checkpoint
 from ..deps import require
-from ..errors import CheckpointError, ConfigError, InputError
+from ..dtypes import Dtype, pick
+from ..errors import CheckpointError, InputError
 from ..mm.chat import user_message
 from ..mm.detokenizer import StreamDecoder, TokenBytes
 from ..mm.prompt_table import assemble_prompt_table
@@ -81,7 +82,7 @@ class ReferencePipeline:
 
     @classmethod
     def load(cls, model: str | Path, *, checkpoint: str | Path | None = None,
-             device: str = "cpu", dtype: str | None = None,
+             device: str = "cpu", dtype: Dtype | str | None = None,
              max_seq_len: int = 8192,
              limits: RequestLimits | None = None) -> ReferencePipeline:
         """`checkpoint`: a folder written by `qvl-trt convert` from `model`; without it the
@@ -94,9 +95,8 @@ class ReferencePipeline:
         from .reference import ReferenceDecoder
 
         ckpt = open_checkpoint(model)
-        if dtype is not None and dtype not in DTYPES:
-            raise ConfigError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-        compute = dtype or ("float32" if device == "cpu" else None)
+        compute = (pick(dtype, DTYPES, "dtype") if dtype is not None
+                   else Dtype.FLOAT32 if device == "cpu" else None)
         if checkpoint is None:
             decoder = _decoder_of_temporary_conversion(ckpt, max_seq_len, device, compute)
         else:
@@ -173,11 +173,11 @@ class ReferencePipeline:
 
 
 def _decoder_of_temporary_conversion(ckpt: Checkpoint, max_seq_len: int, device: str,
-                                     compute: str | None):
+                                     compute: Dtype | None):
     from .convert import convert_checkpoint
     from .reference import ReferenceDecoder
 
-    source = ckpt.source_dtype if ckpt.source_dtype in DTYPES else "float32"
+    source = ckpt.source_dtype if ckpt.source_dtype in DTYPES else Dtype.FLOAT32
     with tempfile.TemporaryDirectory(prefix="qvl-trt-reference-") as tmp:
         out = convert_checkpoint(ckpt, Path(tmp) / "llm", dtype=source,
                                  max_seq_len=min(max_seq_len, ckpt.text.max_position_embeddings))

@@ -15,16 +15,15 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..deps import require
-
-# torch dtype name -> (safetensors tag, bytes per element)
-DTYPE_TAGS = {"float32": ("F32", 4), "float16": ("F16", 2), "bfloat16": ("BF16", 2)}
+from ..dtypes import Dtype
 
 
 class SafetensorsStream:
     """A safetensors file whose tensors are written in the declared order."""
 
-    def __init__(self, path: Path, dtype: str, shapes: dict[str, tuple[int, ...]]) -> None:
-        tag, width = DTYPE_TAGS[dtype]
+    def __init__(self, path: Path, dtype: Dtype | str, shapes: dict[str, tuple[int, ...]]) -> None:
+        dtype = Dtype(dtype)
+        tag, width = dtype.safetensors, dtype.itemsize
         self.path = path
         self._order = list(shapes)
         self._sizes = {name: math.prod(shape) * width for name, shape in shapes.items()}

@@ -19,11 +19,11 @@ from pathlib import Path
 
 from ..atomic import staged_dir, write_json_atomic
 from ..deps import require
+from ..dtypes import Dtype, pick
 from ..errors import ConfigError
 from .tokenizer_files import CHAT_TEMPLATE, write_tokenizer_files
 
 VOCAB_SIZE = 151_936  # the released embedding rows (151,669 tokens padded), so real ids are valid
-DTYPES = ("float32", "float16", "bfloat16")
 
 # Numbers of the released dense checkpoints (their config.json files, QWEN3VL.md's table).
 RELEASED: dict[str, dict] = {
@@ -206,7 +206,8 @@ def parse_dims(spec: str) -> TinyDims:
 
 
 def tiny_config(
-    dims: TinyDims = TinyDims(), *, tie_word_embeddings: bool = True, dtype: str = "float32"
+    dims: TinyDims = TinyDims(), *, tie_word_embeddings: bool = True,
+    dtype: Dtype = Dtype.FLOAT32,
 ) -> dict:
     """config.json of a tiny checkpoint, in the released layout."""
     text = {
@@ -234,7 +235,8 @@ def released_config(variant: str) -> dict:
         raise ConfigError(f"unknown variant {variant!r}; choose one of {', '.join(RELEASED)}")
     numbers = RELEASED[variant]
     return _release_layout(
-        numbers["text"], numbers["vision"], numbers["tie_word_embeddings"], "bfloat16", [24, 20, 20]
+        numbers["text"], numbers["vision"], numbers["tie_word_embeddings"], Dtype.BFLOAT16,
+        [24, 20, 20],
     )
 
 
@@ -244,15 +246,14 @@ def write_tiny_checkpoint(
     seed: int = 0,
     dims: TinyDims = TinyDims(),
     tie_word_embeddings: bool = True,
-    dtype: str = "float32",
+    dtype: Dtype | str = Dtype.FLOAT32,
     shards: int = 1,
 ) -> Path:
     """Write a tiny random Qwen3-VL checkpoint directory at `out` and return it.
 
     `shards > 1` writes model-0000i-of-0000N.safetensors plus model.safetensors.index.json.
     """
-    if dtype not in DTYPES:
-        raise ConfigError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    dtype = pick(dtype, tuple(Dtype), "dtype")
     if shards < 1:
         raise ConfigError(f"shards must be >= 1, got {shards}")
     config = tiny_config(dims, tie_word_embeddings=tie_word_embeddings, dtype=dtype)
@@ -278,7 +279,7 @@ def write_config_only(out: Path, variant: str) -> Path:
 
 
 def _release_layout(
-    text: dict, vision: dict, tie: bool, dtype: str, mrope_section: list[int]
+    text: dict, vision: dict, tie: bool, dtype: Dtype, mrope_section: list[int]
 ) -> dict:
     """The config.json layout of the released checkpoints (transformers 4.57.0.dev0): 4.57 keys
     (`rope_scaling` + `rope_theta`, vision model_type "qwen3_vl"), not 5.x `rope_parameters`."""
@@ -290,7 +291,7 @@ def _release_layout(
             "attention_bias": False,
             "attention_dropout": 0.0,
             "bos_token_id": 151643,
-            "dtype": dtype,
+            "dtype": dtype.value,
             "eos_token_id": 151645,
             "hidden_act": "silu",
             "initializer_range": 0.02,
@@ -328,7 +329,7 @@ def _release_layout(
     }
 
 
-def _random_weights(config: dict, seed: int, dtype: str) -> dict:
+def _random_weights(config: dict, seed: int, dtype: Dtype) -> dict:
     """Seeded random tensors under the names and shapes transformers gives this config.
 
     Each tensor is drawn from its own generator seeded by (seed, name), so the values do not
@@ -347,7 +348,7 @@ def _random_weights(config: dict, seed: int, dtype: str) -> dict:
             value = 1.0 + 0.1 * noise
         else:
             value = 0.02 * noise
-        tensors[name] = value.to(getattr(torch, dtype)).contiguous()
+        tensors[name] = value.to(dtype.torch()).contiguous()
     return tensors
 
 

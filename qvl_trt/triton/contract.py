@@ -158,13 +158,6 @@ def config_parameters(config: Mapping[str, Any]) -> dict[str, str]:
 
 # ---- tensor specs -----------------------------------------------------------------------------
 
-# Triton data type -> numpy dtype name (BYTES travel as numpy object arrays of bytes).
-NUMPY_DTYPES = {
-    "BOOL": "bool", "UINT8": "uint8", "INT32": "int32", "INT64": "int64", "UINT64": "uint64",
-    "FP16": "float16", "FP32": "float32", "BYTES": "object",
-}
-
-
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
@@ -174,10 +167,6 @@ class TensorSpec:
     # Scalars the tensorrtllm backend reads as shape [] per batch row.
     reshape: tuple[int, ...] | None = None
     ragged: bool = False  # allow_ragged_batch: rows of different lengths in one batch
-
-    @property
-    def numpy_dtype(self) -> str:
-        return NUMPY_DTYPES[self.data_type]
 
 
 def _scalar(name: str, data_type: str, *, optional: bool = False,

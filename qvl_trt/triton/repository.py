@@ -30,7 +30,9 @@ from pathlib import Path
 from .. import __version__
 from ..atomic import staged_dir, write_json_atomic
 from ..checkpoint import VISION_PREFIX, Checkpoint, open_checkpoint
+from ..dtypes import NUMPY_DTYPES, Dtype
 from ..errors import BuildError, ConfigError
+from ..llm.engine import ENGINE_DTYPE
 from ..manifest import VISION_CONFIG_NAME, VISION_ENGINE_NAME, BuildFolder, Manifest, Stage
 from ..plan import Plan, make_plan, repository_kv_budgets
 from ..profiles import GpuProfile, TrtEdition
@@ -49,7 +51,6 @@ CHECKPOINT_DIR = "checkpoint"  # in a version folder: configs, tokenizer, weight
 ENGINE_DIR = "engine"  # in a version folder: the vision or LLM engine
 BUILD_INFO = "build.json"  # in the ensemble's version folder: what the repository holds
 TOKENIZER_JSON = "tokenizer.json"
-_TABLE_DTYPES = {"float16": "FP16", "float32": "FP32"}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
@@ -83,7 +84,7 @@ class RepoOptions:
     # The reference flavor's precision for the vision tower, the prompt table and the
     # decoder: float32 by default (it is the accuracy oracle, and what the in-process
     # reference pipeline computes on a CPU).
-    reference_dtype: str = "float32"
+    reference_dtype: Dtype = Dtype.FLOAT32
 
 
 @dataclass(frozen=True)
@@ -207,12 +208,11 @@ def _open_build(path: Path) -> _Build:
 
 def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOptions,
                 runtime: Path, *, kv_tokens: int, mount_root: Path) -> None:
-    # The prompt table travels in the dtype the LLM step computes in.
-    llm_dtype = (build.manifest.options.get("llm_dtype", "float16")
-                 if options.flavor is Flavor.TRT else options.reference_dtype)
-    if llm_dtype not in _TABLE_DTYPES:
-        raise ConfigError(f"{build.path}: LLM dtype {llm_dtype} is not supported by the "
-                          f"repository's python models ({', '.join(_TABLE_DTYPES)})")
+    # The prompt table travels in the dtype the LLM step computes in, as numpy.
+    llm_dtype = ENGINE_DTYPE if options.flavor is Flavor.TRT else Dtype(options.reference_dtype)
+    if llm_dtype not in NUMPY_DTYPES:
+        raise ConfigError(f"LLM dtype {llm_dtype} is not supported by the repository's python "
+                          f"models, which move tensors as numpy ({', '.join(NUMPY_DTYPES)})")
     for name in names.all():
         if (root / name).exists():
             raise ConfigError(f"model {name} would be written twice; give the builds distinct "
@@ -253,7 +253,7 @@ def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOpt
     settings = StepSettings(
         names=names, flavor=options.flavor, max_batch_size=lim.max_batch_size,
         hidden_size=ckpt.text.hidden_size, patch_dim=ckpt.vision.patch_dim,
-        table_dtype=_TABLE_DTYPES[llm_dtype],
+        table_dtype=llm_dtype.triton,
         engine_dir=str(mount_root / names.tensorrt_llm / VERSION / ENGINE_DIR),
         kv_cache_free_gpu_mem_fraction=lim.kv_cache_free_gpu_mem_fraction,
         max_tokens_in_paged_kv_cache=kv_tokens,
@@ -296,8 +296,8 @@ def _build_info(build: _Build, options: RepoOptions, names: c.ModelNames,
         cache_key=build.manifest.cache_key,
         models=names,
         profile=build.profile,
-        llm_dtype=build.manifest.options.get("llm_dtype", "float16"),
-        vision_dtype=build.manifest.options.get("vision_dtype", "float16"),
+        llm_dtype=ENGINE_DTYPE.value,
+        vision_dtype=build.manifest.options.get("vision_dtype", Dtype.FLOAT16.value),
         tp_size=build.manifest.options.get("tp_size", 1),
         trt_edition=TrtEdition(edition) if edition else build.profile.gpu.trt_edition,
         kv_cache_tokens=kv_tokens,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint import PIXELS_PER_PATCH, PREPROCESSING_REQUIRED_FILES
+from ..dtypes import Dtype
 from ..errors import ConfigError
 from ..llm.engine import FUSED_ATTENTION_DTYPES
 from ..typed_config import to_jsonable
@@ -36,8 +37,6 @@ from .repository import (
     BuildInfo,
 )
 from .tensorrtllm_backend import check_parameters, parse_bool, parse_float, parse_int
-
-_DTYPE_NAMES = {"float16": "FP16", "bfloat16": "BF16", "float32": "FP32"}
 
 
 @dataclass(frozen=True)
@@ -394,7 +393,8 @@ def _check_llm_engine(name: str, config: Any, folder: Path, info: BuildInfo,
                  f"config max_batch_size {config.max_batch_size} exceeds the engine's "
                  f"{build.get('max_batch_size')}")
     table = _inputs(config).get("prompt_embedding_table")
-    dtype = _DTYPE_NAMES.get(pretrained.get("dtype", ""), pretrained.get("dtype"))
+    dtype = pretrained.get("dtype")
+    dtype = Dtype(dtype).triton if dtype in tuple(Dtype) else dtype
     report.check(table is not None and table.data_type == dtype, name,
                  f"prompt_embedding_table is {table.data_type if table else 'absent'}, the "
                  f"engine computes in {dtype}")

@@ -27,6 +27,7 @@ from typing import Any
 from ..atomic import staged_file, write_json_atomic
 from ..child import REPRODUCE_NAME, child_main, run_child, write_reproduce
 from ..deps import available, require
+from ..dtypes import Dtype
 from ..errors import BuildError, ConfigError, StageUnavailable
 from ..hashing import FileHasher
 from ..profiles import TrtEdition, sm_digits
@@ -50,7 +51,7 @@ class EngineBuildConfig:
     """Everything an engine build reads besides the ONNX graph (build_config.json)."""
 
     edition: TrtEdition
-    dtype: str
+    dtype: Dtype
     onnx: str  # relative to the folder holding build_config.json
     compute_capabilities: tuple[str, ...]  # e.g. ("8.9",)
     patches: PatchRange

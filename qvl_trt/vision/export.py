@@ -22,6 +22,7 @@ from .. import __version__
 from ..atomic import staged_dir, write_json_atomic
 from ..checkpoint import VISION_PREFIX, Checkpoint
 from ..deps import require
+from ..dtypes import Dtype
 from ..errors import BuildError
 from ..profiles import TrtEdition
 from ..typed_config import to_jsonable
@@ -43,7 +44,8 @@ OPSETS = {TrtEdition.TENSORRT_RTX: 23, TrtEdition.TENSORRT: 18}
 # The traced example: a 16x16-patch image. Any size works at run time (dynamic axis).
 EXAMPLE_GRID = (1, 16, 16)
 
-_ONNX_DTYPES = {1: "float32", 6: "int32", 7: "int64", 10: "float16", 16: "bfloat16"}
+# TensorProto.DataType value -> the name TensorSpec.dtype uses (INT32 = 6, INT64 = 7).
+_ONNX_DTYPES = {**{d.onnx: d.value for d in Dtype}, 6: "int32", 7: "int64"}
 
 
 @dataclass(frozen=True)
@@ -51,25 +53,25 @@ class VisionOnnx:
     """An exported vision graph."""
 
     path: Path  # the .onnx file; its weights are beside it
-    dtype: str
+    dtype: Dtype
     edition: TrtEdition
     opset: int
     spec: GraphSpec
     seconds: float
 
 
-def export_inputs(ckpt: Checkpoint, dtype: str, edition: TrtEdition, hash_file) \
+def export_inputs(ckpt: Checkpoint, dtype: Dtype, edition: TrtEdition, hash_file) \
         -> dict[str, Any]:
     """What an export depends on (JSON): a previous export with equal inputs can be reused.
     `hash_file(path) -> sha256`."""
     files = sorted({info.file for name, info in ckpt.tensors.items()
                     if name.startswith(VISION_PREFIX)})
-    return {"dtype": dtype, "opset": OPSETS[edition], "exporter": f"qvl-trt {__version__}",
+    return {"dtype": dtype.value, "opset": OPSETS[edition], "exporter": f"qvl-trt {__version__}",
             "vision_config": ckpt.config.get("vision_config", {}),
             "weights": {f: hash_file(ckpt.path / f) for f in files}}
 
 
-def export_vision_onnx(ckpt: Checkpoint, out: Path, *, dtype: str = "float16",
+def export_vision_onnx(ckpt: Checkpoint, out: Path, *, dtype: Dtype | str = Dtype.FLOAT16,
                        edition: TrtEdition = TrtEdition.TENSORRT_RTX,
                        inputs: dict[str, Any] | None = None) -> VisionOnnx:
     """Export the checkpoint's vision tower in `dtype`, for a TensorRT `edition`, into the
@@ -83,7 +85,8 @@ def export_vision_onnx(ckpt: Checkpoint, out: Path, *, dtype: str = "float16",
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise BuildError(f"{out} exists and is not an empty folder; pick another --out or "
                          "delete it")
-    spec = vision_graph_spec(ckpt.vision, dtype)
+    spec = vision_graph_spec(ckpt.vision, dtype)  # refuses a dtype the graph is not made in
+    dtype = Dtype(dtype)
     opset = OPSETS[edition]
     started = time.perf_counter()
     tower = load_vision_tower(ckpt, dtype)
@@ -110,7 +113,7 @@ def export_vision_onnx(ckpt: Checkpoint, out: Path, *, dtype: str = "float16",
         check_onnx_io(staging / ONNX_NAME, spec)
         seconds = time.perf_counter() - started
         write_json_atomic(staging / META_NAME, {
-            "dtype": dtype, "edition": edition.value, "opset": opset,
+            "dtype": dtype.value, "edition": edition.value, "opset": opset,
             "spec": to_jsonable(spec),
             "example_grid": list(EXAMPLE_GRID), "export_seconds": round(seconds, 3),
             "inputs": inputs or {}})

@@ -9,14 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..checkpoint import VisionDims
-from ..errors import ConfigError
+from ..dtypes import Dtype, pick
 from ..mm.geometry import smart_resize
 from ..profiles import BuildLimits
 
 # Precisions the vision graph can be exported in. The engine takes float16 (default) or
 # bfloat16; float32 is the reference graph the export is validated with.
-VISION_DTYPES = ("float32", "float16", "bfloat16")
-ENGINE_DTYPES = ("float16", "bfloat16")
+VISION_DTYPES = (Dtype.FLOAT16, Dtype.BFLOAT16, Dtype.FLOAT32)
+ENGINE_DTYPES = (Dtype.FLOAT16, Dtype.BFLOAT16)
 
 # Named dynamic axes.
 PATCHES = "num_patches"
@@ -32,7 +32,7 @@ OPT_IMAGE = (1080, 1920)  # height, width
 @dataclass(frozen=True)
 class GraphTensor:
     name: str
-    dtype: str  # "float32" | "float16" | "bfloat16" | "int32"
+    dtype: str  # a Dtype's value, or "int32"
     shape: tuple[int | str, ...]  # a str is a named dynamic axis
 
     @property
@@ -76,19 +76,18 @@ class PatchRange:
                 for t in spec.inputs}
 
 
-def vision_graph_spec(vision: VisionDims, dtype: str) -> GraphSpec:
+def vision_graph_spec(vision: VisionDims, dtype: Dtype | str) -> GraphSpec:
     """The vision graph of a checkpoint in precision `dtype`: inputs are always float32 /
     int32 (what the host computes); outputs are in the graph's precision."""
-    if dtype not in VISION_DTYPES:
-        raise ConfigError(f"vision dtype {dtype!r} is not one of {', '.join(VISION_DTYPES)}")
+    dtype = pick(dtype, VISION_DTYPES, "vision dtype")
     inputs = (
-        GraphTensor("pixel_values", "float32", (PATCHES, vision.patch_dim)),
+        GraphTensor("pixel_values", Dtype.FLOAT32.value, (PATCHES, vision.patch_dim)),
         GraphTensor("pos_interp_indices", "int32", (PATCHES, 4)),
-        GraphTensor("pos_interp_weights", "float32", (PATCHES, 4)),
+        GraphTensor("pos_interp_weights", Dtype.FLOAT32.value, (PATCHES, 4)),
         GraphTensor("rope_position_ids", "int32", (PATCHES, 2)),
     )
     names = ["image_embeds"] + [f"deepstack_{k}" for k in range(vision.deepstack_count)]
-    outputs = tuple(GraphTensor(n, dtype, (TOKENS, vision.out_hidden_size)) for n in names)
+    outputs = tuple(GraphTensor(n, dtype.value, (TOKENS, vision.out_hidden_size)) for n in names)
     return GraphSpec(inputs, outputs)
 
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..checkpoint import VISION_PREFIX, Checkpoint, VisionDims
+from ..dtypes import Dtype
 from ..errors import CheckpointError
 from ..mm.vision_index import vision_index_tensors
 
@@ -27,10 +28,6 @@ LAYER_NORM_EPS = 1e-6
 DEFAULT_ROPE_THETA = 10_000.0
 # transformers' names of the block activation -> the tanh approximation flag of F.gelu
 _BLOCK_ACTIVATIONS = {"gelu_pytorch_tanh": "tanh", "gelu": "none"}
-
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16,
-                "bfloat16": torch.bfloat16}
-
 
 class Fp32LayerNorm(nn.Module):
     """LayerNorm evaluated in fp32 whatever its input's dtype; parameters stay fp32."""
@@ -173,18 +170,18 @@ def vision_rope_theta(config: dict[str, Any]) -> float:
     return float(theta) if theta is not None else DEFAULT_ROPE_THETA
 
 
-def load_vision_tower(ckpt: Checkpoint, dtype: str = "float32") -> VisionTower:
+def load_vision_tower(ckpt: Checkpoint, dtype: Dtype | str = Dtype.FLOAT32) -> VisionTower:
     """The checkpoint's vision tower in `dtype` (float32, float16 or bfloat16), eval mode;
     LayerNorm parameters stay fp32. Tensors are read one at a time and cast as they come,
     so peak memory is about one copy of the tower."""
-    dims = ckpt.vision
+    dims, weights = ckpt.vision, Dtype(dtype).torch()
     with torch.device("meta"):
         tower = VisionTower(dims, rope_theta=vision_rope_theta(ckpt.config))
     norms = {f"{name}.{leaf}" for name, m in tower.named_modules()
              if isinstance(m, Fp32LayerNorm) for leaf in ("weight", "bias")}
     state = {}
     for ours, theirs in hf_state_dict_map(dims).items():
-        tensor = ckpt.load(theirs).to(torch.float32 if ours in norms else TORCH_DTYPES[dtype])
+        tensor = ckpt.load(theirs).to(torch.float32 if ours in norms else weights)
         if ours == "patch_embed.weight":
             tensor = tensor.reshape(dims.hidden_size, dims.patch_dim)
         state[ours] = tensor

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..checkpoint import VISION_PREFIX, Checkpoint
 from ..deps import require
+from ..dtypes import Dtype
 from ..errors import BuildError
 from ..profiles import TrtEdition
 from .export import VALIDATION_NAME, check_onnx_io, export_vision_onnx
@@ -29,7 +30,7 @@ from .spec import vision_graph_spec
 log = logging.getLogger(__name__)
 
 # max|diff| / max|reference| per output, vs the fp32 HF tower.
-TOLERANCES = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 5e-2}
+TOLERANCES = {Dtype.FLOAT32: 1e-5, Dtype.FLOAT16: 1e-2, Dtype.BFLOAT16: 5e-2}
 # Patch grids (1, h, w) checked: square, wide, tall, odd block counts; none is the traced
 # 16x16 grid except one, so a graph frozen at the traced size fails.
 DEFAULT_GRIDS = ((1, 16, 16), (1, 8, 12), (1, 30, 4), (1, 14, 22), (1, 2, 26), (1, 36, 36))
@@ -87,7 +88,7 @@ class VisionValidation:
 Runner = Callable[[tuple], Sequence[np.ndarray]]
 
 
-def validate_vision_onnx(onnx_path: Path, ckpt: Checkpoint, *, dtype: str,
+def validate_vision_onnx(onnx_path: Path, ckpt: Checkpoint, *, dtype: Dtype | str,
                          grids: Sequence[tuple[int, int, int]] = DEFAULT_GRIDS,
                          reference=None) -> VisionValidation:
     """Compare the ONNX graph at `onnx_path` (exported in `dtype`) with the HF vision tower
@@ -95,15 +96,17 @@ def validate_vision_onnx(onnx_path: Path, ckpt: Checkpoint, *, dtype: str,
     onnxruntime's CPU kernels; for them the PyTorch module that was exported is compared
     instead."""
     check_onnx_io(Path(onnx_path), vision_graph_spec(ckpt.vision, dtype))
-    if dtype == "bfloat16":
-        run, what = _torch_runner(ckpt, dtype), f"{Path(onnx_path).name} (bfloat16, PyTorch)"
+    if Dtype(dtype) is Dtype.BFLOAT16:
+        run = _torch_runner(ckpt, Dtype.BFLOAT16)
+        what = f"{Path(onnx_path).name} (bfloat16, PyTorch)"
     else:
-        run, what = _onnx_runner(onnx_path), f"{Path(onnx_path).name} ({dtype}, onnxruntime)"
+        run = _onnx_runner(onnx_path)
+        what = f"{Path(onnx_path).name} ({dtype}, onnxruntime)"
     return compare_with_hf(run, ckpt, dtype=dtype, graph=what, grids=grids,
                            reference=reference)
 
 
-def compare_with_hf(run: Runner, ckpt: Checkpoint, *, dtype: str, graph: str,
+def compare_with_hf(run: Runner, ckpt: Checkpoint, *, dtype: Dtype | str, graph: str,
                     grids: Sequence[tuple[int, int, int]], reference=None) -> VisionValidation:
     """Run `run(inputs)` (inputs as the spec orders them, torch CPU tensors; returns the
     spec's outputs) and the HF tower on each grid, and check every output."""
@@ -131,7 +134,7 @@ def compare_with_hf(run: Runner, ckpt: Checkpoint, *, dtype: str, graph: str,
             diff, peak = float(np.abs(out - ref).max()), float(np.abs(ref).max())
             if tensor.name not in worst or diff / peak > worst[tensor.name][0]:
                 worst[tensor.name] = (diff / peak, diff, peak, tuple(grid))
-    checks = tuple(OutputCheck(t.name, worst[t.name][1], worst[t.name][2], TOLERANCES[dtype],
+    checks = tuple(OutputCheck(t.name, worst[t.name][1], worst[t.name][2], TOLERANCES[Dtype(dtype)],
                                worst[t.name][3]) for t in spec.outputs)
     result = VisionValidation(graph, tuple(tuple(g) for g in grids), checks)
     for line in result.lines():
@@ -179,7 +182,7 @@ def _onnx_runner(onnx_path: Path) -> Runner:
     return run
 
 
-def _torch_runner(ckpt: Checkpoint, dtype: str) -> Runner:
+def _torch_runner(ckpt: Checkpoint, dtype: Dtype) -> Runner:
     torch = require("torch", extra="export", why="validate the vision export")
     from .tower import load_vision_tower
 
@@ -192,7 +195,7 @@ def _torch_runner(ckpt: Checkpoint, dtype: str) -> Runner:
     return run
 
 
-def export_and_validate(ckpt: Checkpoint, out: Path, *, dtype: str = "float16",
+def export_and_validate(ckpt: Checkpoint, out: Path, *, dtype: Dtype | str = Dtype.FLOAT16,
                         edition: TrtEdition = TrtEdition.TENSORRT_RTX,
                         inputs: dict[str, Any] | None = None):
     """Export (as `export_vision_onnx`), then compare the graph with the Hugging Face tower on

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ...checkpoint import VisionDims
+from ...dtypes import Dtype
 from ...errors import InputError
 from ...mm.prompt_table import assemble_prompt_table, rows_per_visual_token
 from ...mm.vision_index import VisionIndex, vision_index_tensors
@@ -67,7 +68,7 @@ class VisionStep:
 
 
 def reference_tower(checkpoint_dir: Path, *, device: str = "auto",
-                    dtype: str = "float32") -> RunImage:
+                    dtype: Dtype | str = Dtype.FLOAT32) -> RunImage:
     """The PyTorch vision tower of the checkpoint folder (reference flavor)."""
     from ...checkpoint import open_checkpoint
     from ...deps import require
