@@ -195,7 +195,7 @@ def test_seeded_sampling_over_the_whole_vocabulary_matches_the_pipeline(triton_s
     """Sampling the whole vocabulary of a random model draws arbitrary tokens (with this seed
     one is a lone byte that decodes to U+FFFD): the streamed text still equals the one-shot
     decode, and the seed gives the pipeline's tokens. Characters split across streamed
-    tokens are covered with the real tokenizer in test_triton_units.py."""
+    tokens are covered with the real tokenizer in test_mm_detokenizer.py."""
     sampling = dict(temperature=1.0, top_k=0, top_p=1.0, seed=9)
     want = expected(pipeline, "Say something.", max_tokens=24, **sampling)
     assert "\ufffd" in want.text
