@@ -16,8 +16,9 @@
 # it runs what the machine allows; the rest skips with the reason printed.
 # Usage: scripts/verify_gpu.sh [pytest arguments, e.g. tests/test_vision_gpu.py]
 set -euo pipefail
-IMAGE="${QVL_TRTLLM_IMAGE:-nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3}"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+# The image is defined once, in qvl_trt/container.py.
+IMAGE="${QVL_TRTLLM_IMAGE:-$(sed -n 's/^TRTLLM_CONTAINER = "\(.*\)"$/\1/p' "$ROOT/qvl_trt/container.py")}"
 cd "$ROOT"
 
 if ! python3 -c "import tensorrt_llm" >/dev/null 2>&1 && command -v docker >/dev/null; then

@@ -6,6 +6,8 @@ import importlib.util
 
 import pytest
 
+from qvl_trt.container import TRTLLM_CONTAINER
+
 
 def trtllm_gpu_marks(needs: str) -> list:
     """`pytestmark` of a module that needs TensorRT-LLM 1.2 and a CUDA GPU; `needs` says
@@ -17,5 +19,5 @@ def trtllm_gpu_marks(needs: str) -> list:
         pytest.mark.skipif(
             importlib.util.find_spec("tensorrt_llm") is None or not torch.cuda.is_available(),
             reason=f"needs {needs}; run scripts/verify_gpu.sh (NGC container "
-            "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3)"),
+            f"{TRTLLM_CONTAINER})"),
     ]
