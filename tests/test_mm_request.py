@@ -248,3 +248,35 @@ def test_the_triton_preprocessing_step_enforces_the_profile_cap(tmp_path, tiny_b
     with pytest.raises(InputError, match="holds 127 per request"):
         step.requests.prepare(messages=user_message("Compare.", 2),
                               images=[_png(256, 256, 6), _png(256, 256, 7)])
+
+
+def test_the_stop_token_bound_is_written_into_the_repository_and_enforced(tmp_path, tiny_build,
+                                                                          tiny_ckpt):
+    """repository.py writes RequestBounds' defaults into the preprocessing model's parameters;
+    a lowered max_stop_tokens there refuses stop strings that tokenize to more, and accepts
+    them at the limit."""
+    from qvl_trt.mm.request import RequestBounds
+    from qvl_trt.triton.contract import PreprocessingParameters
+    from qvl_trt.triton.model_configs import Flavor
+    from qvl_trt.triton.pbconfig import read_config
+    from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo
+    from qvl_trt.triton.runtime.preprocessing import Preprocessor
+
+    repo = write_repo([BuildInput(tiny_build)], tmp_path / "repo",
+                      RepoOptions(flavor=Flavor.REFERENCE)).path
+    params = {k: v.string_value for k, v in read_config(repo / "preprocessing").parameters.items()}
+    assert params["max_stop_tokens"] == str(RequestBounds().max_stop_tokens)
+    step = Preprocessor(tiny_ckpt, PreprocessingParameters.from_parameters(params))
+    stop = np.array([b"a cat", b"on the mat"], object)
+    tokens = sum(len(step.requests.prompts.tokenizer.encode(s.decode(), add_special_tokens=False))
+                 for s in stop)
+    request = {"text_input": b"Hi", "max_tokens": np.int32(2), "stop": stop}
+    step(request)
+    step = Preprocessor(tiny_ckpt, PreprocessingParameters.from_parameters(
+        {**params, "max_stop_tokens": str(tokens)}))
+    step(request)
+    step = Preprocessor(tiny_ckpt, PreprocessingParameters.from_parameters(
+        {**params, "max_stop_tokens": str(tokens - 1)}))
+    with pytest.raises(InputError, match=f"tokens of all stop strings is {tokens}, above the "
+                       f"limit of {tokens - 1}"):
+        step(request)

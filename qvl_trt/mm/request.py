@@ -19,7 +19,7 @@ from ..atomic import staged_file
 from ..checkpoint import Checkpoint, open_checkpoint
 from ..errors import ConfigError, InputError
 from ..profiles import GpuProfile, load_profile
-from .chat import PromptBuilder, user_message
+from .chat import IMAGE_PART_TYPES, PromptBuilder, user_message
 from .image_input import DEFAULT_MAX_DECODED_PIXELS, load_rgb, read_image_files
 from .pixels import ImagePatches, PixelConfig, image_patches
 from .prompt_table import fake_token_ids, prompt_table_extra_ids, rows_per_visual_token
@@ -27,6 +27,35 @@ from .rope import mrope_cos_sin_table, rope_index
 from .vision_index import VisionIndex, vision_index_tensors
 
 ImageInput = bytes | bytearray | memoryview | Image.Image
+
+
+@dataclass(frozen=True)
+class RequestBounds:
+    """Caps on a request's size and structure, checked before its images are fetched or decoded
+    and before its text is tokenized, so an oversized request costs the server next to nothing.
+    The engine's own limits (images, prompt tokens, max_tokens) are RequestLimits' other fields.
+    The names are the preprocessing model's parameters (the repository writes the defaults)."""
+
+    # Bytes of the inputs as sent (messages, text_input, image_bytes, stop): above several
+    # full-size images, below Docker's default 64 MB /dev/shm the python backend moves them in.
+    max_request_bytes: int = 32 * 2**20
+    max_messages: int = 256  # a long chat; max_input_len refuses longer prompts anyway
+    max_content_parts: int = 512  # over all messages: texts and images
+    # One text (text_input, a message's text): ~4 bytes a token makes it 256k tokens, above
+    # every profile's max_input_len, and it tokenizes in well under a second.
+    max_text_bytes: int = 2**20
+    # TensorRT-LLM matches every stop word at every step and its stop_words_list tensor grows
+    # with their tokens; OpenAI's API allows 4 stop strings.
+    max_stop_words: int = 16
+    max_stop_bytes: int = 256  # one stop string
+    max_stop_tokens: int = 256  # all stop strings together, tokenized
+
+    def check(self, field: str, size: int, limit_name: str, fix: str) -> None:
+        """Refuse `size` above the bound `limit_name`, in one line naming both and the fix."""
+        limit = getattr(self, limit_name)
+        if size > limit:
+            raise InputError(f"{field} is {size}, above the limit of {limit} (the preprocessing "
+                             f"model's {limit_name} parameter); {fix}")
 
 
 @dataclass(frozen=True)
@@ -43,6 +72,33 @@ class RequestLimits:
     # Visual tokens of all images together: the engine's prompt table holds (1+K) rows per
     # token for this many (limits.max_visual_tokens_per_request); None: no cap.
     max_visual_tokens: int | None = None
+    bounds: RequestBounds = RequestBounds()
+
+    def check_image_count(self, count: int) -> None:
+        if count > self.max_images:
+            raise InputError(f"request has {count} images, the engine allows "
+                             f"{self.max_images}; send fewer images")
+
+    def check_messages(self, messages: Sequence[Any]) -> None:
+        """The bounds on chat messages: how many, their content parts, each text's bytes, and
+        the number of image parts."""
+        b = self.bounds
+        b.check("the number of messages", len(messages), "max_messages", "send fewer turns")
+        parts = images = 0
+        for message in messages:
+            content = message.get("content") if isinstance(message, Mapping) else None
+            items = content if isinstance(content, list) else [content]
+            parts += len(items)
+            for item in items:
+                text = item.get("text") if isinstance(item, Mapping) else item
+                if isinstance(text, str):
+                    b.check("the UTF-8 size of a message text", len(text.encode()),
+                            "max_text_bytes", "shorten the text")
+                if isinstance(item, Mapping) and item.get("type") in IMAGE_PART_TYPES:
+                    images += 1
+        b.check("the number of content parts of all messages", parts, "max_content_parts",
+                "send fewer parts")
+        self.check_image_count(images)
 
     @classmethod
     def from_profile(cls, profile: GpuProfile) -> RequestLimits:
@@ -156,9 +212,8 @@ class RequestPreprocessor:
                 images: Sequence[ImageInput] = ()) -> PreparedRequest:
         """Images are the messages' image parts, in order of appearance."""
         lim, ckpt = self.limits, self.checkpoint
-        if len(images) > lim.max_images:
-            raise InputError(f"request has {len(images)} images, the engine allows "
-                             f"{lim.max_images}; send fewer images")
+        lim.check_messages(messages)
+        lim.check_image_count(len(images))
         text, placeholders = self.prompts.render(messages)
         if placeholders != len(images):
             raise InputError(f"messages hold {placeholders} image parts but {len(images)} images "

@@ -102,6 +102,14 @@ class PreprocessingParameters(ModelParameters):
     max_pixels: int
     max_visual_tokens: int
     default_max_tokens: int
+    # mm.request.RequestBounds, field for field (the repository writes its defaults).
+    max_request_bytes: int
+    max_messages: int
+    max_content_parts: int
+    max_text_bytes: int
+    max_stop_words: int
+    max_stop_bytes: int
+    max_stop_tokens: int
     image_url_allow_list: str = ""  # comma-separated hosts remote image URLs may name
 
 

@@ -24,7 +24,7 @@ import re
 import shutil
 import zipfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .. import __version__
@@ -34,6 +34,7 @@ from ..dtypes import NUMPY_DTYPES, Dtype
 from ..errors import BuildError, ConfigError
 from ..llm.engine import ENGINE_DTYPE
 from ..manifest import VISION_CONFIG_NAME, VISION_ENGINE_NAME, BuildFolder, Manifest, Stage
+from ..mm.request import RequestBounds
 from ..plan import Plan, make_plan, repository_kv_budgets
 from ..profiles import GpuProfile, TrtEdition
 from ..resources import data_dir
@@ -274,7 +275,8 @@ def _python_parameters(build: _Build, options: RepoOptions) -> dict[str, c.Model
             max_seq_len=lim.max_seq_len, min_pixels=lim.vision_min_pixels,
             max_pixels=lim.vision_max_pixels, max_visual_tokens=lim.max_visual_tokens_per_request,
             default_max_tokens=options.default_max_tokens,
-            image_url_allow_list=",".join(options.image_url_allow_list)),
+            image_url_allow_list=",".join(options.image_url_allow_list),
+            **asdict(RequestBounds())),
         c.VISION_ENCODER: c.VisionEncoderParameters(
             flavor=options.flavor, device=options.device, dtype=options.reference_dtype,
             cache_bytes=options.vision_cache_mib * 2**20),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import InputError
-from ...mm.request import RequestLimits, RequestPreprocessor
+from ...mm.request import RequestBounds, RequestLimits, RequestPreprocessor
 from .. import contract as c
 from .request_inputs import UrlPolicy, chat_request
 
@@ -20,7 +21,9 @@ def request_limits(params: c.PreprocessingParameters) -> RequestLimits:
     """What the deployment admits per request, from its preprocessing model's parameters."""
     return RequestLimits(max_images=params.max_images, max_input_len=params.max_input_len,
                          max_seq_len=params.max_seq_len, min_pixels=params.min_pixels,
-                         max_pixels=params.max_pixels, max_visual_tokens=params.max_visual_tokens)
+                         max_pixels=params.max_pixels, max_visual_tokens=params.max_visual_tokens,
+                         bounds=RequestBounds(**{f.name: getattr(params, f.name)
+                                                 for f in dataclasses.fields(RequestBounds)}))
 
 
 class Preprocessor:
@@ -39,9 +42,14 @@ class Preprocessor:
 
     def __call__(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """`inputs`: public input name -> value (scalars unwrapped, absent ones missing)."""
-        request = chat_request(inputs, urls=self.urls, defaults=self.defaults)
-        prepared = self.requests.prepare(messages=request.messages, images=request.images)
+        limits = self.requests.limits
+        request = chat_request(inputs, urls=self.urls, defaults=self.defaults, limits=limits)
         s = request.settings
+        tokenizer = self.requests.prompts.tokenizer
+        stops = [tokenizer.encode(text, add_special_tokens=False) for text in s.stop]
+        limits.bounds.check("the number of tokens of all stop strings", sum(map(len, stops)),
+                            "max_stop_tokens", "send fewer or shorter stop strings")
+        prepared = self.requests.prepare(messages=request.messages, images=request.images)
         prompt_tokens = prepared.num_tokens
         room = self.limits.max_seq_len - prompt_tokens
         max_tokens = min(self.limits.default_max_tokens, room) if s.max_tokens is None \
@@ -52,8 +60,6 @@ class Preprocessor:
                 f"tokens and the engine holds {self.limits.max_seq_len} per sequence, so at most "
                 f"{room} can be generated; lower max_tokens")
         greedy = s.temperature == 0 or s.top_k == 1
-        tokenizer = self.requests.prompts.tokenizer
-        stops = [tokenizer.encode(text, add_special_tokens=False) for text in s.stop]
         tensors = prepared.tensors()
         seed = s.seed if s.seed is not None else secrets.randbits(63)
 

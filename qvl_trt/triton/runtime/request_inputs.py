@@ -21,6 +21,7 @@ from typing import Any
 from ...errors import InputError
 from ...generation_config import SamplingDefaults
 from ...mm.chat import IMAGE_PART_TYPES, user_message
+from ...mm.request import RequestBounds, RequestLimits
 
 
 @dataclass(frozen=True)
@@ -56,27 +57,41 @@ class ChatRequest:
     settings: GenerationSettings
 
 
-def chat_request(inputs: Mapping[str, Any], *, urls: UrlPolicy,
-                 defaults: SamplingDefaults) -> ChatRequest:
+def chat_request(inputs: Mapping[str, Any], *, urls: UrlPolicy, defaults: SamplingDefaults,
+                 limits: RequestLimits) -> ChatRequest:
     """`inputs`: public input name -> value (one batch row, scalars unwrapped; absent inputs
     missing); `defaults`: the checkpoint's (Checkpoint.generation.sampling_defaults()).
-    Raises InputError naming the input and the fix."""
+    The request's size and structure are checked (limits.bounds, the image count) before
+    any image is fetched or decoded. Raises InputError naming the input and the fix."""
+    bounds = limits.bounds
     messages_raw = inputs.get("messages")
     text = inputs.get("text_input")
     image_list = _items(inputs.get("image_bytes"))
+    sent = sum(_size(v) for v in (messages_raw, text, *image_list, *_items(inputs.get("stop"))))
+    bounds.check("the request's size in bytes (messages, text_input, image_bytes, stop)", sent,
+                 "max_request_bytes", "send smaller or fewer images")
     if messages_raw is not None:
         if text is not None or image_list:
             raise InputError("send either messages, or text_input with image_bytes, not both")
         messages = _parse_messages(messages_raw)
+        limits.check_messages(messages)
         images = tuple(_image_from_part(part, urls) for part in _image_parts(messages))
     elif text is not None:
         prompt = _utf8(text, "text_input")
+        messages = user_message(prompt, len(image_list))
+        limits.check_messages(messages)
         images = tuple(_image_from_element(item, n, urls) for n, item in
                        enumerate(image_list, 1))
-        messages = user_message(prompt, len(images))
     else:
         raise InputError("the request has neither messages nor text_input; send one of them")
-    return ChatRequest(messages, images, _settings(inputs, defaults))
+    return ChatRequest(messages, images, _settings(inputs, defaults, bounds))
+
+
+def _size(value: Any) -> int:
+    """Bytes of one BYTES element (absent: 0)."""
+    if value is None:
+        return 0
+    return len(value.encode()) if isinstance(value, str) else memoryview(value).nbytes
 
 
 def _items(value: Any) -> list[Any]:
@@ -169,7 +184,8 @@ def _fetch(url: str, urls: UrlPolicy) -> bytes:
     return data
 
 
-def _settings(inputs: Mapping[str, Any], defaults: SamplingDefaults) -> GenerationSettings:
+def _settings(inputs: Mapping[str, Any], defaults: SamplingDefaults,
+              bounds: RequestBounds) -> GenerationSettings:
     def number(name: str, default: float, ok, what: str) -> float:
         value = inputs.get(name)
         if value is None:
@@ -185,8 +201,13 @@ def _settings(inputs: Mapping[str, Any], defaults: SamplingDefaults) -> Generati
         if max_tokens <= 0:
             raise InputError(f"max_tokens = {max_tokens} must be at least 1")
     stop = tuple(_utf8(s, "stop") for s in _items(inputs.get("stop")))
-    if any(not s for s in stop):
-        raise InputError("stop holds an empty string; leave it out")
+    bounds.check("the number of stop strings", len(stop), "max_stop_words",
+                 "send fewer stop strings")
+    for word in stop:
+        if not word:
+            raise InputError("stop holds an empty string; leave it out")
+        bounds.check("the UTF-8 size of a stop string", len(word.encode()), "max_stop_bytes",
+                     "send a shorter stop string")
     seed = inputs.get("seed")
     return GenerationSettings(
         max_tokens=max_tokens,
