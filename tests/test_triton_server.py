@@ -409,3 +409,54 @@ def test_generate_and_the_server_agree_when_do_sample_is_unset(tmp_path, tiny_ck
     assert cli_generate(model, build) == served
     assert cli_generate(model, build, "--greedy") == served
     assert cli_generate(model, build, *SAMPLED) != served
+
+
+# ---- what the served API refuses and accepts (README "Ensemble API") ---------------------
+
+def http_generate(server, body: dict, model: str = c.ENSEMBLE) -> tuple[int, dict]:
+    """One request over plain HTTP /generate: (status, JSON body)."""
+    request = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/{model}/generate",
+        data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_plain_generate_answers_when_stream_is_false(triton_server) -> None:
+    body = {c.TEXT_INPUT: "Hello", c.MAX_TOKENS: 6, c.TEMPERATURE: 0.0}
+    status, reply = http_generate(triton_server, {**body, c.STREAM: False})
+    assert status == 200, reply
+    assert reply[c.TEXT_OUTPUT] == grpc_ask(triton_server, prompt="Hello", max_tokens=6).text
+    assert reply[c.COMPLETION_TOKENS] == 6
+    # stream=true makes several responses, which /generate refuses (Triton 2.51 says so in
+    # a 200 reply's error field).
+    _, reply = http_generate(triton_server, {**body, c.STREAM: True})
+    assert "generate expects model to produce exactly 1 response" in reply["error"]
+
+
+def test_an_internal_model_answers_a_client_directly(triton_server) -> None:
+    """Triton has no per-model access control, so a step of the pipeline serves whoever
+    calls it: the README's serving section says to filter model names at the network edge."""
+    body = {"inputs": [{"name": c.TEXT_INPUT, "shape": [1, 1], "datatype": "BYTES",
+                        "data": ["Hi"]}], "outputs": [{"name": c.INPUT_LENGTHS}]}
+    request = urllib.request.Request(
+        f"http://{triton_server.http_url}/v2/models/{c.PREPROCESSING}/infer",
+        data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        reply = json.loads(response.read())
+    assert reply["outputs"][0]["name"] == c.INPUT_LENGTHS and reply["outputs"][0]["data"][0] > 0
+
+
+def test_an_oversized_stop_list_is_refused_before_generation(triton_server) -> None:
+    """The issue's 100,000 stop strings: refused by preprocessing, naming the bound, before
+    the decoder makes a token; the server keeps serving."""
+    tokens = metric(triton_server, "qvl_reference_llm_tokens_total")
+    with pytest.raises(RequestFailed) as refused:
+        grpc_ask(triton_server, prompt="Hi", max_tokens=64, stop=["x"] * 100_000)
+    assert "the number of stop strings is 100000, above the limit of 16" in str(refused.value)
+    assert "max_stop_words" in str(refused.value)
+    assert metric(triton_server, "qvl_reference_llm_tokens_total") == tokens
+    assert grpc_ask(triton_server, prompt="Still there?", max_tokens=2).completion_tokens == 2
