@@ -433,7 +433,8 @@ def test_plain_generate_answers_when_stream_is_false(triton_server) -> None:
     assert reply[c.COMPLETION_TOKENS] == 6
     # stream=true makes several responses, which /generate refuses (Triton 2.51 says so in
     # a 200 reply's error field).
-    _, reply = http_generate(triton_server, {**body, c.STREAM: True})
+    status, reply = http_generate(triton_server, {**body, c.STREAM: True})
+    assert status == 200
     assert "generate expects model to produce exactly 1 response" in reply["error"]
 
 
