@@ -113,8 +113,8 @@ def make_plan(ckpt: Checkpoint, profile: GpuProfile) -> Plan:
     if free <= 0:
         problems.append(
             f"weights and buffers need {plan.fixed_bytes / GIB:.1f} GiB of the "
-            f"{plan.gpu_memory_bytes / GIB:.1f} GiB on {profile.name}: use a smaller checkpoint or a "
-            "card with more memory, or lower limits.max_batch_size and "
+            f"{plan.gpu_memory_bytes / GIB:.1f} GiB on {profile.name}: use a smaller checkpoint "
+            "or a card with more memory, or lower limits.max_batch_size and "
             "limits.max_visual_tokens_per_request (prompt table) and limits.max_num_tokens "
             "(activations)"
         )
