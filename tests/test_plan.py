@@ -290,3 +290,18 @@ def test_two_real_builds_share_an_h200(released):
     budgets = repository_kv_budgets(plans)
     assert all(b < p.kv_capacity_tokens for b, p in zip(budgets, plans, strict=True))
     assert _safe_in_every_load_order(plans, budgets)
+
+
+def test_readme_profile_table_lists_every_card_with_the_variants_that_fit(released):
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    table = {}
+    for line in readme.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 6 and cells[0].strip("`") in profile_names():
+            table[cells[0].strip("`")] = (int(cells[3]), cells[5])
+    assert sorted(table) == profile_names()
+    for name, (mib, variants) in table.items():
+        profile = load_profile(name)
+        fits = [v.upper() for v, c in released.items()
+                if make_plan(open_checkpoint(c), profile).fits]
+        assert (mib, variants) == (profile.gpu.memory_mib, ", ".join(fits)), name
