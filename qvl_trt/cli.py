@@ -136,16 +136,30 @@ def inspect(model: ModelOpt, json_out: JsonOpt = False) -> None:
 
 
 @command(panel="Build")
-def plan(model: ModelOpt, gpu: GpuOpt, json_out: JsonOpt = False) -> None:
+def plan(model: ModelOpt, gpu: Annotated[str, typer.Option(
+            "--gpu", "-g", help="GPU profile name (see `qvl-trt gpus`), path to a profile "
+            ".toml, or `all`: one row per shipped profile (exit 0 whatever fits).")],
+         json_out: JsonOpt = False) -> None:
     """Check that a checkpoint fits a GPU profile: weights, KV cache, prompt table, capacity."""
     from .checkpoint import open_checkpoint
-    from .console import out, plan_table, print_json
-    from .plan import check_fits, make_plan
+    from .console import out, plan_all_notes, plan_all_table, plan_table, print_json
+    from .plan import check_fits, make_plan, plan_every_profile
     from .profiles import load_profile
     from .typed_config import to_jsonable
 
+    ckpt = open_checkpoint(model)
+    if gpu.strip().lower() == "all":
+        rows = plan_every_profile(ckpt)
+        if json_out:
+            print_json([{**to_jsonable(p), "fits": p.fits, "resident_bytes": p.resident_bytes}
+                        for _, p in rows])
+        else:
+            out.print(plan_all_table(rows))
+            for note in plan_all_notes(rows):
+                out.print(note, markup=False, highlight=False)
+        return
     profile = load_profile(gpu)
-    result = make_plan(open_checkpoint(model), profile)
+    result = make_plan(ckpt, profile)
     if json_out:
         print_json({**to_jsonable(result), "fits": result.fits})
     else:

@@ -69,7 +69,7 @@ def plan_table(plan: Plan, profile: GpuProfile) -> Table:
     lim = profile.limits
     t = Table(
         title=f"plan: {plan.variant} checkpoint on {profile.name} "
-        f"({profile.gpu.description}, {profile.gpu.memory_gib:g} GiB)"
+        f"({profile.gpu.description}, {profile.gpu.memory_mib} MiB)"
     )
     t.add_column("item")
     t.add_column("value", justify="right")
@@ -148,13 +148,39 @@ def plan_table(plan: Plan, profile: GpuProfile) -> Table:
     return t
 
 
+def plan_all_table(rows: list[tuple[GpuProfile, Plan]]) -> Table:
+    """One row per profile: does the checkpoint fit, and how much it serves there (the
+    reasons for a "no" are plan_all_notes, printed unwrapped below the table)."""
+    variant = rows[0][1].variant if rows else "?"
+    t = Table(title=f"plan: {variant} checkpoint on every shipped GPU profile")
+    for col in ("profile", "MiB", "fits", "batch", "typical at once", "KV budget", "resident"):
+        t.add_column(col, justify="left" if col in ("profile", "fits") else "right",
+                     no_wrap=True)
+    for profile, plan in rows:
+        t.add_row(
+            profile.name,
+            str(profile.gpu.memory_mib),
+            "yes" if plan.fits else "[red]no[/red]",
+            str(profile.limits.max_batch_size),
+            str(plan.concurrent_typical_requests),
+            f"{plan.kv_capacity_tokens:,}",
+            _gib(plan.resident_bytes),
+        )
+    return t
+
+
+def plan_all_notes(rows: list[tuple[GpuProfile, Plan]]) -> list[str]:
+    """For each profile the checkpoint does not fit: why, and what to lower."""
+    return [f"{profile.name}: {plan.problems[0]}" for profile, plan in rows if plan.problems]
+
+
 def gpus_table(profiles: list[GpuProfile]) -> Table:
     t = Table(title="GPU profiles")
     for col in (
         "name",
         "GPU",
         "CC",
-        "GiB",
+        "MiB",
         "GB/s",
         "fp16 TFLOPs",
         "vision edition",
@@ -170,7 +196,7 @@ def gpus_table(profiles: list[GpuProfile]) -> Table:
             p.name,
             g.description,
             g.compute_capability,
-            f"{g.memory_gib:g}",
+            str(g.memory_mib),
             f"{g.memory_bandwidth_gbs:g}",
             f"{g.fp16_tensor_tflops:g}",
             g.trt_edition.value,

@@ -16,7 +16,7 @@ from .checkpoint import Checkpoint
 from .errors import PlanError
 from .llm.engine import prompt_table_rows
 from .mm.geometry import image_token_count
-from .profiles import BuildLimits, GpuProfile
+from .profiles import BuildLimits, GpuProfile, load_profile, profile_names
 
 GIB = 1024**3
 FP16 = 2
@@ -86,6 +86,11 @@ class Plan:
         return not self.problems
 
     @property
+    def resident_bytes(self) -> int:
+        """What the build holds on the card while serving: fixed buffers plus its KV cache."""
+        return self.fixed_bytes + self.kv_cache_bytes
+
+    @property
     def fixed_bytes(self) -> int:
         """Everything resident before the KV cache is carved out."""
         return (
@@ -108,8 +113,8 @@ def make_plan(ckpt: Checkpoint, profile: GpuProfile) -> Plan:
     if free <= 0:
         problems.append(
             f"weights and buffers need {plan.fixed_bytes / GIB:.1f} GiB of the "
-            f"{profile.gpu.memory_gib:g} GiB on {profile.name}: use a smaller checkpoint or a "
-            "card with more memory, or lower limits.max_batch_size and "
+            f"{plan.gpu_memory_bytes / GIB:.1f} GiB on {profile.name}: use a smaller checkpoint "
+            "or a card with more memory, or lower limits.max_batch_size and "
             "limits.max_visual_tokens_per_request (prompt table) and limits.max_num_tokens "
             "(activations)"
         )
@@ -135,6 +140,13 @@ def make_plan(ckpt: Checkpoint, profile: GpuProfile) -> Plan:
             "limits.vision_max_pixels"
         )
     return replace(plan, problems=tuple(problems))
+
+
+def plan_every_profile(ckpt: Checkpoint) -> list[tuple[GpuProfile, Plan]]:
+    """The checkpoint against every shipped profile, in profile_names() order: the table a
+    platform engineer picks a card from."""
+    profiles = [load_profile(name) for name in profile_names()]
+    return [(p, make_plan(ckpt, p)) for p in profiles]
 
 
 def check_fits(plan: Plan) -> None:
@@ -166,7 +178,7 @@ def _figures(ckpt: Checkpoint, profile: GpuProfile) -> Plan:
         variant=ckpt.variant,
         profile=profile.name,
         limits=lim,
-        gpu_memory_bytes=int(profile.gpu.memory_gib * GIB),
+        gpu_memory_bytes=profile.memory_bytes,
         vision_weight_bytes=params["vision"] * FP16,
         llm_weight_bytes=(params["llm"] + lm_head_copy) * FP16,
         vision_activation_bytes=vision_act,

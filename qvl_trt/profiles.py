@@ -13,6 +13,8 @@ from .errors import ConfigError
 from .resources import data_dir
 from .typed_config import load_dataclass
 
+MIB = 2**20
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -37,7 +39,9 @@ class TrtEdition(str, enum.Enum):
 class GpuFacts:
     description: str
     compute_capability: str
-    memory_gib: float
+    # Total memory as the driver reports it (nvidia-smi memory.total), not the marketing
+    # figure: an "24 GB" A10G exposes 23028 MiB, and the planner starts from this total.
+    memory_mib: int
     memory_bandwidth_gbs: float
     fp16_tensor_tflops: float
     trt_edition: TrtEdition
@@ -77,6 +81,10 @@ class GpuProfile:
     gpu: GpuFacts
     limits: BuildLimits
     vision_build: VisionBuild
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.gpu.memory_mib * MIB
 
     @property
     def sm(self) -> int:
@@ -151,7 +159,7 @@ def _check(p: GpuProfile, where: str) -> None:
         )
     lim = p.limits
     positive = {
-        "gpu.memory_gib": p.gpu.memory_gib,
+        "gpu.memory_mib": p.gpu.memory_mib,
         "gpu.memory_bandwidth_gbs": p.gpu.memory_bandwidth_gbs,
         "gpu.fp16_tensor_tflops": p.gpu.fp16_tensor_tflops,
         "limits.max_batch_size": lim.max_batch_size,

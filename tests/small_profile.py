@@ -24,7 +24,7 @@ def small_profile_toml(*, compute_capability: str = "8.9", trt_edition: str = "t
     assert not unknown, f"not a limit: {unknown}"
     values = {**LIMITS, **limits}
     lines = ["[gpu]", 'description = "test GPU, small limits"',
-             f'compute_capability = "{compute_capability}"', "memory_gib = 24",
+             f'compute_capability = "{compute_capability}"', "memory_mib = 24564",
              "memory_bandwidth_gbs = 1000", "fp16_tensor_tflops = 100.0",
              f'trt_edition = "{trt_edition}"', "", "[limits]"]
     lines += [f"{key} = {value}" for key, value in values.items()]

@@ -40,6 +40,11 @@ def test_matrix_validates_against_the_schema(full_matrix):
         assert job["cache_key"].startswith(job["cache_prefix"])
         assert ("rtx" in job["extras"].split(",")) == (job["trt_edition"] == "tensorrt_rtx")
     assert len({j["cache_key"] for j in jobs}) == len(jobs)
+    by_gpu = {j["gpu"]: j for j in jobs}
+    assert {g: (by_gpu[g]["runner"][-1], by_gpu[g]["trt_edition"])
+            for g in ("4060ti", "5090", "h20", "l20")} == {
+        "4060ti": ("gpu-sm89", "tensorrt_rtx"), "5090": ("gpu-sm120", "tensorrt_rtx"),
+        "h20": ("gpu-sm90", "tensorrt"), "l20": ("gpu-sm89", "tensorrt")}
 
 
 def test_the_schema_rejects_a_broken_matrix(full_matrix):

@@ -138,3 +138,20 @@ def test_failed_engine_build_keeps_its_folder(tmp_path, tiny_ckpt) -> None:
     assert (failed / "reproduce.sh").is_file() and (failed / "onnx" / "model.onnx").is_file()
     assert "sm75" in (failed / "build.log").read_text()
     assert not (out / "vision").exists()
+
+
+@pytest.mark.parametrize(("gpu", "cc"), [("4060ti", "8.9"), ("5090", "12.0")])
+def test_new_geforce_profiles_build_here(tmp_path, vision_build: Path, tiny_ckpt, gpu,
+                                         cc) -> None:
+    """`qvl-trt build --gpu 4060ti|5090 --only vision`: TensorRT-RTX builds for the card's
+    compute capability with no GPU (SM120 is in TensorRT-RTX 1.7's ComputeCapability)."""
+    import shutil
+
+    out = tmp_path / gpu
+    shutil.copytree(vision_build, out)  # the ONNX is reused; only the engine is built
+    done = run_cli("build", "--model", str(tiny_ckpt), "--gpu", gpu, "--out", str(out),
+                   "--only", "vision")
+    assert done.returncode == 0, done.stderr
+    config = json.loads((out / "vision" / "config.json").read_text())
+    assert config["edition"] == "tensorrt_rtx" and config["compute_capabilities"] == [cc]
+    assert Manifest.load(out).stages["vision"]["summary"]["onnx"] == "reused"

@@ -85,7 +85,7 @@ def test_8b_on_a_24gb_card_with_the_2b_limits_fails_with_the_fix(released):
 def test_a_card_too_small_for_the_weights(released, tmp_path):
     text = Path(load_profile("4090d").source).read_text()
     path = tmp_path / "tiny-card.toml"
-    path.write_text(text.replace("memory_gib = 24", "memory_gib = 12"))
+    path.write_text(text.replace("memory_mib = 24564", "memory_mib = 12288"))
     plan = make_plan(open_checkpoint(released["8b"]), load_profile(str(path)))
     assert not plan.fits and "weights and buffers need" in plan.problems[0]
 
@@ -101,17 +101,82 @@ def test_tiny_checkpoint_fits_the_demo_profile(tiny_ckpt):
     assert make_plan(open_checkpoint(tiny_ckpt), load_profile("4090d")).fits
 
 
+# The 8B checkpoint does not fit these profiles' limits (their limits are sized for 2B/4B,
+# or 16 GB is below the 8B weights); every other (profile, variant) pair fits.
+NOT_FOR_8B = {"3090", "4060ti", "4090", "4090d", "a10g", "l4"}
+
+
 def test_every_shipped_profile_keeps_the_prompt_table_below_2_31(released):
     for name in profile_names():
         profile = load_profile(name)
         for variant, config in released.items():
             plan = make_plan(open_checkpoint(config), profile)
-            # Not vacuous: the profiles are sized for 2B/4B, and 8B fits every card >= 40 GiB.
-            assert plan.fits or (variant == "8b" and profile.gpu.memory_gib < 40), (name, variant)
+            assert plan.fits == (variant != "8b" or name not in NOT_FOR_8B), (name, variant)
             if plan.fits:
                 assert plan.prompt_table_elements < 2**31, (name, variant)
                 assert plan.prompt_table_rows_per_request == \
                     4 * profile.limits.max_visual_tokens_per_request
+
+
+def test_the_planner_starts_from_the_memory_the_driver_reports(released):
+    # An A10G exposes 23028 MiB, not 24 GiB: the plan's total and what is left for the KV
+    # cache follow the profile's memory_mib.
+    a10g = load_profile("a10g")
+    plan = make_plan(open_checkpoint(released["2b"]), a10g)
+    assert plan.gpu_memory_bytes == 23028 * 2**20 < 24 * GIB
+    assert plan.kv_cache_bytes == int(0.9 * (plan.gpu_memory_bytes - plan.fixed_bytes))
+    assert plan.resident_bytes == plan.fixed_bytes + plan.kv_cache_bytes <= plan.gpu_memory_bytes
+
+
+@pytest.mark.parametrize("variant", ["2b", "4b", "8b"])
+def test_plan_gpu_all_prints_one_row_per_profile(released, variant):
+    result = CliRunner().invoke(app, ["plan", "-m", str(released[variant]), "-g", "all"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in lines if line.startswith("│")]
+    rows = {c[0]: c for c in cells}
+    assert [c[0] for c in cells] == profile_names()  # one row each, none wrapped
+    notes = [line for line in lines if line.startswith("4060ti: ")]
+    if variant == "8b":
+        assert rows["4060ti"][2] == "no" and len(notes) == 1
+        assert "weights and buffers need" in notes[0]
+        assert "lower limits.max_batch_size" in notes[0]
+    else:
+        assert rows["4060ti"][2] == "yes" and not notes
+    # Each "no" row has its reason below the table, and only those.
+    refused = {name for name, c in rows.items() if c[2] == "no"}
+    assert refused == {line.split(":")[0] for line in lines[len(lines) - len(refused):]}
+    assert refused == (NOT_FOR_8B if variant == "8b" else set())
+
+
+def test_plan_gpu_all_json(released):
+    data = {}
+    for variant in ("2b", "8b"):
+        result = CliRunner().invoke(app, ["plan", "-m", str(released[variant]), "-g", "all",
+                                          "--json"])
+        assert result.exit_code == 0, result.output
+        data[variant] = {row["profile"]: row for row in json.loads(result.output)}
+        assert sorted(data[variant]) == profile_names()
+    small = data["2b"]["4060ti"]
+    assert small["fits"] is True and small["concurrent_typical_requests"] >= 2
+    assert small["resident_bytes"] <= small["gpu_memory_bytes"] == 16380 * 2**20
+    big = data["8b"]["4060ti"]
+    assert big["fits"] is False
+    assert "weights and buffers need" in big["problems"][0]
+    assert "lower limits.max_batch_size" in big["problems"][0]
+    # The 8B weights alone (vision + LLM, fp16) exceed the card's 16380 MiB.
+    counts = open_checkpoint(released["8b"]).param_counts()
+    assert (counts["vision"] + counts["llm"]) * 2 > 16380 * 2**20
+
+
+def test_the_4060ti_refuses_the_8b_for_its_memory_alone(released, tmp_path):
+    # Break on purpose: the same limits on a card with twice the memory take the 8B.
+    text = Path(load_profile("4060ti").source).read_text()
+    assert "memory_mib = 16380" in text
+    path = tmp_path / "4060ti-32g.toml"
+    path.write_text(text.replace("memory_mib = 16380", "memory_mib = 32760"))
+    assert make_plan(open_checkpoint(released["8b"]), load_profile(str(path))).fits
+    assert not make_plan(open_checkpoint(released["8b"]), load_profile("4060ti")).fits
 
 
 def _profile_file(tmp_path, name, **limits):
@@ -225,3 +290,18 @@ def test_two_real_builds_share_an_h200(released):
     budgets = repository_kv_budgets(plans)
     assert all(b < p.kv_capacity_tokens for b, p in zip(budgets, plans, strict=True))
     assert _safe_in_every_load_order(plans, budgets)
+
+
+def test_readme_profile_table_lists_every_card_with_the_variants_that_fit(released):
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    table = {}
+    for line in readme.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 6 and cells[0].strip("`") in profile_names():
+            table[cells[0].strip("`")] = (int(cells[3]), cells[5])
+    assert sorted(table) == profile_names()
+    for name, (mib, variants) in table.items():
+        profile = load_profile(name)
+        fits = [v.upper() for v, c in released.items()
+                if make_plan(open_checkpoint(c), profile).fits]
+        assert (mib, variants) == (profile.gpu.memory_mib, ", ".join(fits)), name

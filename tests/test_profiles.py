@@ -10,7 +10,28 @@ import pytest
 from qvl_trt.errors import ConfigError
 from qvl_trt.profiles import TrtEdition, load_profile, profile_argument, profile_names
 
-REQUIRED = {"4090d", "4090", "3090", "a10g", "l4", "l40s", "a100-40g", "a100-80g", "h100", "h200"}
+REQUIRED = {"4090d", "4090", "3090", "a10g", "l4", "l40s", "a100-40g", "a100-80g", "h100", "h200",
+            "4060ti", "5090", "h20", "l20"}
+
+# nvidia-smi memory.total (MiB) for each shipped card, held here apart from the profiles.
+DRIVER_MIB = {
+    "4090": (24564, "github.com/RLinf/RLinf/issues/255"),
+    # No 4090 D nvidia-smi table found; the 4090's 24 GB GDDR6X figure (a GPU listing gives
+    # 24564 MB for the 4090 D).
+    "4090d": (24564, "github.com/RLinf/RLinf/issues/255 (RTX 4090)"),
+    "3090": (24576, "github.com/noonghunna/club-3090/issues/1128"),
+    "a10g": (23028, "github.com/NVIDIA/DCGM/issues/232; issue 17"),
+    "l4": (23034, "github.com/modal-labs/modal-client/pull/2797"),
+    "l40s": (46068, "github.com/modal-labs/modal-client/pull/2797"),
+    "a100-40g": (40960, "github.com/modal-labs/modal-client/pull/2797"),
+    "a100-80g": (81920, "github.com/modal-labs/modal-client/pull/2797"),
+    "h100": (81559, "github.com/modal-labs/modal-client/pull/2797"),
+    "h200": (143771, "issue 17; nvidia-smi tables in public repositories"),
+    "4060ti": (16380, "nvidia-smi tables in public repositories (RTX 4060 Ti 16GB)"),
+    "5090": (32607, "github.com/noonghunna/club-3090/issues/617"),
+    "h20": (97871, "an nvidia-smi table in a public repository's test notes"),
+    "l20": (46068, "github.com/vllm-project/vllm/issues/14011"),
+}
 GOOD = (Path(__file__).parent.parent / "build_configs" / "4090d.toml").read_text()
 
 
@@ -24,10 +45,31 @@ def test_every_required_profile_ships_and_loads():
         assert lim.max_input_len < lim.max_seq_len
 
 
+def test_every_profile_has_the_memory_the_driver_reports():
+    assert set(DRIVER_MIB) == set(profile_names())  # a new profile needs its driver figure
+    for name, (mib, _source) in DRIVER_MIB.items():
+        p = load_profile(name)
+        assert p.gpu.memory_mib == mib, name
+        assert p.memory_bytes == mib * 2**20
+        # The comment beside the key names where the figure comes from.
+        assert f"memory_mib = {mib}" in Path(p.source).read_text()
+        assert "# memory: nvidia-smi memory.total" in Path(p.source).read_text(), name
+
+
+def test_new_cards_facts():
+    facts = {n: load_profile(n) for n in ("4060ti", "5090", "h20", "l20")}
+    assert {n: (p.sm, p.gpu.trt_edition) for n, p in facts.items()} == {
+        "4060ti": (89, TrtEdition.TENSORRT_RTX), "5090": (120, TrtEdition.TENSORRT_RTX),
+        "h20": (90, TrtEdition.TENSORRT), "l20": (89, TrtEdition.TENSORRT)}
+    lim = facts["4060ti"].limits
+    # 768-px-class images at batch 1-2.
+    assert lim.max_batch_size == 2 and lim.vision_max_pixels == 768 * 768
+
+
 def test_editions_follow_the_card_class():
     assert load_profile("4090d").gpu.trt_edition is TrtEdition.TENSORRT_RTX
     # TensorRT-RTX refuses compute capability 9.0.
-    for name in ("h100", "h200"):
+    for name in ("h100", "h200", "h20"):
         p = load_profile(name)
         assert p.sm == 90 and p.gpu.trt_edition is TrtEdition.TENSORRT
 
@@ -75,6 +117,10 @@ def _write(tmp_path: Path, text: str) -> str:
         ("max_visual_tokens_per_request = 4096\n", "", "missing key 'max_visual_tokens_per_request'"),
         ("max_batch_size = 16", "max_batch_size = 0", "max_batch_size must be positive"),
         ("[vision_build]", "[vision]", "unknown key 'vision'"),
+        # The marketing figure is no longer a key: memory is what the driver reports.
+        ("memory_mib = 24564", "memory_gib = 24", "unknown key 'memory_gib'"),
+        ("memory_mib = 24564", "memory_mib = 23.9", "memory_mib: expected an integer"),
+        ("memory_mib = 24564", "memory_mib = 0", "gpu.memory_mib must be positive"),
     ],
 )
 def test_bad_profile_names_the_key(tmp_path, old, new, message):
