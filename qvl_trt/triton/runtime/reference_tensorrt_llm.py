@@ -3,10 +3,10 @@ streaming behaviour over the PyTorch reference decoder.
 
 Requests are queued; a worker thread schedules them as the TensorRT-LLM executor does, by
 iteration (in-flight batching, the decoder's DecodeBatch; upstream the schedulers pick each
-iteration's requests, batch_manager/trtGptModelInflightBatching.cpp): before each step it admits waiting
-requests up to max_batch_size, so a new request starts at the next step, and a finished,
-cancelled or stopped one leaves the batch at once, freeing its slot. Each request's tokens go
-to its own callback, so concurrent requests never see each other's tokens. As in the
+iteration's requests, batch_manager/trtGptModelInflightBatching.cpp): before each step it
+admits waiting requests up to max_batch_size, so a new request starts at the next step, and a
+finished, cancelled or stopped one leaves the batch at once, freeing its slot. Each request's
+tokens go to its own callback, so concurrent requests never see each other's tokens. As in the
 TensorRT-LLM executor, the end token is left out of the output, stop-word tokens are kept, and
 a streaming request gets one response per token (the end token's response is empty), a
 non-streaming one a single response.
