@@ -219,6 +219,54 @@ def test_batch_equals_single_requests(decoders, cases) -> None:
         assert (result.generation_logits - alone.generation_logits).abs().max() < 1e-5
 
 
+def test_in_flight_batch_tokens_do_not_depend_on_the_batch(decoders, cases) -> None:
+    """Requests join a running batch at the next step and one is dropped mid-way: each
+    request's tokens (greedy, and seeded sampling) and logits are those it makes alone, a
+    joiner's first token comes at the step after add(), a dropped one makes no more."""
+    decoder = decoders[1]
+    text, one, two = (case.request for case in cases.values())
+    sampled = dataclasses.replace(one, sampling=SamplingParams(
+        max_tokens=7, temperature=1.5, top_k=500, seed=11))
+    requests = [dataclasses.replace(text, sampling=SamplingParams(max_tokens=20, greedy=True)),
+                sampled, dataclasses.replace(two, sampling=SamplingParams(
+                    max_tokens=4, temperature=1.5, top_k=500, seed=12))]
+    alone = [decoder.generate([r])[0] for r in requests]
+    batch = decoder.batch()
+    steps: list[list[int]] = []
+    results = {}
+
+    def step() -> None:
+        events = batch.step()
+        steps.append([e.request for e in events])
+        for event in events:
+            if event.finish_reason is not None:
+                results[event.request] = batch.result(event.request)
+
+    long = batch.add(requests[0])
+    step()
+    step()
+    joined = batch.add(requests[1])
+    step()
+    late = batch.add(requests[2])
+    step()
+    batch.drop(long)
+    assert long not in batch and len(batch) == 2
+    while batch:
+        step()
+    assert steps[:5] == [[long], [long], [long, joined], [long, joined, late],
+                         [joined, late]]
+    assert len(steps) == 2 + alone[1].completion_tokens
+    for key in (joined, late):
+        want, got = alone[key], results[key]
+        assert got.token_ids == want.token_ids and got.finish_reason is want.finish_reason
+        assert (got.generation_logits - want.generation_logits).abs().max() < 1e-5
+        assert (got.context_logits - want.context_logits).abs().max() < 1e-5
+    assert long not in results
+    assert sum(long in s for s in steps) == 4  # nothing after the drop
+    with pytest.raises(KeyError, match="not in the batch"):
+        batch.drop(long)
+
+
 def test_unreferenced_prompt_table_rows_do_not_leak(decoders, cases) -> None:
     """The engine's prompt-table buffer is never zeroed: a text-only request's table (the
     row its text tokens read) and rows no fake id references may hold NaN/Inf. They must not

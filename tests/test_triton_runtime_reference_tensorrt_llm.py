@@ -1,5 +1,6 @@
 """The reference tensorrt_llm model is at least as strict as the stock backend: each contract
-check broken on purpose, and cancellation of a batch in the worker (a fake decoder)."""
+check broken on purpose, and the worker's in-flight scheduling and cancellation (a fake
+decoder: step counts, no timing)."""
 
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def test_outputs_must_both_be_requested() -> None:
         check_requested_outputs([c.SEQUENCE_LENGTH])
 
 
-# ---- cancellation in the worker -------------------------------------------------------------
+# ---- scheduling and cancellation in the worker ----------------------------------------------
 
 @dataclass
 class Event:
@@ -86,30 +87,109 @@ class Event:
     finish_reason: object = None
 
 
-class EndlessDecoder:
-    """Token 7 for every row, forever, but rows `wanted` drops leave the batch."""
+class FakeDecoder:
+    """Token 7 for every request of the batch at each step until its max_tokens; records the
+    keys of each step. Its batch is made once `go` is set, so requests submitted before are
+    all waiting at the first admission."""
 
     def __init__(self) -> None:
-        self.steps: list[list[int]] = []  # the rows of each step
+        self.steps: list[list[int]] = []
+        self.go = threading.Event()
 
-    def stream(self, requests, *, wanted):
-        active = list(range(len(requests)))
-        while active:
-            self.steps.append(active)
-            for b in active:
-                yield Event(b, 7)
-            active = [b for b in active if wanted(b)]
+    def batch(self):
+        assert self.go.wait(60)
+        return FakeBatch(self)
 
 
-def test_a_cancelled_request_ends_within_a_token_and_frees_the_batch(monkeypatch) -> None:
-    """Two streaming requests of one batch; during the third step `a`'s Triton request is
-    cancelled and a stop request names `b`: both end at their next token with an empty final
-    response, and the decoder runs no further step."""
+class FakeBatch:
+    def __init__(self, decoder: FakeDecoder) -> None:
+        self.decoder = decoder
+        self.left: dict[int, int] = {}  # key -> tokens left
+        self.keys = iter(range(10**6))
+
+    def __len__(self) -> int:
+        return len(self.left)
+
+    def __contains__(self, key: int) -> bool:
+        return key in self.left
+
+    def add(self, request) -> int:
+        if request.sampling.max_tokens == 13:
+            raise InputError("13 is refused")
+        key = next(self.keys)
+        self.left[key] = request.sampling.max_tokens
+        return key
+
+    def drop(self, key: int) -> None:
+        del self.left[key]
+
+    def step(self) -> list[Event]:
+        self.decoder.steps.append(list(self.left))
+        events = []
+        for key in list(self.left):
+            self.left[key] -= 1
+            events.append(Event(key, 7, "length" if not self.left[key] else None))
+            if not self.left[key]:
+                del self.left[key]
+        return events
+
+
+def streaming(max_tokens: int) -> LlmRequest:
+    return LlmRequest.from_inputs({**good_inputs(), c.REQUEST_OUTPUT_LEN: np.int32(max_tokens),
+                                   c.STREAMING: np.bool_(True)}, LIMITS)
+
+
+@pytest.fixture
+def no_stop_words(monkeypatch):
     import qvl_trt.triton.runtime.reference_tensorrt_llm as reference_llm
 
     pytest.importorskip("torch")
     monkeypatch.setattr(reference_llm, "_ends_with_stop", lambda tokens, words: False)
-    decoder = EndlessDecoder()
+
+
+def test_in_flight_batching_admits_at_the_next_step_and_frees_a_cancelled_slot(
+        no_stop_words) -> None:
+    """max_batch_size 2. A long stream runs alone; B and C arrive during its step 2: B joins
+    at step 3, C waits for a slot and joins the step after B finished. When C finishes, A is
+    cancelled and D arrives: the next step runs D alone (A's slot is free at once)."""
+    decoder = FakeDecoder()
+    llm = ReferenceLlm(decoder, max_batch_size=2)
+    got: dict[str, list] = {name: [] for name in "abcd"}
+    finals = threading.Semaphore(0)
+    cancelled = threading.Event()
+
+    def emit(name, tokens, final):
+        got[name].append((list(tokens), final))
+        if name == "a" and len(got["a"]) == 2:
+            submit("b", 3)
+            submit("c", 2)
+        if name == "c" and final:
+            cancelled.set()
+            submit("d", 1)
+        if final:
+            finals.release()
+
+    def submit(name, max_tokens, **kwargs):
+        llm.submit(streaming(max_tokens), lambda t, f: emit(name, t, f), pytest.fail,
+                   request_id=name, **kwargs)
+
+    submit("a", 10**6, is_cancelled=cancelled.is_set)
+    decoder.go.set()
+    for _ in "abcd":
+        assert finals.acquire(timeout=60)
+    llm.close()
+    a, b, c_, d = 0, 1, 2, 3
+    assert decoder.steps == [[a], [a], [a, b], [a, b], [a, b], [a, c_], [a, c_], [d]]
+    assert got["a"] == [([7], False)] * 7 + [([], True)]
+    assert got["b"] == [([7], False)] * 2 + [([7], True)]
+    assert got["d"] == [([7], True)]
+
+
+def test_a_cancelled_request_ends_within_a_token_and_frees_the_batch(no_stop_words) -> None:
+    """Two streaming requests of one batch; during the third step `a`'s Triton request is
+    cancelled and a stop request names `b`: both end at their next token with an empty final
+    response, and the decoder runs no further step."""
+    decoder = FakeDecoder()
     llm = ReferenceLlm(decoder, max_batch_size=2)
     got: dict[str, list] = {"a": [], "b": []}
     finals = threading.Semaphore(0)
@@ -123,11 +203,10 @@ def test_a_cancelled_request_ends_within_a_token_and_frees_the_batch(monkeypatch
         if final:
             finals.release()
 
-    request = LlmRequest.from_inputs({**good_inputs(), c.REQUEST_OUTPUT_LEN: np.int32(10**6),
-                                      c.STREAMING: np.bool_(True)}, LIMITS)
-    llm.submit(request, lambda t, f: emit("a", t, f), pytest.fail, request_id="a",
+    llm.submit(streaming(10**6), lambda t, f: emit("a", t, f), pytest.fail, request_id="a",
                is_cancelled=cancelled.is_set)
-    llm.submit(request, lambda t, f: emit("b", t, f), pytest.fail, request_id="b")
+    llm.submit(streaming(10**6), lambda t, f: emit("b", t, f), pytest.fail, request_id="b")
+    decoder.go.set()
     assert finals.acquire(timeout=60) and finals.acquire(timeout=60)
     llm.close()
     assert got["a"] == [([7], False)] * 3 + [([], True)]
@@ -137,16 +216,41 @@ def test_a_cancelled_request_ends_within_a_token_and_frees_the_batch(monkeypatch
         llm.stop("")
 
 
+def test_a_refused_request_fails_alone(no_stop_words) -> None:
+    """The decoder refuses one request of two waiting together: only that one fails, with
+    the decoder's message; the other runs."""
+    decoder = FakeDecoder()
+    llm = ReferenceLlm(decoder, max_batch_size=2)
+    errors: list[str] = []
+    done = threading.Semaphore(0)
+
+    def fail(message):
+        errors.append(message)
+        done.release()
+
+    llm.submit(streaming(13), pytest.fail, fail)
+    llm.submit(streaming(2), lambda t, f: f and done.release(), pytest.fail)
+    decoder.go.set()
+    assert done.acquire(timeout=60) and done.acquire(timeout=60)
+    llm.close()
+    assert errors == ["13 is refused"]
+    assert decoder.steps == [[0], [0]]
+
+
 def test_requests_queued_at_unload_get_a_final_error() -> None:
     pytest.importorskip("torch")
     release = threading.Event()
 
-    class Blocking(EndlessDecoder):
-        def stream(self, requests, *, wanted):
+    class Blocking(FakeBatch):
+        def step(self):
             release.wait(60)
-            yield Event(0, 7, finish_reason="length")
+            return [Event(0, 7, finish_reason="length")]
 
-    llm = ReferenceLlm(Blocking(), max_batch_size=1)
+    class BlockingDecoder(FakeDecoder):
+        def batch(self):
+            return Blocking(self)
+
+    llm = ReferenceLlm(BlockingDecoder(), max_batch_size=1)
     errors: list[str] = []
     request = LlmRequest.from_inputs(good_inputs(), LIMITS)
     llm.submit(request, lambda t, f: None, errors.append)
@@ -166,15 +270,21 @@ def reference_llm_closing() -> str:
 
 def test_a_decoder_bug_answers_every_request_of_its_batch_with_its_type_only(caplog) -> None:
     """The error policy of the python models (backend.error_message): a bug is logged with its
-    traceback; the clients learn only its type, not its text."""
+    traceback; the clients learn only its type, not its text. The worker keeps serving."""
     pytest.importorskip("torch")
 
-    class Broken(EndlessDecoder):
-        def stream(self, requests, *, wanted):
+    class Broken(FakeBatch):
+        def step(self):
+            if self.decoder.steps:
+                return super().step()
+            self.decoder.steps.append("broken")
             raise KeyError("internal detail")
-            yield
 
-    llm = ReferenceLlm(Broken(), max_batch_size=2, model_name="b4_tensorrt_llm")
+    class BrokenDecoder(FakeDecoder):
+        def batch(self):
+            return Broken(self)
+
+    llm = ReferenceLlm(BrokenDecoder(), max_batch_size=2, model_name="b4_tensorrt_llm")
     errors: list[str] = []
     done = threading.Semaphore(0)
 
@@ -184,6 +294,8 @@ def test_a_decoder_bug_answers_every_request_of_its_batch_with_its_type_only(cap
 
     request = LlmRequest.from_inputs(good_inputs(), LIMITS)
     llm.submit(request, lambda t, f: pytest.fail("a broken decoder answered"), fail)
+    assert done.acquire(timeout=60)
+    llm.submit(request, lambda t, f: f and done.release(), pytest.fail)
     assert done.acquire(timeout=60)
     llm.close()
     assert errors == ["internal error in b4_tensorrt_llm: KeyError"]

@@ -23,7 +23,7 @@ is never zeroed and whose text tokens read a stale row that `where` drops.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -73,7 +73,7 @@ class _Layer:
 
 
 class ReferenceDecoder:
-    """Greedy/sampled generation with a KV cache over a batch of requests."""
+    """Greedy/sampled generation with a KV cache over an in-flight batch of requests."""
 
     def __init__(self, config: LlmConfig, weights: dict, *, device: str = "cpu",
                  dtype: str | None = None) -> None:
@@ -122,87 +122,32 @@ class ReferenceDecoder:
 
     # ---- public API ----------------------------------------------------------------------
 
+    def batch(self) -> DecodeBatch:
+        """An empty in-flight batch: requests join and leave between steps."""
+        return DecodeBatch(self)
+
     def generate(self, requests: Sequence[DecodeRequest], *,
                  on_token: Callable[[TokenEvent], None] | None = None) -> list[DecodeResult]:
         """Run a batch of requests to completion; `on_token` sees every token as produced."""
-        run = self._run(requests)
-        while True:
-            try:
-                event = next(run)
-            except StopIteration as done:
-                return done.value
-            if on_token is not None:
-                on_token(event)
+        batch, keys = self._batch_of(requests)
+        results: dict[int, DecodeResult] = {}
+        while batch:
+            for event in batch.step():
+                if on_token is not None:
+                    on_token(event)
+                if event.finish_reason is not None:
+                    results[event.request] = batch.result(event.request)
+        return [results[key] for key in keys]
 
-    def stream(self, requests: Sequence[DecodeRequest], *,
-               wanted: Callable[[int], bool] | None = None) -> Iterator[TokenEvent]:
-        """The tokens of a batch of requests, one event per token, as they are produced.
-        `wanted(i)`, asked after each step, false: request i is dropped (e.g. cancelled)."""
-        yield from self._run(requests, wanted)
+    def stream(self, requests: Sequence[DecodeRequest]) -> Iterator[TokenEvent]:
+        """The tokens of a batch of requests, one event per token, as they are produced."""
+        batch, _ = self._batch_of(requests)
+        while batch:
+            yield from batch.step()
 
-    # ---- generation loop -----------------------------------------------------------------
-
-    def _run(self, requests: Sequence[DecodeRequest],
-             wanted: Callable[[int], bool] | None = None):
-        torch = require("torch", extra="export", why="run the reference decoder")
-        if not requests:
-            return []
-        inputs = [self._inputs(i, request) for i, request in enumerate(requests)]
-        batch = len(requests)
-        lengths = [len(r.input_ids) for r in requests]
-        capacity = max(n + r.sampling.max_tokens for n, r in zip(lengths, requests, strict=True))
-        cache = _KvCache(self, batch, capacity)
-        generators = [make_generator(r.sampling.seed) for r in requests]
-        tokens: list[list[int]] = [[] for _ in requests]
-        gen_logits: list[list] = [[] for _ in requests]
-        finish: list[FinishReason | None] = [None] * batch
-        visual = [sum(t >= self.config.vocab_size for t in r.input_ids) for r in requests]
-
-        # Only the model runs in inference mode: the generator yields to the caller's code.
-        with torch.inference_mode():
-            hidden = self._prefill(requests, inputs, lengths, cache)
-            last = hidden[torch.arange(batch, device=self.device),
-                          torch.tensor(lengths, device=self.device) - 1]
-            context_logits = [self._logits(hidden[b, : lengths[b]])
-                              if r.return_context_logits else None
-                              for b, r in enumerate(requests)]
-            logits = self._logits(last)
-        # Copies on the CPU, like the generation logits: ordinary tensors the caller owns.
-        context_logits = [None if c is None else c.to("cpu", copy=True) for c in context_logits]
-        active = list(range(batch))  # request index of each cache row
-        while True:
-            next_ids = []
-            for row, b in enumerate(active):
-                request = requests[b]
-                token = choose_token(logits[row], request.sampling, generators[b])
-                tokens[b].append(token)
-                if request.return_generation_logits:
-                    gen_logits[b].append(logits[row].cpu())
-                if token in request.sampling.stop_token_ids:
-                    finish[b] = FinishReason.STOP
-                elif len(tokens[b]) >= request.sampling.max_tokens:
-                    finish[b] = FinishReason.LENGTH
-                next_ids.append(token)
-                yield TokenEvent(b, token, finish[b])
-            keep = [row for row, b in enumerate(active)
-                    if finish[b] is None and (wanted is None or wanted(b))]
-            if not keep:
-                break
-            if len(keep) < len(active):
-                cache.keep(keep)
-                active = [active[row] for row in keep]
-                next_ids = [next_ids[row] for row in keep]
-            deltas = [requests[b].mrope_position_delta for b in active]
-            with torch.inference_mode():
-                logits = self._logits(self._decode_step(next_ids, deltas, cache))
-
-        return [
-            DecodeResult(
-                token_ids=tuple(tokens[b]), finish_reason=finish[b], prompt_tokens=lengths[b],
-                visual_tokens=visual[b], context_logits=context_logits[b],
-                generation_logits=torch.stack(gen_logits[b]) if gen_logits[b] else None)
-            for b in range(batch)
-        ]
+    def _batch_of(self, requests: Sequence[DecodeRequest]) -> tuple[DecodeBatch, list[int]]:
+        batch = self.batch()
+        return batch, [batch.add(request) for request in requests]
 
     def _inputs(self, index: int, request: DecodeRequest) -> tuple:
         """The request's (prompt table, MRoPE table) as torch tensors, validated against the
@@ -326,6 +271,147 @@ class ReferenceDecoder:
         return (hidden @ self.lm_head.T).float()
 
 
+@dataclass(eq=False)
+class _Sequence:
+    """One request of a DecodeBatch and its own sampling state."""
+
+    key: int
+    request: DecodeRequest
+    inputs: tuple  # _inputs(): (prompt table, MRoPE table)
+    generator: object
+    tokens: list[int] = field(default_factory=list)
+    generation_logits: list = field(default_factory=list)
+    context_logits: object = None
+    finish: FinishReason | None = None
+
+    @property
+    def capacity(self) -> int:
+        """The KV-cache positions it may fill."""
+        return len(self.request.input_ids) + self.request.sampling.max_tokens
+
+
+class DecodeBatch:
+    """In-flight (iteration-level) batching, as the TensorRT-LLM executor schedules: add()
+    queues a request for the next step(); a step runs the context phase of the requests
+    added since the last one and one generation step of the others, one token each; a request
+    that finished leaves after its step and drop() takes one out at once, freeing its KV-cache
+    row. Each request keeps its own seeded generator and its own cache row, so its tokens do
+    not depend on what else is in the batch.
+
+    The running requests share one KV cache, a row each, as wide as the longest row needs;
+    joining and leaving copy it (a cat or index_select per layer), a step does not."""
+
+    def __init__(self, decoder: ReferenceDecoder) -> None:
+        self.decoder = decoder
+        self._waiting: list[_Sequence] = []  # added, prefilled at the next step
+        self._rows: list[_Sequence] = []  # running: row i of the cache
+        self._cache: _KvCache | None = None
+        self._finished: dict[int, _Sequence] = {}  # finished in the last step
+        self._next_key = 0
+
+    def __len__(self) -> int:
+        return len(self._waiting) + len(self._rows)
+
+    def __contains__(self, key: int) -> bool:
+        return any(s.key == key for s in (*self._waiting, *self._rows))
+
+    def add(self, request: DecodeRequest) -> int:
+        """Validate `request` (InputError naming it by its key) and queue it for the next
+        step; returns its key, the `request` of its TokenEvents."""
+        key = self._next_key
+        inputs = self.decoder._inputs(key, request)
+        self._next_key += 1
+        self._waiting.append(_Sequence(key, request, inputs,
+                                       make_generator(request.sampling.seed)))
+        return key
+
+    def drop(self, key: int) -> None:
+        """Take a request out now (e.g. cancelled): it makes no further token."""
+        if key not in self:
+            raise KeyError(f"request {key} is not in the batch")
+        self._waiting = [s for s in self._waiting if s.key != key]
+        self._keep([s for s in self._rows if s.key != key])
+
+    def result(self, key: int) -> DecodeResult:
+        """The result of a request that finished in the last step."""
+        torch = require("torch", extra="export", why="run the reference decoder")
+        s = self._finished[key]
+        return DecodeResult(
+            token_ids=tuple(s.tokens), finish_reason=s.finish,
+            prompt_tokens=len(s.request.input_ids),
+            visual_tokens=sum(t >= self.decoder.config.vocab_size for t in s.request.input_ids),
+            context_logits=s.context_logits,
+            generation_logits=torch.stack(s.generation_logits) if s.generation_logits
+            else None)
+
+    def step(self) -> list[TokenEvent]:
+        """One token for every request in the batch: the running ones first, then those that
+        joined, in order."""
+        torch = require("torch", extra="export", why="run the reference decoder")
+        decoder = self.decoder
+        logits = []
+        # Only the model runs in inference mode: the caller owns what comes out.
+        with torch.inference_mode():
+            if self._rows:
+                logits.append(decoder._logits(decoder._decode_step(
+                    [s.tokens[-1] for s in self._rows],
+                    [s.request.mrope_position_delta for s in self._rows], self._cache)))
+            joining, self._waiting = self._waiting, []
+            if joining:
+                joined_logits, joined = self._prefill(joining)
+                logits.append(joined_logits)
+                self._cache = joined if self._cache is None else self._cache.join(joined)
+        for s in joining:
+            if s.context_logits is not None:
+                # A copy on the CPU, like the generation logits: an ordinary tensor.
+                s.context_logits = s.context_logits.to("cpu", copy=True)
+        rows = self._rows = self._rows + joining
+        logits = torch.cat(logits) if rows else None
+        events = []
+        for row, s in enumerate(rows):
+            sampling = s.request.sampling
+            token = choose_token(logits[row], sampling, s.generator)
+            s.tokens.append(token)
+            if s.request.return_generation_logits:
+                s.generation_logits.append(logits[row].cpu())
+            if token in sampling.stop_token_ids:
+                s.finish = FinishReason.STOP
+            elif len(s.tokens) >= sampling.max_tokens:
+                s.finish = FinishReason.LENGTH
+            events.append(TokenEvent(s.key, token, s.finish))
+        self._finished = {s.key: s for s in rows if s.finish is not None}
+        if self._finished:
+            self._keep([s for s in rows if s.finish is None])
+        return events
+
+    def _prefill(self, joining: list[_Sequence]):
+        """The context phase of the requests that join (right-padded to the longest):
+        their last-token logits and their own KV cache."""
+        torch = require("torch", extra="export", why="run the reference decoder")
+        decoder = self.decoder
+        lengths = [len(s.request.input_ids) for s in joining]
+        cache = _KvCache(decoder, len(joining), max(s.capacity for s in joining))
+        hidden = decoder._prefill([s.request for s in joining], [s.inputs for s in joining],
+                                  lengths, cache)
+        for b, s in enumerate(joining):
+            if s.request.return_context_logits:
+                s.context_logits = decoder._logits(hidden[b, : lengths[b]])
+        last = hidden[torch.arange(len(joining), device=decoder.device),
+                      torch.tensor(lengths, device=decoder.device) - 1]
+        return decoder._logits(last), cache
+
+    def _keep(self, rows: list[_Sequence]) -> None:
+        """Keep only `rows` of the running requests (their cache shrunk to what they need)."""
+        if rows == self._rows:
+            return
+        if rows:
+            index = [self._rows.index(s) for s in rows]
+            self._cache.keep(index, capacity=max(s.capacity for s in rows))
+        else:
+            self._cache = None
+        self._rows = rows
+
+
 class _KvCache:
     """K and V per layer, [rows, kv_heads, capacity, head_dim], and each row's length."""
 
@@ -350,13 +436,32 @@ class _KvCache:
             self.v[layer][rows, :, write_at] = v[:, :, 0]
         return self.k[layer][:, :, :span], self.v[layer][:, :, :span]
 
-    def keep(self, rows: list[int]) -> None:
-        """Drop finished requests' rows."""
+    def join(self, other: _KvCache) -> _KvCache:
+        """Its rows followed by `other`'s, as wide as the wider one (zero-padded)."""
+        torch = require("torch", extra="export", why="run the reference decoder")
+        width = max(self.k[0].shape[2], other.k[0].shape[2])
+
+        def cat(a, b):
+            return torch.cat([_widen(a, width), _widen(b, width)])
+
+        self.k = [cat(a, b) for a, b in zip(self.k, other.k, strict=True)]
+        self.v = [cat(a, b) for a, b in zip(self.v, other.v, strict=True)]
+        self.lengths = torch.cat([self.lengths, other.lengths])
+        return self
+
+    def keep(self, rows: list[int], *, capacity: int) -> None:
+        """Only `rows`, `capacity` positions wide: a copy, so the rest is freed."""
         torch = require("torch", extra="export", why="run the reference decoder")
         index = torch.tensor(rows, device=self.lengths.device)
-        self.k = [t.index_select(0, index) for t in self.k]
-        self.v = [t.index_select(0, index) for t in self.v]
+        self.k = [t[:, :, :capacity].index_select(0, index) for t in self.k]
+        self.v = [t[:, :, :capacity].index_select(0, index) for t in self.v]
         self.lengths = self.lengths.index_select(0, index)
+
+
+def _widen(t, width: int):
+    """[rows, heads, positions, dim] zero-padded to `width` positions."""
+    torch = require("torch", extra="export", why="run the reference decoder")
+    return torch.nn.functional.pad(t, (0, 0, 0, width - t.shape[2]))
 
 
 def _rms_norm(x, weight, eps: float):

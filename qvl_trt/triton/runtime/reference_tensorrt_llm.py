@@ -1,12 +1,15 @@
 """The reference flavor's `tensorrt_llm` step: the stock backend's I/O, request contract and
 streaming behaviour over the PyTorch reference decoder.
 
-Requests are queued; a worker thread runs the waiting ones together as one batch of the
-reference decoder (up to max_batch_size; later arrivals wait for the next batch) and sends
-each request's tokens to its own callback, so concurrent requests never see each other's
-tokens. As in the TensorRT-LLM executor, the end token is left out of the output, stop-word
-tokens are kept, and a streaming request gets one response per token (the end token's
-response is empty), a non-streaming one a single response.
+Requests are queued; a worker thread schedules them as the TensorRT-LLM executor does, by
+iteration (in-flight batching, the decoder's DecodeBatch; upstream the schedulers pick each
+iteration's requests, batch_manager/trtGptModelInflightBatching.cpp): before each step it
+admits waiting requests up to max_batch_size, so a new request starts at the next step, and a
+finished, cancelled or stopped one leaves the batch at once, freeing its slot. Each request's
+tokens go to its own callback, so concurrent requests never see each other's tokens. As in the
+TensorRT-LLM executor, the end token is left out of the output, stop-word tokens are kept, and
+a streaming request gets one response per token (the end token's response is empty), a
+non-streaming one a single response.
 
 It is at least as strict as the stock backend (STOCK_BACKEND.md): it refuses what the backend
 or the engine refuses (outputs not both requested, a missing MRoPE tensor, a prompt table of
@@ -153,7 +156,8 @@ class ReferenceLlm:
     def __init__(self, decoder: Any, *, max_batch_size: int,
                  count_tokens: Callable[[int], None] = lambda n: None,
                  model_name: str = c.TENSORRT_LLM) -> None:
-        """`count_tokens(n)`: after each batch, the tokens the decoder made in it.
+        """`decoder.batch()`: an empty in-flight batch (llm.reference.DecodeBatch).
+        `count_tokens(n)`: after each step, the tokens the decoder made in it.
         `model_name`: the model it serves, for errors."""
         self.decoder = decoder
         self.model_name = model_name
@@ -197,84 +201,64 @@ class ReferenceLlm:
                 self._end(job, error=CLOSING)
 
     def _loop(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            wave = [job]
-            while len(wave) < self.max_batch_size:
-                try:
-                    more = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    self._queue.put(None)  # finish this wave, then stop
-                    break
-                wave.append(more)
-            for job in wave:
-                self._check_cancel(job)
-            self._run_wave([job for job in wave if not job.done])
-
-    def _run_wave(self, wave: list[_Job]) -> None:
-        if not wave:
-            return
-        try:
-            self._decode(wave)
-        except InputError as exc:
-            if len(wave) == 1:
-                self._end(wave[0], error=str(exc))
-            else:  # find the bad request: the others must not fail with it
-                for job in wave:
-                    self._run_wave([job])
-        except Exception as exc:  # answer every waiting client, keep serving
-            message = error_message(exc, self.model_name)
-            for job in wave:
-                if not job.done:
+        batch = self.decoder.batch()
+        running: dict[int, _Job] = {}  # batch key -> job
+        while self._admit(batch, running):
+            if not running:
+                continue
+            try:
+                events = batch.step()
+            except Exception as exc:  # answer every client of the batch, keep serving
+                message = error_message(exc, self.model_name)
+                for job in running.values():
                     self._end(job, error=message)
-
-    def _decode(self, wave: list[_Job]) -> None:
-        torch = _torch()
-        from ...llm.sampling import DecodeRequest, SamplingParams
-
-        requests = []
-        for job in wave:
-            r = job.request
-            singles = tuple(w[0] for w in r.stop_words if len(w) == 1)
-            table = None if r.prompt_table is None else torch.from_numpy(
-                np.ascontiguousarray(r.prompt_table))
-            requests.append(DecodeRequest(
-                input_ids=r.input_ids,
-                mrope_rotary_cos_sin=torch.from_numpy(
-                    np.ascontiguousarray(r.mrope_rotary_cos_sin, np.float32)),
-                mrope_position_delta=r.mrope_position_delta,
-                prompt_table=table,
-                sampling=SamplingParams(
-                    max_tokens=r.max_tokens, temperature=r.temperature, top_k=r.top_k,
-                    top_p=r.top_p, seed=r.seed,
-                    stop_token_ids=(*((r.end_id,) if r.end_id is not None else ()), *singles)),
-            ))
-        made = 0
-        try:
-            # Rows whose request is done (a multi-token stop word) or cancelled leave the batch
-            # after each step.
-            wanted = lambda i: not self._check_cancel(wave[i])  # noqa: E731
-            for event in self.decoder.stream(requests, wanted=wanted):
-                made += 1
-                job = wave[event.request]
+                running.clear()
+                batch = self.decoder.batch()
+                continue
+            self.count_tokens(len(events))
+            for event in events:
+                self._on_token(running[event.request], event)
+            for key, job in list(running.items()):
                 if self._check_cancel(job):
-                    continue
-                r = job.request
-                if event.token_id == r.end_id:
-                    self._end(job)
-                    continue
-                job.tokens.append(event.token_id)
-                if event.finish_reason is not None or _ends_with_stop(job.tokens, r.stop_words):
-                    self._end(job)
-                elif r.streaming:
-                    job.emit([event.token_id], False)
-                    job.sent = len(job.tokens)
-        finally:
-            self.count_tokens(made)
+                    if key in batch:  # cancelled, stopped or a multi-token stop word
+                        batch.drop(key)
+                    del running[key]
+
+    def _admit(self, batch: Any, running: dict[int, _Job]) -> bool:
+        """Move waiting requests into the batch, up to max_batch_size; wait for one while
+        none runs. False: unloading."""
+        while len(running) < self.max_batch_size:
+            try:
+                job = self._queue.get(block=not running)
+            except queue.Empty:
+                return True
+            if job is None:
+                for other in running.values():
+                    self._check_cancel(other)  # unloading: a final error each
+                return False
+            if self._check_cancel(job):
+                continue
+            try:
+                running[batch.add(_decode_request(job.request))] = job
+            except InputError as exc:
+                self._end(job, error=str(exc))
+            except Exception as exc:
+                self._end(job, error=error_message(exc, self.model_name))
+        return True
+
+    def _on_token(self, job: _Job, event: Any) -> None:
+        if self._check_cancel(job):
+            return
+        r = job.request
+        if event.token_id == r.end_id:
+            self._end(job)
+            return
+        job.tokens.append(event.token_id)
+        if event.finish_reason is not None or _ends_with_stop(job.tokens, r.stop_words):
+            self._end(job)
+        elif r.streaming:
+            job.emit([event.token_id], False)
+            job.sent = len(job.tokens)
 
     def _check_cancel(self, job: _Job) -> bool:
         """End a cancelled (or, at unload, any) request; True if it has ended."""
@@ -300,6 +284,27 @@ class ReferenceLlm:
             job.fail(error)
         else:
             job.emit(job.tokens[job.sent:], True)
+
+
+def _decode_request(r: LlmRequest) -> Any:
+    """The decoder's request: the end id and one-token stop words stop it in the decoder;
+    longer stop words are matched here."""
+    torch = _torch()
+    from ...llm.sampling import DecodeRequest, SamplingParams
+
+    singles = tuple(w[0] for w in r.stop_words if len(w) == 1)
+    table = None if r.prompt_table is None else torch.from_numpy(
+        np.ascontiguousarray(r.prompt_table))
+    return DecodeRequest(
+        input_ids=r.input_ids,
+        mrope_rotary_cos_sin=torch.from_numpy(
+            np.ascontiguousarray(r.mrope_rotary_cos_sin, np.float32)),
+        mrope_position_delta=r.mrope_position_delta,
+        prompt_table=table,
+        sampling=SamplingParams(
+            max_tokens=r.max_tokens, temperature=r.temperature, top_k=r.top_k,
+            top_p=r.top_p, seed=r.seed,
+            stop_token_ids=(*((r.end_id,) if r.end_id is not None else ()), *singles)))
 
 
 def _ends_with_stop(tokens: list[int], stop_words: tuple[tuple[int, ...], ...]) -> bool:

@@ -1,0 +1,108 @@
+"""Measure the reference tensorrt_llm model's scheduling on a real tritonserver: the latency of
+an 8-token request alone, then right after a streamed 1,200-token request was cancelled
+(issue 13's acceptance: at most twice the solo time), and the tokens the decoder made after
+the cancel (qvl_reference_llm_tokens_total): a cancelled stream must stop generating.
+
+It builds what tests/conftest.py builds (the tiny checkpoint, its converted LLM, the
+reference-flavor repository) with the tests' small profile widened to 2,048 positions, so
+the long request fits.
+
+Usage: python scripts/bench_reference_scheduling.py [--work-dir DIR] [--runs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from small_profile import small_profile_toml  # noqa: E402
+
+from qvl_trt.build import BuildOptions, Stage, run_build  # noqa: E402
+from qvl_trt.client.generate import GenerateClient, GenerateRequest  # noqa: E402
+from qvl_trt.testing.tiny_checkpoint import write_tiny_checkpoint  # noqa: E402
+from qvl_trt.triton.model_configs import Flavor  # noqa: E402
+from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo  # noqa: E402
+from qvl_trt.triton.server import ServerOptions, TritonServer, free_ports  # noqa: E402
+
+LONG_TOKENS = 1200
+SHORT_TOKENS = 8
+READ_BEFORE_CANCEL = 20  # responses of the long stream read before cancelling it
+
+
+def short_latency(url: str) -> float:
+    with GenerateClient(url) as client:
+        start = time.perf_counter()
+        generation = client.generate(GenerateRequest("Count to eight.",
+                                                     max_tokens=SHORT_TOKENS))
+        assert generation.completion_tokens >= 1
+        return time.perf_counter() - start
+
+
+def cancelled_long_stream(url: str) -> None:
+    """Read the first responses of a 1,200-token stream, then cancel it (gRPC stream closed
+    with its requests cancelled, as a client that goes away)."""
+    client = GenerateClient(url)
+    responses = client.stream(GenerateRequest("Tell a long story.", max_tokens=LONG_TOKENS))
+    for n, _ in enumerate(responses, 1):
+        if n == READ_BEFORE_CANCEL:
+            break
+    client.grpc_client().stop_stream(cancel_requests=True)
+    client.close()
+
+
+def tokens_made(server: TritonServer) -> float:
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as page:
+        text = page.read().decode()
+    return sum(float(v) for v in re.findall(
+        r"^qvl_reference_llm_tokens_total\{[^}]*\} (\S+)$", text, re.M))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work-dir", type=Path, help="where to build (default: a temporary "
+                        "folder, removed at the end)")
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="qvl-bench-sched-") as tmp:
+        root = args.work_dir or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        profile = root / "profile.toml"
+        profile.write_text(small_profile_toml(max_seq_len=2048, max_num_tokens=2048))
+        ckpt = write_tiny_checkpoint(root / "ckpt")
+        build = root / "build"
+        run_build(BuildOptions(model=str(ckpt), gpu=str(profile)), build,
+                  only=(Stage.LLM_CHECKPOINT,))
+        repo = write_repo([BuildInput(build)], root / "repo",
+                          RepoOptions(flavor=Flavor.REFERENCE, preprocessing_instances=1,
+                                      vision_cache_mib=64))
+        with TritonServer(ServerOptions(repo.path, free_ports()), log_file=root / "server.log",
+                          startup_timeout_s=300) as server:
+            url = f"grpc://{server.grpc_url}"
+            short_latency(url)  # warm-up
+            solo = statistics.median(short_latency(url) for _ in range(args.runs))
+            after, leaked = [], []
+            for _ in range(args.runs):
+                cancelled_long_stream(url)
+                after.append(short_latency(url))
+                before = tokens_made(server)
+                time.sleep(1.0)  # a decoder still running the cancelled stream shows here
+                leaked.append(tokens_made(server) - before)
+            worst = max(after)
+            print(f"8-token request alone: {solo:.3f} s (median of {args.runs})")
+            print(f"8-token request after a cancelled {LONG_TOKENS}-token stream: "
+                  f"{', '.join(f'{t:.3f}' for t in after)} s")
+            print(f"ratio (worst / solo): {worst / solo:.2f} (acceptance: <= 2)")
+            print(f"tokens made in the second after each 8-token request: "
+                  f"{', '.join(f'{n:.0f}' for n in leaked)} (the cancelled stream stopped: 0)")
+
+
+if __name__ == "__main__":
+    main()
