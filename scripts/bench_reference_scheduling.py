@@ -28,6 +28,7 @@ from small_profile import small_profile_toml  # noqa: E402
 from qvl_trt.build import BuildOptions, Stage, run_build  # noqa: E402
 from qvl_trt.client.generate import GenerateClient, GenerateRequest  # noqa: E402
 from qvl_trt.testing.tiny_checkpoint import write_tiny_checkpoint  # noqa: E402
+from qvl_trt.triton import contract as c  # noqa: E402
 from qvl_trt.triton.model_configs import Flavor  # noqa: E402
 from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo  # noqa: E402
 from qvl_trt.triton.server import ServerOptions, TritonServer, free_ports  # noqa: E402
@@ -48,8 +49,10 @@ def short_latency(url: str) -> float:
 
 def cancelled_long_stream(url: str) -> None:
     """Read the first responses of a 1,200-token stream, then cancel it (gRPC stream closed
-    with its requests cancelled, as a client that goes away)."""
-    client = GenerateClient(url)
+    with its requests cancelled, as a client that goes away). Through tensorrt_llm_bls, the
+    cancellable entry point: Triton's ensemble scheduler does not pass a cancel to a step
+    that is already running (README, "Cancelling a request")."""
+    client = GenerateClient(url, model=c.TENSORRT_LLM_BLS)
     responses = client.stream(GenerateRequest("Tell a long story.", max_tokens=LONG_TOKENS))
     for n, _ in enumerate(responses, 1):
         if n == READ_BEFORE_CANCEL:
