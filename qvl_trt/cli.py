@@ -671,11 +671,16 @@ def serve(
     log_file: Annotated[Path | None, typer.Option(
         help="Write the server's log here instead of the terminal.")] = None,
     log_verbose: Annotated[int, typer.Option(help="Triton's --log-verbose level.")] = 0,
+    health_port: Annotated[int | None, typer.Option(
+        help="Answer GET /ready (200 only while the end-to-end probe passes and no restart "
+        "is under way, else 503) and /live on this port [default: none].",
+        show_default=False)] = None,
     dry_run: Annotated[bool, typer.Option(
         help="Print the command it would run, and exit.")] = False,
 ) -> None:
     """Run tritonserver on a repository (PATH, /opt/tritonserver or the nvidia-pytriton
-    binary); wait until it is ready, print its addresses, stop it cleanly on Ctrl-C."""
+    binary); wait until it is ready, print its addresses, restart it when a model dies or
+    stops answering, stop it cleanly on Ctrl-C or SIGTERM (a second one forces it)."""
     from .console import out as console
     from .triton.serve_plan import (
         check_vision_editions,
@@ -694,6 +699,7 @@ def serve(
         server_command,
     )
     from .triton.server import free_ports as pick_ports
+    from .triton.supervisor import Supervisor
 
     if not repository.is_dir():
         raise ConfigError(f"{repository} is not a folder; pass a model repository written by "
@@ -714,11 +720,15 @@ def serve(
     warn_small_shm(needs, shm_size_bytes())
     point_engine_paths(repository)
     server = TritonServer(opts, install=install, log_file=log_file)
-    server.start()
-    console.print(f"tritonserver ({install.origin}) ready: HTTP {server.http_url}, gRPC "
-                  f"{server.grpc_url}, metrics {server.metrics_url}; Ctrl-C stops it",
-                  highlight=False)
-    code = server.wait()
+    health = f", readiness http://{server.client_host}:{health_port}/ready" \
+        if health_port is not None else ""
+    supervisor = Supervisor(server, needs.ensembles, health_port=health_port,
+                            on_ready=lambda: console.print(
+                                f"tritonserver ({install.origin}) ready: HTTP "
+                                f"{server.http_url}, gRPC {server.grpc_url}, metrics "
+                                f"{server.metrics_url}{health}; Ctrl-C stops it",
+                                highlight=False))
+    code = supervisor.run()
     if code not in (0, None):
         raise typer.Exit(code)
 

@@ -44,6 +44,7 @@ class ServePlan:
     bls_callers: int  # concurrent BLS callers of every python model (their worker threads)
     shm_bytes: int  # shared memory the builds' largest requests need in flight
     vision_editions: dict[str, TrtEdition]  # vision_encoder model -> its engine's edition
+    ensembles: tuple[str, ...] = ()  # the models clients call (serve's end-to-end probe)
 
     @property
     def world_size(self) -> int:
@@ -56,11 +57,13 @@ class ServePlan:
 
 def read_serve_plan(repo: Path) -> ServePlan:
     repo = Path(repo).resolve()
-    llm, worlds, callers, editions, shm = [], {}, 0, {}, 0
+    llm, worlds, callers, editions, shm, ensembles = [], {}, 0, {}, 0, []
     for path in sorted(repo.glob(f"*/{CONFIG_FILE}")):
         name = path.parent.name
         config = parse_config(path.read_text(), str(path))
         version = path.parent / VERSION
+        if config.platform == "ensemble":
+            ensembles.append(name)
         if config.backend == "tensorrtllm":
             llm.append(name)
             worlds[name] = _engine_world_size(version / ENGINE_DIR)
@@ -73,7 +76,7 @@ def read_serve_plan(repo: Path) -> ServePlan:
         info = version / BUILD_INFO
         if info.is_file():
             shm += BuildInfo.read(info).shm_bytes
-    return ServePlan(repo, tuple(llm), worlds, callers, shm, editions)
+    return ServePlan(repo, tuple(llm), worlds, callers, shm, editions, tuple(ensembles))
 
 
 def _engine_world_size(engine: Path) -> int:

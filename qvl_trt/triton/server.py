@@ -9,6 +9,7 @@ control) and join rank 0 through MPI. Each rank gets its own shm prefix.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import secrets
@@ -19,6 +20,7 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -36,6 +38,15 @@ STUB_NAME = "triton_python_backend_stub"
 # BLS requests; a decoupled BLS call holds one until its first response, so more concurrent
 # callers than threads queue their time to first token.
 DEFAULT_THREAD_POOL = 32
+# Triton's shutdown log line once no model has an inference in flight (server.cc). After it
+# Triton 2.51 only unloads; a client's idle gRPC stream keeps the ensemble loaded until the
+# stream closes, and Triton closes its endpoints only after every model unloaded, so with
+# such a client it waits out --exit-timeout-secs ("Exit timeout expired") and exits 1.
+DRAINED_LINE = "Found 0 model versions that have in-flight inferences"
+# How long the unloading may take after the drain before the server is ended (nothing is
+# in flight any more; the python models' finalize ran or is held by such a stream).
+UNLOAD_GRACE_S = 5.0
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass(frozen=True)
@@ -215,34 +226,41 @@ class TritonServer:
         self._log_handle = None
 
     @property
-    def _client_host(self) -> str:
+    def client_host(self) -> str:
         # A server listening on every interface is reached through the loopback one.
         return "127.0.0.1" if self.opts.host in ("0.0.0.0", "") else self.opts.host
 
     @property
     def http_url(self) -> str:
-        return f"{self._client_host}:{self.opts.ports.http}"
+        return f"{self.client_host}:{self.opts.ports.http}"
 
     @property
     def grpc_url(self) -> str:
-        return f"{self._client_host}:{self.opts.ports.grpc}"
+        return f"{self.client_host}:{self.opts.ports.grpc}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{self._client_host}:{self.opts.ports.metrics}/metrics"
+        return f"http://{self.client_host}:{self.opts.ports.metrics}/metrics"
 
     def start(self) -> TritonServer:
         prepare_tritonserver(self.install)
         cmd = server_command(self.install, self.opts)
         log.info("starting: %s", format_command(cmd, self.install))
-        if self.log_file is not None:
+        remove_stale_shm()
+        if self.log_file is not None and self._log_handle is None:
             self._log_handle = open(self.log_file, "ab")  # noqa: SIM115 (closed in stop)
-        out = self._log_handle or None
+        self.drained = threading.Event()
         # Own session: a terminal's Ctrl-C reaches only us, and stop() can end the whole
-        # group (the python backend stubs are the server's children).
-        self.process = subprocess.Popen(cmd, env=server_env(self.install), stdout=out,
-                                        stderr=subprocess.STDOUT if out else None,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
+        # group (the python backend stubs are the server's children; they exit by
+        # themselves within a few seconds of the server's death). The log comes through a
+        # pipe so stop() sees the drain finish.
+        self.process = subprocess.Popen(cmd, env=server_env(self.install),
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True,
+                                        preexec_fn=_die_with_parent(os.getpid()))
+        self._pump = threading.Thread(target=self._copy_log, args=(self.process.stdout,),
+                                      name="tritonserver-log", daemon=True)
+        self._pump.start()
         try:
             self._wait_ready()
         except BaseException:
@@ -268,44 +286,92 @@ class TritonServer:
         raise ServerError(f"tritonserver was not ready after {self.startup_timeout_s:.0f} s"
                           f"{self._log_tail()}")
 
+    def _copy_log(self, pipe) -> None:
+        sink = self._log_handle or sys.stderr.buffer
+        for line in pipe:
+            if DRAINED_LINE.encode() in line:
+                self.drained.set()
+            sink.write(line)
+            sink.flush()
+        pipe.close()
+
+    def stubs(self) -> dict[str, int]:
+        """The python backend stubs now running under the server: model instance name (e.g.
+        `preprocessing_0_0`) -> pid. A stub's command line ends with its instance name and
+        the runtime, see python_backend src/stub_launcher.cc."""
+        found = {}
+        if self.process is None:
+            return found
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            # a zombie (state Z) is a stub that died and is not yet reaped
+            if int(fields[1]) == self.process.pid and fields[0] != "Z" and \
+                    argv[0].endswith(STUB_NAME.encode()) and len(argv) > 3:
+                found[argv[-3].decode()] = int(entry.name)
+        return found
+
     def _log_tail(self, lines: int = 30) -> str:
         if self.log_file is None or not Path(self.log_file).is_file():
             return ""
         tail = Path(self.log_file).read_text(errors="replace").splitlines()[-lines:]
         return "; its log ends:\n" + "\n".join(tail)
 
-    def stop(self) -> int | None:
-        """SIGTERM (Triton drains and unloads), SIGKILL to the group if that takes too long,
-        then remove this run's shared-memory files. Returns the exit code."""
+    def stop(self, *, force: bool = False) -> int | None:
+        """SIGTERM: Triton refuses new requests and finishes those in flight, then unloads.
+        Once drained it gets UNLOAD_GRACE_S to exit before its group is ended (see
+        DRAINED_LINE; that stop counts as clean: 0); SIGKILL at once with `force` or when the
+        drain outlasts the exit timeout. Then this run's shared-memory files are removed.
+        Returns the exit code."""
         code = None
         if self.process is not None:
-            if self.process.poll() is None:
+            if self.process.poll() is None and not force:
                 self.process.send_signal(signal.SIGTERM)
-                try:
-                    self.process.wait(timeout=self.opts.exit_timeout_s + 20)
-                except subprocess.TimeoutExpired:
-                    log.warning("tritonserver did not stop in time; killing it")
+                code = self._wait_drained()
             _kill_group(self.process.pid)
-            code = self.process.wait()
+            waited = self.process.wait()
+            code = waited if code is None else code
+            self._pump.join(timeout=5)
             self.process = None
-        if self._log_handle is not None:
-            self._log_handle.close()
-            self._log_handle = None
+        self.close_log()
         remove_shm(self.opts.shm_prefix)
         return code
 
-    def wait(self) -> int:
-        """Block until the server exits; Ctrl-C, or SIGTERM sent to this process, stop it
-        cleanly first. Returns its exit code."""
-        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-        try:
-            while self.process is not None and self.process.poll() is None:
-                time.sleep(0.5)
-        except KeyboardInterrupt:
-            log.info("stopping tritonserver")
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-        return self.stop() or 0
+    def _wait_drained(self) -> int | None:
+        """Wait for the server to exit after SIGTERM: its code, 0 when it was ended after a
+        finished drain, None when it is to be killed."""
+        deadline = time.monotonic() + self.opts.exit_timeout_s + UNLOAD_GRACE_S
+        while time.monotonic() < deadline:
+            try:
+                return self.process.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                pass
+            if self.drained.is_set():
+                try:
+                    return self.process.wait(timeout=UNLOAD_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    log.info("tritonserver drained; ending it (an idle client stream holds "
+                             "a model loaded)")
+                    return 0
+        log.warning("tritonserver did not drain within %s s; killing it",
+                    self.opts.exit_timeout_s)
+        return None
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group now (stop() then reaps it)."""
+        if self.process is not None:
+            _kill_group(self.process.pid)
+
+    def close_log(self) -> None:
+        if self._log_handle is not None:
+            self._log_handle.close()
+            self._log_handle = None
 
     def __enter__(self) -> TritonServer:
         return self.start()
@@ -314,8 +380,16 @@ class TritonServer:
         self.stop()
 
 
-def _raise_interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
+def _die_with_parent(parent: int):
+    """A preexec_fn: the kernel sends the child SIGKILL when its parent (the thread that
+    started it) ends, however it ends (kill -9 included)."""
+    def preexec() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            os._exit(126)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(126)
+    return preexec if sys.platform.startswith("linux") else None
 
 
 def _kill_group(pgid: int) -> None:
@@ -324,6 +398,28 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def remove_stale_shm() -> list[Path]:
+    """Delete /dev/shm files left by runs whose process is gone (a serve killed with -9
+    cannot clean up; see `new_shm_prefix` for the pid in the name)."""
+    removed = []
+    for path in SHM_DIR.glob("qvl*x*_*") if SHM_DIR.is_dir() else ():
+        pid = path.name[3:].split("x", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def remove_shm(prefix: str) -> list[Path]:

@@ -1,0 +1,223 @@
+"""`qvl-trt serve`'s supervision of a running tritonserver.
+
+Triton 2.51's python backend never restarts a stub that died (OOM kill, segfault): every
+later request to that model fails with "Stub process 'X_0_0' is not healthy", requests in
+flight to it never end, and /v2/health/ready stays 200. So serve watches two things: the
+python backend stubs (children of tritonserver, one per model instance; a dead one is seen
+within `watch_interval_s`) and an end-to-end probe (a one-token greedy text request through
+each ensemble every `probe_interval_s`; `probe_failures` failures in a row mean a model is
+alive but not answering). Either fault restarts the whole server on the same ports: its
+process group is killed, so every request in flight ends at once with a connection error
+(the dead stub's requests included), and until the new server has loaded its models clients
+get connection refused. A model reload through the repository API is not used: it needs
+explicit model control, and unloading a model waits for its in-flight requests, which a dead
+stub never finishes.
+
+Readiness (`--health-port`): GET /ready answers 200 only while the last probe passed, every
+stub is alive and no restart is under way, 503 (with the reason) otherwise; GET /live answers
+200 while serve runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from ..errors import ServerError
+from . import contract as c
+from .server import TritonServer
+
+log = logging.getLogger(__name__)
+
+PROBE_PROMPT = "Hi"
+
+
+def probe(server: TritonServer, ensemble: str, timeout_s: float) -> str | None:
+    """One greedy one-token text request through `ensemble`: None when it answered, else
+    what went wrong."""
+    body = {c.TEXT_INPUT: PROBE_PROMPT, c.MAX_TOKENS: 1, c.TEMPERATURE: 0.0, c.STREAM: False}
+    request = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/{ensemble}/generate",
+        data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            answer = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return f"{ensemble}: HTTP {exc.code} {exc.read().decode(errors='replace')[:200]}"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return f"{ensemble}: {exc}"
+    return None if c.TEXT_OUTPUT in answer else f"{ensemble}: no {c.TEXT_OUTPUT} in {answer}"
+
+
+class Supervisor:
+    def __init__(self, server: TritonServer, ensembles: tuple[str, ...], *,
+                 health_port: int | None = None, watch_interval_s: float = 0.5,
+                 probe_interval_s: float = 5.0, probe_timeout_s: float = 20.0,
+                 probe_failures: int = 2, start_attempts: int = 3,
+                 on_ready=None) -> None:
+        self.server = server
+        self.ensembles = ensembles
+        self.health_port = health_port
+        self.watch_interval_s = watch_interval_s
+        self.probe_interval_s = probe_interval_s
+        self.probe_timeout_s = probe_timeout_s
+        self.probe_failures = probe_failures
+        self.start_attempts = start_attempts
+        self.on_ready = on_ready  # called once, when the server first became ready
+        self.restarts = 0
+        self._lock = threading.Lock()
+        self._generation = 0  # bumped by each (re)start: older probe results are void
+        self._probe_ok = False
+        self._failures = 0
+        self._probe_error = ""
+        self._reason = "starting"
+        self._stubs: dict[str, int] = {}
+        self._stopping = threading.Event()
+        self._probe_now = threading.Event()
+        self._health: ThreadingHTTPServer | None = None
+
+    # ---- readiness ------------------------------------------------------------------------
+
+    def readiness(self) -> tuple[bool, str]:
+        with self._lock:
+            if self._reason:
+                return False, self._reason
+            if self._probe_ok:
+                return True, "ready"
+            return False, self._probe_error or "first probe pending"
+
+    def _start_health(self) -> None:
+        if self.health_port is None:
+            return
+        supervisor = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                if self.path == "/live":
+                    code, body = 200, {"live": True}
+                elif self.path == "/ready":
+                    ok, reason = supervisor.readiness()
+                    code, body = (200 if ok else 503), {"ready": ok, "reason": reason}
+                else:
+                    code, body = 404, {"error": "GET /ready or /live"}
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self._health = ThreadingHTTPServer((self.server.opts.host, self.health_port), Handler)
+        threading.Thread(target=self._health.serve_forever, name="health",
+                         daemon=True).start()
+
+    # ---- the loops ------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Start the server, supervise it until SIGTERM or Ctrl-C, then stop it (a second
+        signal kills it). Returns the server's exit code."""
+        previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+        for s in previous:
+            signal.signal(s, _raise_interrupt)  # before ready: start() stops what it began
+        try:
+            self._start_health()
+            self._start()
+            if self.on_ready is not None:
+                self.on_ready()
+            for s in previous:
+                signal.signal(s, self._on_signal)
+            threading.Thread(target=self._probe_loop, name="probe", daemon=True).start()
+            while not self._stopping.is_set():
+                fault = self._fault()
+                if fault:
+                    self._restart(fault)
+                self._stopping.wait(self.watch_interval_s)
+            with self._lock:
+                self._reason = "stopping"
+            log.info("stopping tritonserver")
+            return self.server.stop() or 0
+        finally:
+            self._stopping.set()
+            self._probe_now.set()
+            if self._health is not None:
+                self._health.shutdown()
+                self._health.server_close()
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _on_signal(self, signum, frame) -> None:
+        if self._stopping.is_set():
+            log.warning("second %s: killing tritonserver", signal.Signals(signum).name)
+            self.server.kill()
+        self._stopping.set()
+
+    def _start(self) -> None:
+        for attempt in range(1, self.start_attempts + 1):
+            try:
+                self.server.start()
+                break
+            except ServerError:
+                if attempt == self.start_attempts:
+                    raise
+                log.warning("tritonserver did not start (attempt %d); trying again", attempt)
+        with self._lock:
+            self._generation += 1
+            self._stubs = self.server.stubs()
+            self._probe_ok, self._failures, self._probe_error, self._reason = False, 0, "", ""
+        self._probe_now.set()
+
+    def _fault(self) -> str | None:
+        code = self.server.process.poll() if self.server.process else -1
+        if code is not None:
+            return f"tritonserver exited with code {code}"
+        alive = self.server.stubs()
+        for name, pid in self._stubs.items():
+            if alive.get(name) != pid:
+                return f"python model instance {name} (pid {pid}) died"
+        with self._lock:
+            if self._failures >= self.probe_failures:
+                return f"the end-to-end probe failed {self._failures} times"
+        return None
+
+    def _restart(self, reason: str) -> None:
+        with self._lock:
+            self._reason = f"restarting: {reason}"
+            self._generation += 1
+        log.warning("%s; restarting tritonserver on the same ports", reason)
+        began = time.monotonic()
+        self.server.stop(force=True)  # in-flight requests end now, with a connection error
+        self._start()
+        self.restarts += 1
+        log.warning("tritonserver restarted in %.1f s", time.monotonic() - began)
+
+    def _probe_loop(self) -> None:
+        while not self._stopping.is_set():
+            self._probe_now.wait(self.probe_interval_s)
+            self._probe_now.clear()
+            if self._stopping.is_set():
+                return
+            with self._lock:
+                generation = self._generation
+            error = next(filter(None, (probe(self.server, e, self.probe_timeout_s)
+                                       for e in self.ensembles)), None)
+            with self._lock:
+                if generation != self._generation:
+                    continue
+                self._probe_ok = error is None
+                self._failures = 0 if error is None else self._failures + 1
+                self._probe_error = f"probe failed: {error}" if error else ""
+            if error:
+                log.warning("probe failed: %s", error)
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt

@@ -1,0 +1,265 @@
+"""`qvl-trt serve` under faults (qvl_trt/triton/supervisor.py, server.py), each test with its
+own `qvl-trt serve` process on the reference repository of the tiny build: a killed python
+stub is noticed and the server restarted, readiness says so in between; kill -9 of serve
+leaves nothing running; SIGTERM drains in-flight requests and exits 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qvl_trt.triton import contract as c
+
+grpcclient = pytest.importorskip("tritonclient.grpc", reason="needs tritonclient: pip install "
+                                 "'qvl-trt[serve]'")
+pytest.importorskip("torch", reason="the reference flavor runs PyTorch: pip install "
+                    "'qvl-trt[export]'")
+
+STARTUP_S = 180
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory, tiny_build: Path) -> Path:
+    from qvl_trt.machine import find_tritonserver
+    from qvl_trt.triton.model_configs import Flavor
+    from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo
+
+    if find_tritonserver() is None:
+        pytest.skip("needs a tritonserver: pip install 'qvl-trt[serve]' (nvidia-pytriton)")
+    return write_repo([BuildInput(tiny_build)], tmp_path_factory.mktemp("sup") / "repo",
+                      RepoOptions(flavor=Flavor.REFERENCE, preprocessing_instances=1,
+                                  vision_cache_mib=16)).path
+
+
+class Serve:
+    """A `qvl-trt serve` child process with a readiness port."""
+
+    def __init__(self, repo: Path, tmp: Path) -> None:
+        from qvl_trt.triton.server import free_ports
+
+        self.ports, self.health = free_ports(), free_ports().http
+        self.log = tmp / "server.log"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "qvl_trt.cli", "serve", str(repo), "--host", "127.0.0.1",
+             "--http-port", str(self.ports.http), "--grpc-port", str(self.ports.grpc),
+             "--metrics-port", str(self.ports.metrics), "--health-port", str(self.health),
+             "--log-file", str(self.log)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.http = f"127.0.0.1:{self.ports.http}"
+        self.grpc = f"127.0.0.1:{self.ports.grpc}"
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health}/ready",
+                                        timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_ready(self, timeout_s: float = STARTUP_S) -> float:
+        began = time.monotonic()
+        while not self.ready():
+            assert self.process.poll() is None, self.output()
+            assert time.monotonic() - began < timeout_s, "serve was not ready in time"
+            time.sleep(0.1)
+        return time.monotonic() - began
+
+    def tritonserver(self) -> int:
+        """The pid of serve's tritonserver (its child, leader of its own process group)."""
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    stat = (entry / "stat").read_text()
+                except OSError:
+                    continue
+                if "(tritonserver)" in stat and \
+                        int(stat[stat.rindex(")") + 2:].split()[1]) == self.process.pid:
+                    return int(entry.name)
+        raise AssertionError("serve runs no tritonserver")
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:] if self.log.is_file() else ""
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+
+@pytest.fixture
+def serve(repo: Path, tmp_path: Path):
+    from qvl_trt.triton.server import remove_stale_shm
+
+    started = Serve(repo, tmp_path)
+    yield started
+    started.close()
+    time.sleep(0.5)
+    remove_stale_shm()
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def generate(serve: Serve, max_tokens: int) -> str:
+    body = {c.TEXT_INPUT: "Count.", c.MAX_TOKENS: max_tokens, c.TEMPERATURE: 0.0,
+            c.STREAM: False}
+    request = urllib.request.Request(f"http://{serve.http}/v2/models/{c.ENSEMBLE}/generate",
+                                     data=json.dumps(body).encode())
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())[c.TEXT_OUTPUT]
+
+
+def stream_inputs(max_tokens: int) -> list:
+    inputs = []
+    for name, value, dtype in (
+            (c.TEXT_INPUT, np.array([[b"Count."]], object), "BYTES"),
+            (c.MAX_TOKENS, np.array([[max_tokens]], np.int32), "INT32"),
+            (c.TEMPERATURE, np.array([[0.0]], np.float32), "FP32"),
+            (c.STREAM, np.array([[True]]), "BOOL")):
+        tensor = grpcclient.InferInput(name, list(value.shape), dtype)
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    return inputs
+
+
+class Stream:
+    """One streamed gRPC request; its client stays open until close() (as a client library
+    keeping its stream would)."""
+
+    def __init__(self, serve: Serve, max_tokens: int) -> None:
+        self.events: queue.Queue = queue.Queue()
+        self.client = grpcclient.InferenceServerClient(serve.grpc)
+        self.client.start_stream(callback=lambda result, error: self.events.put((result, error)))
+        self.client.async_stream_infer(c.ENSEMBLE, stream_inputs(max_tokens),
+                                       enable_empty_final_response=True)
+
+    def next(self, timeout_s: float = 60):
+        result, error = self.events.get(timeout=timeout_s)
+        if error is not None:
+            return "error", str(error)
+        final = result.get_response().parameters.get("triton_final_response")
+        return ("final" if final is not None and final.bool_param else "token"), result
+
+    def finish(self, timeout_s: float = 60) -> int:
+        tokens = 0
+        while True:
+            kind, _ = self.next(timeout_s)
+            assert kind != "error", _
+            if kind == "final":
+                return tokens
+            tokens += 1
+
+    def close(self) -> None:
+        self.client.stop_stream()
+        self.client.close()
+
+
+def test_a_killed_stub_is_noticed_and_service_comes_back(serve: Serve) -> None:
+    from qvl_trt.triton.server import STUB_NAME
+
+    serve.wait_ready()
+    want = generate(serve, 8)
+    for model in ("preprocessing", "vision_encoder", "postprocessing", "tensorrt_llm",
+                  "tensorrt_llm_bls"):
+        server = serve.tritonserver()
+        stubs = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                 and _is_stub_of(p, server, f"{model}_0_0", STUB_NAME)]
+        assert len(stubs) == 1, model
+        inflight = Stream(serve, 600)
+        assert inflight.next()[0] == "token"
+        os.kill(stubs[0], signal.SIGKILL)
+        killed = time.monotonic()
+        while inflight.next(timeout_s=30)[0] == "token":
+            pass  # the rest of the answer, up to the error
+        errored = time.monotonic() - killed
+        inflight.close()
+        saw_not_ready = False
+        while not serve.ready():
+            saw_not_ready = True
+            time.sleep(0.05)
+            assert time.monotonic() - killed < 60, serve.output()
+        back = time.monotonic() - killed
+        got = generate(serve, 8)
+        print(f"{model}: in-flight error after {errored:.2f} s, ready after {back:.1f} s")
+        assert errored < 10, f"{model}: the in-flight request waited {errored:.1f} s"
+        assert saw_not_ready, f"{model}: readiness never said not-ready"
+        assert back < 30, f"{model}: service came back after {back:.1f} s"
+        assert got == want
+
+
+def _is_stub_of(proc: Path, server: int, instance: str, stub: str) -> bool:
+    try:
+        stat = (proc / "stat").read_text()
+        argv = (proc / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return int(stat[stat.rindex(")") + 2:].split()[1]) == server and \
+        argv[0].endswith(stub.encode()) and instance.encode() in argv
+
+
+def test_kill_9_of_serve_leaves_nothing_running(serve: Serve) -> None:
+    from qvl_trt.triton.server import SHM_DIR, remove_stale_shm
+
+    serve.wait_ready()
+    server = serve.tritonserver()
+    assert group_alive(server)
+    serve.process.kill()
+    serve.process.wait()
+    deadline = time.monotonic() + 5
+    while group_alive(server) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not group_alive(server), "tritonserver or a stub outlived serve by 5 s"
+    prefix = f"qvl{serve.process.pid}x"
+    assert list(SHM_DIR.glob(f"{prefix}*")), "a killed serve cannot remove its shm itself"
+    remove_stale_shm()  # what the next start does
+    assert not list(SHM_DIR.glob(f"{prefix}*"))
+
+
+def test_sigterm_before_ready_stops_tritonserver(serve: Serve) -> None:
+    deadline = time.monotonic() + STARTUP_S
+    while True:
+        try:
+            server = serve.tritonserver()
+            break
+        except AssertionError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    serve.process.send_signal(signal.SIGTERM)
+    serve.process.wait(timeout=60)
+    assert not group_alive(server), "SIGTERM before ready orphaned tritonserver"
+
+
+def test_sigterm_drains_eight_streams_and_exits_0(serve: Serve) -> None:
+    """The clients keep their gRPC streams open: in Triton 2.51 that holds the ensemble
+    loaded until its exit timeout (see DRAINED_LINE in server.py)."""
+    serve.wait_ready()
+    streams = [Stream(serve, 120) for _ in range(8)]
+    try:
+        for stream in streams:
+            assert stream.next()[0] == "token"
+        serve.process.send_signal(signal.SIGTERM)
+        tokens = [stream.finish() for stream in streams]
+        assert all(n == 119 for n in tokens), tokens  # the first came before SIGTERM
+        code = serve.process.wait(timeout=60)
+    finally:
+        for stream in streams:
+            stream.close()
+    log = serve.output()
+    assert code == 0, log
+    assert "Exit timeout expired" not in log
