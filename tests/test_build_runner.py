@@ -37,7 +37,9 @@ def test_inspect_and_plan_build_then_skip(tiny_ckpt, tmp_path):
 def test_a_failing_stage_leaves_nothing_half_written(tmp_path):
     model = write_config_only(tmp_path / "8b", "8b")
     out = tmp_path / "b"
-    result = CliRunner().invoke(app, ["build", "-m", str(model), "-g", "4090d", "-o", str(out)])
+    # --only plan: a whole build is refused before any stage (no weights to convert).
+    result = CliRunner().invoke(app, ["build", "-m", str(model), "-g", "4090d", "-o", str(out),
+                                      "--only", "plan"])
     assert result.exit_code == 1 and "does not fit profile 4090d" in result.output
     assert not (out / "plan").exists()
     assert leftovers(out) == []
