@@ -29,7 +29,7 @@ from ..atomic import leftovers, staged_dir
 from ..checkpoint import Checkpoint, open_checkpoint
 from ..errors import BuildError, StageUnavailable
 from ..hashing import FileHasher, fingerprint
-from ..manifest import Manifest, cache_key
+from ..manifest import Manifest, cache_key, varying_outputs
 from ..profiles import GpuProfile, load_profile
 from ..typed_config import to_jsonable
 from .context import (
@@ -190,10 +190,13 @@ def _run_stage(spec: StageSpec, ctx: BuildContext, force: bool) -> StageResult:
     with staged_dir(final) as work:
         summary = spec.run(ctx, work)
     seconds = time.perf_counter() - started
+    outputs = ctx.hasher.hash_tree(final)
     ctx.manifest.stages[name] = {
         "fingerprint": fp,
         "inputs": inputs,
-        "outputs": ctx.hasher.hash_tree(final),
+        "outputs": outputs,
+        # Outputs a build of the same inputs may write differently; the others it may not.
+        "varies": varying_outputs(spec.stage, outputs, ctx.trt_edition),
         "seconds": round(seconds, 3),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "summary": summary,

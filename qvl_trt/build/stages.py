@@ -25,7 +25,8 @@ def _inspect_inputs(ctx: BuildContext) -> dict[str, Any]:
 
 
 def _run_inspect(ctx: BuildContext, work: Path) -> dict[str, Any]:
-    summary = ctx.checkpoint.summary()
+    # Without the checkpoint's path: equal checkpoints give an equal file wherever they are.
+    summary = {k: v for k, v in ctx.checkpoint.summary().items() if k != "path"}
     write_json_atomic(work / "inspect.json", summary)
     return {"variant": summary["variant"], "parameters": summary["parameters"]}
 
