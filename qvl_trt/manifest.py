@@ -59,15 +59,21 @@ class Stage(str, enum.Enum):
 # stage's record in the manifest names its own under "varies".
 _VARIES: dict[Stage, dict[str, str]] = {
     Stage.PLAN: {"*": "names this machine's paths of the checkpoint and the profile file"},
-    Stage.VISION: {BUILD_LOG_NAME: "the engine build's log: durations, memory, paths"},
+    Stage.VISION: {
+        BUILD_LOG_NAME: "the engine build's log: durations, memory, paths",
+        # Seen with TensorRT-RTX 1.7: ~170 bytes of 2.8 MB differ in the tiny engine, where
+        # the plan lists its I/O tensors (in another order); same size, same config.json.
+        ENGINE_NAME: "the builder serialises the engine's I/O tensor records in an order that "
+                     "changes between builds",
+    },
     Stage.LLM: {"*": "TensorRT-LLM builds with full TensorRT, which times tactics on the GPU "
                      "and may pick other ones in another build"},
     Stage.REPO: {"*/config.pbtxt": "may name absolute paths where the repository is mounted "
                                    "(the stock backend's gpt_model_path takes no relative one)"},
     Stage.MANIFEST: {"reproduce.sh": "names the checkpoint's path"},
 }
-# Full TensorRT times tactics on the GPU: a rebuild starting from the last timing cache reuses
-# its timings, which makes equal engines likely but is no promise of the builder's.
+# Full TensorRT also times tactics on the GPU: a rebuild starting from the last timing cache
+# reuses its timings (and so its picks), which is no promise of equal bytes.
 _FULL_TENSORRT_VARIES = {
     ENGINE_NAME: "full TensorRT picks tactics by timing them on this GPU",
     TIMING_CACHE_NAME: "gathers every build's tactic timings",

@@ -14,9 +14,10 @@ reads. Full TensorRT also leaves `timing.cache`, its tactic timings: a build who
 already holds one (the vision stage copies the previous engine's) starts from it, so that a
 rebuild picks the tactics the last one picked instead of timing them afresh. TensorRT-RTX
 builds ahead of time without timing tactics and has no timing cache (its bindings warn "Timing
-cache operations are no-ops in TensorRT-RTX" since 1.2), and its engines of equal inputs are
-byte-identical. config.json holds no times or paths (the build's seconds and memory are in
-build.log), so that equal inputs give an equal file.
+cache operations are no-ops in TensorRT-RTX" since 1.2). Neither edition promises equal
+engine bytes (TensorRT-RTX 1.7 orders the plan's I/O tensor records differently between
+builds; qvl_trt.manifest marks the engine as varying). config.json holds no times or paths
+(the build's seconds and memory are in build.log): equal inputs give an equal file.
 """
 
 from __future__ import annotations
