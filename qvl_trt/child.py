@@ -7,12 +7,21 @@ error, with the message alone on its last line, exiting with StageUnavailable.ex
 this machine lacks what the step needs (the build can be resumed elsewhere) and 1 otherwise.
 The parent (`run_child`) keeps the whole output in a log file, relays warnings, and raises
 with the log tail, the log's path and the reproduce.sh (`write_reproduce`) that reruns it.
+
+A child never outlives its parent: it runs in its own process group with PR_SET_PDEATHSIG
+(SIGKILL when the parent dies, even by SIGKILL), and a parent leaving `run_child` by an
+exception (Ctrl-C, SIGTERM turned into one, an error) kills the group and reaps it first, so
+nothing writes into a staging folder after the build that owned it has ended.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
+import os
 import shlex
+import signal
 import subprocess
 import sys
 from collections import deque
@@ -54,13 +63,19 @@ def run_child(cmd: Sequence[str], *, cwd: Path | None, log_path: Path, what: str
     tail: deque[str] = deque(maxlen=_TAIL_LINES)
     with Path(log_path).open("w", encoding="utf-8") as log_file:
         proc = subprocess.Popen(list(cmd), cwd=cwd, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, errors="replace")
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            log_file.write(line)
-            if line.strip():
-                tail.append(_relay(line.rstrip()))
-        code = proc.wait()
+                                stderr=subprocess.STDOUT, text=True, errors="replace",
+                                start_new_session=True,
+                                preexec_fn=functools.partial(_die_with_parent, os.getpid()))
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log_file.write(line)
+                if line.strip():
+                    tail.append(_relay(line.rstrip()))
+            code = proc.wait()
+        except BaseException:
+            _kill_group(proc)
+            raise
     if code == UNAVAILABLE_EXIT:
         raise StageUnavailable(tail[-1] if tail else f"{what} is unavailable here")
     if code != 0:
@@ -70,6 +85,30 @@ def run_child(cmd: Sequence[str], *, cwd: Path | None, log_path: Path, what: str
         detail = tail[-1] if code == 1 and tail else " | ".join(tail) or "no output"
         raise BuildError(f"{what} failed ({why}): {detail}. Full log: {log_path}; reproduce "
                          f"with: bash {shlex.quote(str(reproduce))}")
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with_parent(parent: int) -> None:
+    """In the forked child, before exec: have the kernel SIGKILL it when the thread that
+    started it dies (run_child's caller: the build's main thread). Linux only; elsewhere the
+    process-group kill in run_child is what remains. The parent may have died between fork
+    and prctl: then the child is already orphaned and leaves at once."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the child's process group (it and anything it started) and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def _relay(line: str) -> str:

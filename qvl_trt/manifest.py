@@ -6,6 +6,7 @@ elsewhere)."""
 from __future__ import annotations
 
 import enum
+import fnmatch
 import json
 import platform
 import shlex
@@ -19,9 +20,9 @@ from .child import write_reproduce
 from .errors import BuildError, ConfigError
 from .hashing import fingerprint
 from .llm.engine import ENGINE_CONFIG_NAME, ENGINE_DIR
-from .profiles import GpuProfile
+from .profiles import GpuProfile, TrtEdition
 from .typed_config import load_dataclass
-from .vision.engine import CONFIG_NAME, ENGINE_NAME
+from .vision.engine import BUILD_LOG_NAME, CONFIG_NAME, ENGINE_NAME, TIMING_CACHE_NAME
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = 1
@@ -51,6 +52,42 @@ class Stage(str, enum.Enum):
             raise ConfigError(
                 f"--only {text!r}: stages are {', '.join(s.value for s in cls)}"
             ) from None
+
+
+# Outputs that two builds of the same inputs are not expected to write byte-identically, by
+# stage (patterns of their paths in the stage folder), and why; every other output is. A
+# stage's record in the manifest names its own under "varies".
+_VARIES: dict[Stage, dict[str, str]] = {
+    Stage.PLAN: {"*": "names this machine's paths of the checkpoint and the profile file"},
+    Stage.VISION: {
+        BUILD_LOG_NAME: "the engine build's log: durations, memory, paths",
+        # Seen with TensorRT-RTX 1.7: ~170 bytes of 2.8 MB differ in the tiny engine, where
+        # the plan lists its I/O tensors (in another order); same size, same config.json.
+        ENGINE_NAME: "the builder serialises the engine's I/O tensor records in an order that "
+                     "changes between builds",
+    },
+    Stage.LLM: {"*": "TensorRT-LLM builds with full TensorRT, which times tactics on the GPU "
+                     "and may pick other ones in another build"},
+    Stage.REPO: {"*/config.pbtxt": "may name absolute paths where the repository is mounted "
+                                   "(the stock backend's gpt_model_path takes no relative one)"},
+    Stage.MANIFEST: {"reproduce.sh": "names the checkpoint's path"},
+}
+# Full TensorRT also times tactics on the GPU: a rebuild starting from the last timing cache
+# reuses its timings (and so its picks), which is no promise of equal bytes.
+_FULL_TENSORRT_VARIES = {
+    ENGINE_NAME: "full TensorRT picks tactics by timing them on this GPU",
+    TIMING_CACHE_NAME: "gathers every build's tactic timings",
+}
+
+
+def varying_outputs(stage: Stage, outputs: dict[str, str],
+                    edition: TrtEdition) -> dict[str, str]:
+    """The outputs of `stage` (names as in its record) not expected byte-identical, with why."""
+    rules = dict(_VARIES.get(stage, {}))
+    if stage is Stage.VISION and edition is TrtEdition.TENSORRT:
+        rules.update(_FULL_TENSORRT_VARIES)
+    return {name: why for name in sorted(outputs)
+            for pattern, why in rules.items() if fnmatch.fnmatch(name, pattern)}
 
 
 @dataclass(frozen=True)

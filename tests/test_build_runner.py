@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 from cli_harness import HEAVY, run_cli
@@ -11,6 +15,7 @@ from typer.testing import CliRunner
 
 from qvl_trt.atomic import leftovers
 from qvl_trt.build import BuildOptions, Stage, run_build
+from qvl_trt.build.runner import os_error_line
 from qvl_trt.cli import app
 from qvl_trt.dtypes import Dtype
 from qvl_trt.errors import BuildError, ConfigError
@@ -37,7 +42,9 @@ def test_inspect_and_plan_build_then_skip(tiny_ckpt, tmp_path):
 def test_a_failing_stage_leaves_nothing_half_written(tmp_path):
     model = write_config_only(tmp_path / "8b", "8b")
     out = tmp_path / "b"
-    result = CliRunner().invoke(app, ["build", "-m", str(model), "-g", "4090d", "-o", str(out)])
+    # --only plan: a whole build is refused before any stage (no weights to convert).
+    result = CliRunner().invoke(app, ["build", "-m", str(model), "-g", "4090d", "-o", str(out),
+                                      "--only", "plan"])
     assert result.exit_code == 1 and "does not fit profile 4090d" in result.output
     assert not (out / "plan").exists()
     assert leftovers(out) == []
@@ -129,3 +136,101 @@ def test_options_round_trip_and_old_manifests(tiny_ckpt):
         BuildOptions.from_json({**old, "llm_dtype": "bfloat16"})
     with pytest.raises(ConfigError, match="^--vision-dtype float32: the engine takes"):
         BuildOptions.from_json({**old, "vision_dtype": "float32"})
+
+
+# ---- faults: every failure is one `error:` line, nothing half-written -----------------------
+
+@pytest.fixture
+def mount_tmpfs(tmp_path):
+    """mount_tmpfs(name, size, read_only=False) -> a real tmpfs of `size` at tmp_path/name
+    (root only: a 0555 folder does not stop root, a read-only mount does); unmounted after."""
+    mounted = []
+
+    def mount(name: str, size: str, read_only: bool = False) -> Path:
+        point = tmp_path / name
+        point.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point)],
+                              capture_output=True, text=True)
+        if done.returncode:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounted.append(point)
+        if read_only:
+            subprocess.run(["mount", "-o", "remount,ro", str(point)], check=True)
+        return point
+
+    yield mount
+    for point in mounted:
+        subprocess.run(["umount", str(point)], check=True)
+
+
+def _one_error_line(done: subprocess.CompletedProcess, *needles: str) -> str:
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    errors = [line for line in (done.stderr + done.stdout).splitlines()
+              if line.startswith("error:")]
+    assert len(errors) == 1, done.stderr
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+    return errors[0]
+
+
+def test_a_full_disk_is_one_error_line_and_leaves_no_staging(tiny_ckpt, mount_tmpfs):
+    # 2 MiB holds inspect/ and plan/, not the converted language model (~14 MB).
+    out = mount_tmpfs("small", "2m") / "b"
+    done = run_cli("build", "-m", str(tiny_ckpt), "-g", "4090d", "-o", str(out),
+                   "--only", "llm_checkpoint")
+    line = _one_error_line(done, "No space left on device", "free space there or pass --out")
+    assert str(out) in line
+    assert leftovers(out) == [] and not (out / "llm_checkpoint").exists()
+    assert set(json.loads((out / "manifest.json").read_text())["stages"]) == {"inspect", "plan"}
+
+
+def test_a_read_only_out_is_one_error_line(tiny_ckpt, mount_tmpfs):
+    read_only = mount_tmpfs("ro", "1m", read_only=True)
+    for out in (read_only, read_only / "b"):  # an existing folder, and one to create
+        done = run_cli("build", "-m", str(tiny_ckpt), "-g", "4090d", "-o", str(out),
+                       "--only", "plan")
+        _one_error_line(done, "Read-only file system", "pass a writable --out")
+
+
+def test_an_out_that_is_a_file_is_one_error_line(tiny_ckpt, tmp_path):
+    file = tmp_path / "taken"
+    file.write_text("not a folder")
+    done = run_cli("build", "-m", str(tiny_ckpt), "-g", "4090d", "-o", str(file), "--only", "plan")
+    _one_error_line(done, f"--out {file} is a file, not a folder")
+    done = run_cli("build", "-m", str(tiny_ckpt), "-g", "4090d", "-o", str(file / "b"),
+                   "--only", "plan")
+    _one_error_line(done, "Not a directory", "a file is in the way")
+    assert file.read_text() == "not a folder"
+
+
+def test_an_os_error_names_path_cause_and_fix():
+    line = os_error_line(OSError(errno.ENOSPC, "No space left on device", "/x/rank0"), Path("/x"))
+    assert line == ("build into /x failed: /x/rank0: No space left on device (errno 28); free "
+                    "space there or pass --out on a larger filesystem")
+
+
+def _refused_before_any_stage(out: Path, done: subprocess.CompletedProcess, *needles: str):
+    _one_error_line(done, *needles)
+    # Refused by the checks, before inspect (the first stage) ran: no stage folder, no record.
+    assert not [p for p in out.iterdir() if p.is_dir()]
+    assert not (out / "manifest.json").exists()
+
+
+def test_a_missing_tokenizer_is_refused_before_any_stage(tiny_ckpt, tmp_path):
+    model = tmp_path / "no-tokenizer"
+    shutil.copytree(tiny_ckpt, model)
+    (model / "tokenizer.json").unlink()
+    out = tmp_path / "b"
+    done = run_cli("build", "-m", str(model), "-g", "4090d", "-o", str(out))
+    _refused_before_any_stage(out, done, "has no tokenizer.json", "preprocessing")
+    # Only the repo stage reads it: a build without it is not refused.
+    assert run_cli("build", "-m", str(model), "-g", "4090d", "-o", str(out), "--only",
+                   "plan").returncode == 0
+
+
+def test_an_impossible_tp_size_is_refused_before_any_stage(tiny_ckpt, tmp_path):
+    out = tmp_path / "b"
+    done = run_cli("build", "-m", str(tiny_ckpt), "-g", "4090d", "-o", str(out),
+                   "--tp-size", "3")
+    _refused_before_any_stage(out, done, "tensor-parallel size 3 does not divide")

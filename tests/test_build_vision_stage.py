@@ -5,10 +5,14 @@ rebuilds the engine but reuses the ONNX; full TensorRT stops the stage before ex
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from cli_harness import run_cli
+from test_child import assert_gone_and_quiet, wait_until
 
 from qvl_trt.build import BuildOptions, Stage, run_build
 from qvl_trt.deps import available
@@ -155,3 +159,55 @@ def test_new_geforce_profiles_build_here(tmp_path, vision_build: Path, tiny_ckpt
     config = json.loads((out / "vision" / "config.json").read_text())
     assert config["edition"] == "tensorrt_rtx" and config["compute_capabilities"] == [cc]
     assert Manifest.load(out).stages["vision"]["summary"]["onnx"] == "reused"
+
+
+# `qvl-trt build` whose vision engine child is a ticker (pid, then a tick every 20 ms into
+# its folder, the staging folder): the real runner, stage and run_child around it.
+_SLOW_ENGINE_BUILD = """
+import sys
+import qvl_trt.vision.engine as engine
+from test_child import _TICKER
+real = engine.run_child
+engine.run_child = lambda cmd, **kw: real([sys.executable, "-c", _TICKER], **kw)
+sys.argv = ["qvl-trt", *sys.argv[1:]]
+from qvl_trt.cli import main
+main()
+"""
+
+
+def test_kill_9_of_a_build_leaves_no_engine_child(tmp_path, tiny_ckpt) -> None:
+    out = tmp_path / "b"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    build = subprocess.Popen([sys.executable, "-c", _SLOW_ENGINE_BUILD, "build", "-m",
+                              str(tiny_ckpt), "-g", "4090d", "-o", str(out), "--only", "vision"],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until(lambda: any(out.glob(".vision.partial-*/ticks")), 240), \
+            "the engine child never started"
+    finally:
+        build.kill()
+        build.wait(timeout=30)
+    staging = next(out.glob(".vision.partial-*"))
+    assert_gone_and_quiet(int((staging / "pid").read_text()), staging / "ticks")
+    # The next build removes what the killed one left.
+    done = run_cli("build", "-m", str(tiny_ckpt), "-g", "4090d", "-o", str(out), "--only", "plan")
+    assert done.returncode == 0 and not list(out.glob(".vision.partial-*"))
+
+
+def test_two_builds_of_the_same_inputs_give_the_same_bytes(vision_build: Path, tiny_ckpt,
+                                                           tmp_path) -> None:
+    """Another folder, the same checkpoint and profile: every output the manifest does not
+    mark as varying (with TensorRT-RTX: build.log and the engine) has the same sha256."""
+    other = tmp_path / "elsewhere"
+    assert run_cli("build", "--model", str(tiny_ckpt), "--gpu", "4090d", "--out", str(other),
+                   "--only", "vision").returncode == 0
+    for stage in ("inspect", "plan", "vision"):
+        first = Manifest.load(vision_build).stages[stage]
+        second = Manifest.load(other).stages[stage]
+        assert first["varies"] == second["varies"]
+        same = {k: v for k, v in first["outputs"].items() if k not in first["varies"]}
+        assert same == {k: v for k, v in second["outputs"].items() if k not in first["varies"]}
+    vision = Manifest.load(other).stages["vision"]
+    assert list(vision["varies"]) == ["build.log", "model.engine"]
+    assert {"config.json", "onnx/model.onnx", "onnx/onnx.json"} <= vision["outputs"].keys()

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 
@@ -115,3 +119,71 @@ def test_reproduce_script_is_strict_bash_run_from_its_folder(tmp_path):
     here = write_reproduce(tmp_path / "h.sh", ["pwd"], "x", in_folder=False)
     assert subprocess.run([str(here)], cwd="/", capture_output=True,
                           text=True).stdout == "/\n"
+
+
+# ---- a child never outlives its parent ---------------------------------------------------
+
+# The child: its pid, then a tick appended every 20 ms, forever.
+_TICKER = ("import os, sys, time\n"
+           "open('pid', 'w').write(str(os.getpid()))\n"
+           "while True:\n"
+           "    open('ticks', 'a').write('.')\n"
+           "    time.sleep(0.02)\n")
+# The parent: run_child (or, to show the check can fail, a plain Popen) of the ticker.
+_PARENT = ("import subprocess, sys\n"
+           "from pathlib import Path\n"
+           "from qvl_trt.child import run_child\n"
+           "d = Path(sys.argv[2]); cmd = [sys.executable, '-c', sys.argv[3]]\n"
+           "if sys.argv[1] == 'plain':\n"
+           "    subprocess.Popen(cmd, cwd=d).wait()\n"
+           "run_child(cmd, cwd=d, log_path=d / 'log', what='ticker', reproduce=d / 'r.sh')\n")
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie nobody reaped yet counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_until(predicate, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def start_ticker(tmp_path: Path, how: str) -> tuple[subprocess.Popen, int]:
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT, how, str(tmp_path), _TICKER])
+    assert wait_until(lambda: (tmp_path / "ticks").exists(), 60), "the child never started"
+    return parent, int((tmp_path / "pid").read_text())
+
+
+def assert_gone_and_quiet(pid: int, ticks: Path) -> None:
+    """Gone within 5 s of its parent, and writing nothing after."""
+    assert wait_until(lambda: not _alive(pid), 5), f"child {pid} outlived its parent"
+    size = ticks.stat().st_size
+    time.sleep(0.2)
+    assert ticks.stat().st_size == size
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
+def test_the_child_dies_with_its_parent(tmp_path, how):
+    parent, pid = start_ticker(tmp_path, "run_child")
+    parent.send_signal(how)  # SIGKILL: PR_SET_PDEATHSIG; SIGINT: the group kill on the way out
+    parent.wait(timeout=30)
+    assert_gone_and_quiet(pid, tmp_path / "ticks")
+
+
+def test_without_run_child_the_child_survives(tmp_path):
+    """The check above can fail: a plainly started child outlives a killed parent."""
+    parent, pid = start_ticker(tmp_path, "plain")
+    parent.kill()
+    parent.wait(timeout=30)
+    try:
+        assert not wait_until(lambda: not _alive(pid), 1)
+    finally:
+        os.kill(pid, signal.SIGKILL)

@@ -222,3 +222,20 @@ def test_leftovers_of_a_killed_build_are_removed(tiny_ckpt, tmp_path):
     (out / ".plan.old-99999").mkdir()
     run_build(BuildOptions(str(tiny_ckpt), "4090d"), out, only=(Stage.PLAN,))
     assert leftovers(out) == []
+
+
+def test_varying_outputs_name_what_a_rebuild_may_change():
+    from qvl_trt.manifest import Stage, varying_outputs
+    from qvl_trt.profiles import TrtEdition
+
+    outputs = {name: "0" * 64 for name in ("model.engine", "timing.cache", "build.log",
+                                           "config.json", "onnx/model.onnx")}
+    rtx = varying_outputs(Stage.VISION, outputs, TrtEdition.TENSORRT_RTX)
+    assert list(rtx) == ["build.log", "model.engine"]
+    full = varying_outputs(Stage.VISION, outputs, TrtEdition.TENSORRT)
+    assert list(full) == ["build.log", "model.engine", "timing.cache"]
+    assert "timing" in full["model.engine"]
+    assert varying_outputs(Stage.INSPECT, {"inspect.json": "0" * 64}, TrtEdition.TENSORRT) == {}
+    repo = {"trt/tensorrt_llm/config.pbtxt": "", "trt/ensemble/1/build.json": ""}
+    assert list(varying_outputs(Stage.REPO, repo, TrtEdition.TENSORRT)) == [
+        "trt/tensorrt_llm/config.pbtxt"]

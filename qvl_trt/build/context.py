@@ -115,6 +115,10 @@ class StageSpec:
     inputs: Callable[[BuildContext], dict[str, Any]]
     # Writes the stage's files into the given (empty) folder; returns a small summary.
     run: Callable[[BuildContext, Path], dict[str, Any]]
+    # Refuses, cheaply and before any stage runs, what would make the stage fail: missing
+    # files, impossible options, tools this machine lacks (StageUnavailable: raised again
+    # when the stage is reached, after the stages before it have run).
+    check: Callable[[BuildContext], None] | None = None
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,20 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..checkpoint import PREPROCESSING_REQUIRED_FILES
+from ..errors import CheckpointError
 from ..triton.model_configs import Flavor
 from ..triton.repository import BuildInput, RepoOptions, write_repo
 from .context import BuildContext, Stage
+
+
+def check_repo_stage(ctx: BuildContext) -> None:
+    missing = [n for n in PREPROCESSING_REQUIRED_FILES if not (ctx.checkpoint.path / n).is_file()]
+    if missing:
+        raise CheckpointError(
+            f"{ctx.checkpoint.path} has no {', '.join(missing)}, which the Triton repository's "
+            "preprocessing and postprocessing read; copy them from the original Hugging Face "
+            "checkpoint, or leave the repo stage out (--only vision,llm_checkpoint,llm)")
 
 
 def repo_stage_inputs(ctx: BuildContext) -> dict[str, Any]:

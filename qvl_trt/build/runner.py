@@ -4,25 +4,32 @@ Each stage writes into a staging folder that is renamed to `<out>/<stage>/` only
 stage succeeds, and records in the manifest a fingerprint of what it was built from. A stage
 whose fingerprint and outputs are unchanged is skipped, so re-running a build is cheap and a
 build stopped on one machine (exit code 3) can be resumed on another with `--resume`.
+
+Before the first stage runs, `--out` is checked (a folder, writable) and every wanted stage's
+`check` refuses what would make it fail later (missing tokenizer, impossible TP size, a
+TensorRT edition that cannot build for the GPU). A filesystem error during a stage (disk
+full, read-only, permissions, a file in the way) becomes one BuildError naming the path, the
+cause and the fix, and no staging folder is left behind.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
 import shutil
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 from ..atomic import leftovers, staged_dir
 from ..checkpoint import Checkpoint, open_checkpoint
-from ..errors import BuildError
+from ..errors import BuildError, StageUnavailable
 from ..hashing import FileHasher, fingerprint
-from ..manifest import Manifest, cache_key
+from ..manifest import Manifest, cache_key, varying_outputs
 from ..profiles import GpuProfile, load_profile
 from ..typed_config import to_jsonable
 from .context import (
@@ -47,6 +54,17 @@ def run_build(
     """Run the build's stages into `out`; `only` restricts it to those stages (and their
     prerequisites), `force` rebuilds stages whose inputs did not change."""
     out = Path(out).resolve()
+    try:
+        return _build(options, out, only, force)
+    except OSError as exc:
+        raise BuildError(os_error_line(exc, out)) from None
+
+
+def _build(options: BuildOptions, out: Path, only: tuple[Stage, ...] | None,
+           force: bool) -> BuildResult:
+    if out.exists() and not out.is_dir():
+        raise BuildError(f"--out {out} is a file, not a folder; pass a folder path (created if "
+                         "missing)")
     out.mkdir(parents=True, exist_ok=True)
     with build_lock(out):
         manifest = Manifest.load(out) or Manifest()
@@ -70,15 +88,57 @@ def run_build(
         manifest.cache_key = cache_key(manifest.inputs)
         wanted = (set(only) | set(PREREQUISITES) | {n for s in only for n in NEEDS.get(s, ())}
                   if only else set(STAGES))
+        _preflight([spec for spec in SPECS if spec.stage in wanted], ctx)
         results = []
         try:
             for spec in SPECS:
                 if spec.stage in wanted:
                     results.append(_run_stage(spec, ctx, force))
-        finally:
-            # Keeps the hash cache warm (files re-hashed after a touch) for the next run.
+        except OSError:
+            _remove_leftovers(out)  # the failed stage's staging folder, whatever wrote it
+            with suppress(OSError):  # a full disk may refuse this too; the cause is above
+                manifest.save(out)
+            raise
+        except BaseException:
             manifest.save(out)
+            raise
+        # Keeps the hash cache warm (files re-hashed after a touch) for the next run.
+        manifest.save(out)
         return BuildResult(out, tuple(results))
+
+
+def _preflight(specs: list[StageSpec], ctx: BuildContext) -> None:
+    """Run every wanted stage's check before any stage, so a build that cannot finish is
+    refused in a second rather than after minutes of export and conversion. A stage this
+    machine cannot run (StageUnavailable) is let through: the stages before it still run
+    and the build stops there, to be resumed elsewhere."""
+    for spec in specs:
+        if spec.check is not None:
+            try:
+                spec.check(ctx)
+            except StageUnavailable:
+                pass
+
+
+# What to do about a filesystem error, by errno.
+_OS_FIXES = {
+    errno.ENOSPC: "free space there or pass --out on a larger filesystem",
+    errno.EDQUOT: "free space within your quota or pass --out elsewhere",
+    errno.EFBIG: "raise the file size limit (ulimit -f) or pass --out elsewhere",
+    errno.EROFS: "the filesystem is read-only; pass a writable --out",
+    errno.EACCES: "make it writable for this user or pass another --out",
+    errno.EPERM: "make it writable (chattr -i if immutable) or pass another --out",
+    errno.EEXIST: "a file is in the way of a folder; remove it or pass another --out",
+    errno.ENOTDIR: "a file is in the way of a folder; remove it or pass another --out",
+}
+
+
+def os_error_line(exc: OSError, out: Path) -> str:
+    """One line for a filesystem error of a build into `out`: the path, the cause, the fix."""
+    path = exc.filename or out
+    fix = _OS_FIXES.get(exc.errno or 0, "fix it or pass another --out")
+    cause = exc.strerror or str(exc)
+    return f"build into {out} failed: {path}: {cause} (errno {exc.errno}); {fix}"
 
 
 def build_inputs(
@@ -123,15 +183,20 @@ def _run_stage(spec: StageSpec, ctx: BuildContext, force: bool) -> StageResult:
     ):
         log.info("stage %s: unchanged, skipped", name)
         return StageResult(spec.stage, "skipped", 0.0, record.get("summary", {}))
+    if spec.check is not None:
+        spec.check(ctx)
     log.info("stage %s: started", name)
     started = time.perf_counter()
     with staged_dir(final) as work:
         summary = spec.run(ctx, work)
     seconds = time.perf_counter() - started
+    outputs = ctx.hasher.hash_tree(final)
     ctx.manifest.stages[name] = {
         "fingerprint": fp,
         "inputs": inputs,
-        "outputs": ctx.hasher.hash_tree(final),
+        "outputs": outputs,
+        # Outputs a build of the same inputs may write differently; the others it may not.
+        "varies": varying_outputs(spec.stage, outputs, ctx.trt_edition),
         "seconds": round(seconds, 3),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "summary": summary,

@@ -16,8 +16,8 @@ from ..manifest import PROFILE_NAME, write_reproduce_script
 from ..plan import check_fits, make_plan
 from ..typed_config import to_jsonable
 from .context import BuildContext, Stage, StageSpec
-from .repo_stage import repo_stage_inputs, run_repo_stage
-from .vision_stage import run_vision_stage, vision_stage_inputs
+from .repo_stage import check_repo_stage, repo_stage_inputs, run_repo_stage
+from .vision_stage import check_vision_stage, run_vision_stage, vision_stage_inputs
 
 
 def _inspect_inputs(ctx: BuildContext) -> dict[str, Any]:
@@ -25,7 +25,8 @@ def _inspect_inputs(ctx: BuildContext) -> dict[str, Any]:
 
 
 def _run_inspect(ctx: BuildContext, work: Path) -> dict[str, Any]:
-    summary = ctx.checkpoint.summary()
+    # Without the checkpoint's path: equal checkpoints give an equal file wherever they are.
+    summary = {k: v for k, v in ctx.checkpoint.summary().items() if k != "path"}
     write_json_atomic(work / "inspect.json", summary)
     return {"variant": summary["variant"], "parameters": summary["parameters"]}
 
@@ -67,6 +68,13 @@ def _run_manifest(ctx: BuildContext, work: Path) -> dict[str, Any]:
         if name != Stage.MANIFEST.value
     }
     return {"qvl_trt": __version__, "cache_key": ctx.manifest.cache_key, "seconds": seconds}
+
+
+def _check_llm_checkpoint(ctx: BuildContext) -> None:
+    from ..llm.convert import llm_config_for
+
+    llm_config_for(ctx.checkpoint, dtype=ENGINE_DTYPE, tp_size=ctx.options.tp_size,
+                   max_seq_len=ctx.profile.limits.max_seq_len)
 
 
 def _llm_checkpoint_inputs(ctx: BuildContext) -> dict[str, Any]:
@@ -117,9 +125,10 @@ def _run_llm(ctx: BuildContext, work: Path) -> dict[str, Any]:
 SPECS: tuple[StageSpec, ...] = (
     StageSpec(Stage.INSPECT, _inspect_inputs, _run_inspect),
     StageSpec(Stage.PLAN, _plan_inputs, _run_plan),
-    StageSpec(Stage.VISION, vision_stage_inputs, run_vision_stage),
-    StageSpec(Stage.LLM_CHECKPOINT, _llm_checkpoint_inputs, _run_llm_checkpoint),
+    StageSpec(Stage.VISION, vision_stage_inputs, run_vision_stage, check_vision_stage),
+    StageSpec(Stage.LLM_CHECKPOINT, _llm_checkpoint_inputs, _run_llm_checkpoint,
+              _check_llm_checkpoint),
     StageSpec(Stage.LLM, _llm_inputs, _run_llm),
-    StageSpec(Stage.REPO, repo_stage_inputs, run_repo_stage),
+    StageSpec(Stage.REPO, repo_stage_inputs, run_repo_stage, check_repo_stage),
     StageSpec(Stage.MANIFEST, _manifest_inputs, _run_manifest),
 )

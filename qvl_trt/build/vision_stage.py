@@ -2,8 +2,8 @@
 Face, build the engine with the profile's edition.
 
 Stage folder: `onnx/` (the export + validation.txt), `model.engine`, `config.json`,
-`build_config.json`, `build.log`, `reproduce.sh`. A failed engine build is kept as
-`<out>/vision.failed/`.
+`build_config.json`, `build.log`, `reproduce.sh` and, with full TensorRT, `timing.cache`.
+A failed engine build is kept as `<out>/vision.failed/`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,12 @@ from ..errors import BuildError, StageUnavailable
 from ..machine import package_version
 from ..profiles import TrtEdition
 from ..typed_config import to_jsonable
-from ..vision.engine import EngineBuildConfig, build_vision_engine, check_edition_here
+from ..vision.engine import (
+    TIMING_CACHE_NAME,
+    EngineBuildConfig,
+    build_vision_engine,
+    check_edition_here,
+)
 from ..vision.export import ONNX_NAME, export_inputs, read_export_meta
 from ..vision.spec import patch_range, vision_graph_spec
 from ..vision.validate import export_and_validate
@@ -49,14 +54,18 @@ def vision_stage_inputs(ctx: BuildContext) -> dict[str, Any]:
     }
 
 
+def check_vision_stage(ctx: BuildContext) -> None:
+    # The TensorRT-LLM container has full TensorRT; the target GPU must be there too.
+    check_edition_here(ctx.trt_edition, (ctx.profile.gpu.compute_capability,),
+                       ctx.container_command())
+
+
 def run_vision_stage(ctx: BuildContext, work: Path) -> dict[str, Any]:
 
     dtype = ctx.options.vision_dtype
     inputs = vision_stage_inputs(ctx)
     engine = inputs["engine"]
     ccs = tuple(engine["compute_capabilities"])
-    # The TensorRT-LLM container has full TensorRT; the target GPU must be there too.
-    check_edition_here(ctx.trt_edition, ccs, ctx.container_command())
 
     onnx_dir = work / ONNX_DIR
     previous = ctx.stage_dir(Stage.VISION) / ONNX_DIR
@@ -77,6 +86,10 @@ def run_vision_stage(ctx: BuildContext, work: Path) -> dict[str, Any]:
         builder_optimization_level=engine["builder_optimization_level"],
         workspace_gib=engine["workspace_gib"], inputs=spec.inputs, outputs=spec.outputs,
         sources={"weights": inputs["export"]["weights"]})
+    # The last engine's tactic timings (full TensorRT only): the rebuild starts from them.
+    cache = ctx.stage_dir(Stage.VISION) / TIMING_CACHE_NAME
+    if cache.is_file():
+        shutil.copy2(cache, work / TIMING_CACHE_NAME)
     failed = ctx.out / FAILED_DIR
     try:
         built = build_vision_engine(work, config)

@@ -57,7 +57,7 @@ def convert_checkpoint(
     require("torch", extra="export", why="convert the checkpoint")
     ckpt = model if isinstance(model, Checkpoint) else open_checkpoint(model)
     out = Path(out)
-    config = _config_for(ckpt, dtype=dtype, tp_size=tp_size, max_seq_len=max_seq_len)
+    config = llm_config_for(ckpt, dtype=dtype, tp_size=tp_size, max_seq_len=max_seq_len)
     _check_out(out, ckpt, force)
     sources = weight_sources(ckpt.text)
     _check_sources(ckpt, sources)
@@ -86,8 +86,10 @@ def resolve_max_seq_len(gpu: str | None, max_seq_len: int | None) -> int:
     return max_seq_len
 
 
-def _config_for(ckpt: Checkpoint, *, dtype: Dtype | str, tp_size: int,
+def llm_config_for(ckpt: Checkpoint, *, dtype: Dtype | str, tp_size: int,
                 max_seq_len: int) -> LlmConfig:
+    """The TensorRT-LLM config a conversion would write, refusing what it cannot convert
+    (TP size, max_seq_len, no weights); cheap: `qvl-trt build` checks it before any stage."""
     text = ckpt.text
     dtype = pick(dtype, DTYPES, "dtype")
     if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:

@@ -95,7 +95,8 @@ class BuildInfo:
 
     qvl_trt: str
     flavor: Flavor
-    build: str  # the build folder it was written from
+    # The build it was written from, by content; not its folder, whose absolute path would
+    # make build.json differ between two builds of the same inputs.
     cache_key: str
     models: c.ModelNames
     profile: GpuProfile
@@ -110,7 +111,10 @@ class BuildInfo:
     @classmethod
     def read(cls, path: Path) -> BuildInfo:
         try:
-            return load_dataclass(cls, json.loads(Path(path).read_text()), str(path))
+            data = json.loads(Path(path).read_text())
+            if isinstance(data, dict):
+                data.pop("build", None)  # the build folder's path, which older versions wrote
+            return load_dataclass(cls, data, str(path))
         except json.JSONDecodeError as exc:
             problem = f"{path} is not JSON ({exc})"
         except ConfigError as exc:
@@ -294,7 +298,6 @@ def _build_info(build: _Build, options: RepoOptions, names: c.ModelNames,
     return BuildInfo(
         qvl_trt=__version__,
         flavor=options.flavor,
-        build=str(build.path),
         cache_key=build.manifest.cache_key,
         models=names,
         profile=build.profile,

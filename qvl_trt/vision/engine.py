@@ -9,8 +9,15 @@ The build runs in a child process (`python -m qvl_trt.vision.engine build_config
 the protocol of qvl_trt/child.py), so a crash or an out-of-memory kill becomes a BuildError
 and the memory is returned. Beside the engine it leaves `build_config.json` (the resolved
 settings), `build.log` (the child's output, TensorRT's log routed through Python logging)
-and `reproduce.sh` (re-runs that same child command), and `config.json`, which the runner
-reads.
+and `reproduce.sh` (re-runs that same child command), `config.json`, which the runner
+reads. Full TensorRT also leaves `timing.cache`, its tactic timings: a build whose folder
+already holds one (the vision stage copies the previous engine's) starts from it, so that a
+rebuild picks the tactics the last one picked instead of timing them afresh. TensorRT-RTX
+builds ahead of time without timing tactics and has no timing cache (its bindings warn "Timing
+cache operations are no-ops in TensorRT-RTX" since 1.2). Neither edition promises equal
+engine bytes (TensorRT-RTX 1.7 orders the plan's I/O tensor records differently between
+builds; qvl_trt.manifest marks the engine as varying). config.json holds no times or paths
+(the build's seconds and memory are in build.log): equal inputs give an equal file.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ ENGINE_NAME = "model.engine"
 CONFIG_NAME = "config.json"
 BUILD_CONFIG_NAME = "build_config.json"
 BUILD_LOG_NAME = "build.log"
+TIMING_CACHE_NAME = "timing.cache"
 EDITION_NAMES = {TrtEdition.TENSORRT: "TensorRT", TrtEdition.TENSORRT_RTX: "TensorRT-RTX"}
 
 
@@ -196,6 +204,8 @@ def _build_in_this_process(folder: Path, config: EngineBuildConfig) -> None:
     for name, (lo, opt, hi) in shapes.items():
         profile.set_shape(name, lo, opt, hi)
     builder_config.add_optimization_profile(profile)
+    cache = (_attach_timing_cache(builder_config, folder / TIMING_CACHE_NAME)
+             if config.edition is TrtEdition.TENSORRT else None)
     log.info("building: %s, optimisation level %d, workspace %.1f GiB, patches %d..%d (opt %d)",
              config.dtype, config.builder_optimization_level, config.workspace_gib,
              config.patches.min, config.patches.max, config.patches.opt)
@@ -206,6 +216,9 @@ def _build_in_this_process(folder: Path, config: EngineBuildConfig) -> None:
     engine = folder / ENGINE_NAME
     with staged_file(engine) as f:
         f.write(plan)
+    if cache is not None:
+        with staged_file(folder / TIMING_CACHE_NAME) as f:
+            f.write(cache.serialize())
     seconds = time.perf_counter() - started
     write_json_atomic(folder / CONFIG_NAME, {
         "edition": config.edition.value, "trt_version": trt.__version__,
@@ -216,11 +229,24 @@ def _build_in_this_process(folder: Path, config: EngineBuildConfig) -> None:
         "workspace_gib": config.workspace_gib,
         "sources": {**config.sources, "onnx": FileHasher().hash(onnx_path)},
         "engine_bytes": engine.stat().st_size,
-        "build": {"seconds": round(seconds, 3),
-                  "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-                                        / 1024, 1)},
     })
-    log.info("wrote %s (%.1f MiB) in %.1f s", engine, engine.stat().st_size / 2**20, seconds)
+    log.info("wrote %s (%.1f MiB) in %.1f s, peak RSS %.0f MiB", ENGINE_NAME,
+             engine.stat().st_size / 2**20, seconds,
+             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def _attach_timing_cache(builder_config, path: Path):
+    """Give full TensorRT's builder the timing cache at `path` (a new one when there is none)
+    and return it (IBuilderConfig.create_timing_cache: b"" makes a new cache;
+    set_timing_cache(ignore_mismatch=False) refuses one of another device, so a stale cache
+    costs a re-timing, never a wrong engine)."""
+    data = path.read_bytes() if path.is_file() else b""
+    cache = builder_config.create_timing_cache(data)
+    if not builder_config.set_timing_cache(cache, ignore_mismatch=False):
+        log.warning("%s does not match this builder; timing afresh", path.name)
+        cache = builder_config.create_timing_cache(b"")
+        builder_config.set_timing_cache(cache, ignore_mismatch=False)
+    return cache
 
 
 def _check_current_gpu(compute_capabilities: tuple[str, ...]) -> None:

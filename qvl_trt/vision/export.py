@@ -115,8 +115,7 @@ def export_vision_onnx(ckpt: Checkpoint, out: Path, *, dtype: Dtype | str = Dtyp
         write_json_atomic(staging / META_NAME, {
             "dtype": dtype.value, "edition": edition.value, "opset": opset,
             "spec": to_jsonable(spec),
-            "example_grid": list(EXAMPLE_GRID), "export_seconds": round(seconds, 3),
-            "inputs": inputs or {}})
+            "example_grid": list(EXAMPLE_GRID), "inputs": inputs or {}})  # no times: hashed
     log.info("exported %s in %.1f s", out / ONNX_NAME, seconds)
     return VisionOnnx(out / ONNX_NAME, dtype, edition, opset, spec, seconds)
 
