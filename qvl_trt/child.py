@@ -65,7 +65,7 @@ def run_child(cmd: Sequence[str], *, cwd: Path | None, log_path: Path, what: str
         proc = subprocess.Popen(list(cmd), cwd=cwd, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, errors="replace",
                                 start_new_session=True,
-                                preexec_fn=functools.partial(_die_with_parent, os.getpid()))
+                                preexec_fn=functools.partial(die_with_parent, os.getpid()))
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -74,7 +74,8 @@ def run_child(cmd: Sequence[str], *, cwd: Path | None, log_path: Path, what: str
                     tail.append(_relay(line.rstrip()))
             code = proc.wait()
         except BaseException:
-            _kill_group(proc)
+            kill_group(proc.pid)
+            proc.wait()
             raise
     if code == UNAVAILABLE_EXIT:
         raise StageUnavailable(tail[-1] if tail else f"{what} is unavailable here")
@@ -90,25 +91,25 @@ def run_child(cmd: Sequence[str], *, cwd: Path | None, log_path: Path, what: str
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def _die_with_parent(parent: int) -> None:
-    """In the forked child, before exec: have the kernel SIGKILL it when the thread that
-    started it dies (run_child's caller: the build's main thread). Linux only; elsewhere the
-    process-group kill in run_child is what remains. The parent may have died between fork
+def die_with_parent(parent: int) -> None:
+    """A preexec_fn body (in the forked child, before exec): have the kernel SIGKILL the child
+    when the thread that started it ends, however it ends (kill -9 included). Linux only;
+    elsewhere the process-group kill is what remains. The parent may have died between fork
     and prctl: then the child is already orphaned and leaves at once."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            os._exit(126)
     if os.getppid() != parent:
-        os._exit(1)
+        os._exit(126)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the child's process group (it and anything it started) and reap it."""
+def kill_group(pgid: int) -> None:
+    """SIGKILL a process group (a child and anything it started)."""
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
         pass
-    proc.wait()
 
 
 def _relay(line: str) -> str:

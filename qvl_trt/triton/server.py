@@ -9,7 +9,7 @@ control) and join rank 0 through MPI. Each rank gets its own shm prefix.
 
 from __future__ import annotations
 
-import ctypes
+import functools
 import logging
 import os
 import secrets
@@ -27,6 +27,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..child import die_with_parent, kill_group
 from ..errors import ConfigError, DependencyError, ServerError
 from ..machine import TritonInstall, find_tritonserver
 
@@ -46,7 +47,6 @@ DRAINED_LINE = "Found 0 model versions that have in-flight inferences"
 # How long the unloading may take after the drain before the server is ended (nothing is
 # in flight any more; the python models' finalize ran or is held by such a stream).
 UNLOAD_GRACE_S = 5.0
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass(frozen=True)
@@ -257,7 +257,7 @@ class TritonServer:
         self.process = subprocess.Popen(cmd, env=server_env(self.install),
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True,
-                                        preexec_fn=_die_with_parent(os.getpid()))
+                                        preexec_fn=functools.partial(die_with_parent, os.getpid()))
         self._pump = threading.Thread(target=self._copy_log, args=(self.process.stdout,),
                                       name="tritonserver-log", daemon=True)
         self._pump.start()
@@ -334,7 +334,7 @@ class TritonServer:
             if self.process.poll() is None and not force:
                 self.process.send_signal(signal.SIGTERM)
                 code = self._wait_drained()
-            _kill_group(self.process.pid)
+            kill_group(self.process.pid)
             waited = self.process.wait()
             code = waited if code is None else code
             self._pump.join(timeout=5)
@@ -366,7 +366,7 @@ class TritonServer:
     def kill(self) -> None:
         """SIGKILL the server's process group now (stop() then reaps it)."""
         if self.process is not None:
-            _kill_group(self.process.pid)
+            kill_group(self.process.pid)
 
     def close_log(self) -> None:
         if self._log_handle is not None:
@@ -378,26 +378,6 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def _die_with_parent(parent: int):
-    """A preexec_fn: the kernel sends the child SIGKILL when its parent (the thread that
-    started it) ends, however it ends (kill -9 included)."""
-    def preexec() -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            os._exit(126)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(126)
-    return preexec if sys.platform.startswith("linux") else None
-
-
-def _kill_group(pgid: int) -> None:
-    """End what is left of the server's process group (stubs of a server that was killed)."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def remove_stale_shm() -> list[Path]:
