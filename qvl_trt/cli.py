@@ -416,6 +416,9 @@ def bench(
     = None,
     synthetic: Annotated[str | None, typer.Option(
         help="WIDTHxHEIGHT: random-noise images, a different one per request.")] = None,
+    seed: Annotated[int | None, typer.Option(
+        help="Repeat the --synthetic images of a run with this seed (default: new images "
+             "every run, so the server's vision cache does not answer them).")] = None,
     concurrency: Annotated[str, typer.Option(help="Requests in flight, per level.")] = "1,4,16",
     requests: Annotated[int, typer.Option(help="Requests per concurrency level.")] = 32,
     max_tokens: Annotated[int, typer.Option(help="Tokens generated per request.")] = 128,
@@ -439,7 +442,7 @@ def bench(
     from .console import bench_tables
     from .console import out as console
 
-    source, name = image_source(images, synthetic)
+    source, name = image_source(images, synthetic, seed)
     settings = BenchSettings(url, parse_concurrency(concurrency), requests, max_tokens, prompt,
                              images_per_request, warmup, served_model, allow_remote)
     with Progress("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -41,7 +41,11 @@ class FileHasher:
         return digest.hexdigest()
 
     def hash_tree(self, root: Path) -> dict[str, str]:
-        """Relative path -> sha256 for every file under `root`."""
+        """Relative path -> sha256 for every file under `root`, bytecode caches left out:
+        tritonserver's python stubs write `__pycache__` beside a served repository's model.py
+        (their embedded interpreter ignores PYTHONDONTWRITEBYTECODE), which must not make
+        the next build rerun the stage that wrote the repository."""
         return {
-            str(p.relative_to(root)): self.hash(p) for p in sorted(root.rglob("*")) if p.is_file()
+            str(p.relative_to(root)): self.hash(p) for p in sorted(root.rglob("*"))
+            if p.is_file() and "__pycache__" not in p.relative_to(root).parts
         }

@@ -37,6 +37,13 @@ def test_inspect_and_plan_build_then_skip(tiny_ckpt, tmp_path):
 
     second = CliRunner().invoke(app, args)
     assert second.exit_code == 0 and "built nothing; skipped inspect, plan" in second.output
+    # what a served repository's python stubs leave: a cache, not a changed output
+    (out / "plan" / "1" / "__pycache__").mkdir(parents=True)
+    (out / "plan" / "1" / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"\0")
+    third = CliRunner().invoke(app, args)
+    assert third.exit_code == 0 and "built nothing; skipped inspect, plan" in third.output
+    (out / "plan" / "plan.json").write_text("{}")
+    assert "built plan" in CliRunner().invoke(app, args).output
 
 
 def test_a_failing_stage_leaves_nothing_half_written(tmp_path):

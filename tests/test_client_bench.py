@@ -137,6 +137,14 @@ def test_synthetic_images_differ_and_count_tokens():
                             .split(",", 1)[1]) == a
 
 
+def test_synthetic_images_are_new_every_run_unless_seeded():
+    # a second run against the same server must not hit the first run's vision cache
+    assert synthetic_images(16, 16)(0) != synthetic_images(16, 16)(0)
+    assert synthetic_images(16, 16, seed=3)(0) == synthetic_images(16, 16, seed=3)(0)
+    assert synthetic_images(16, 16, seed=3)(0) != synthetic_images(16, 16, seed=4)(0)
+    assert image_source(None, "16x16", 3)[0](1) == synthetic_images(16, 16, seed=3)(1)
+
+
 def test_request_maker_gives_each_level_new_images():
     calls = []
     settings = BenchSettings("grpc://127.0.0.1:1", (1,), 3, 8, images_per_request=2)

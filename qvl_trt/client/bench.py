@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import ipaddress
+import secrets
 import socket
 import subprocess
 import threading
@@ -84,16 +85,20 @@ def require_loopback(endpoint: Endpoint) -> None:
 ImageSource = Callable[[int], bytes]
 
 
-def synthetic_images(width: int, height: int) -> ImageSource:
+def synthetic_images(width: int, height: int, seed: int | None = None) -> ImageSource:
     """Random-noise JPEGs of one size, a different one per number (so the vision cache cannot
-    hide the encoder's cost), made when a request needs it rather than held in memory."""
+    hide the encoder's cost), made when a request needs it rather than held in memory.
+    Without a `seed` every run draws its own, so a second run against the same server does
+    not hit the images the first one left in its vision cache; a seed repeats a run's images."""
     from PIL import Image
 
     if width < 1 or height < 1:
         raise InputError(f"--synthetic {width}x{height}: both sides must be positive")
+    run = secrets.randbits(64) if seed is None else seed
 
     def image(n: int) -> bytes:
-        pixels = np.random.default_rng(n).integers(0, 256, (height, width, 3), dtype=np.uint8)
+        pixels = np.random.default_rng([run, n]).integers(0, 256, (height, width, 3),
+                                                          dtype=np.uint8)
         buf = io.BytesIO()
         Image.fromarray(pixels).save(buf, format="JPEG", quality=90)
         return buf.getvalue()
@@ -101,15 +106,16 @@ def synthetic_images(width: int, height: int) -> ImageSource:
     return image
 
 
-def image_source(folder: Path | None, synthetic: str | None) -> tuple[ImageSource | None, str]:
+def image_source(folder: Path | None, synthetic: str | None,
+                 seed: int | None = None) -> tuple[ImageSource | None, str]:
     """The images of `--images DIR` or `--synthetic WxH` (None: text-only requests), and
-    how the report names them."""
+    how the report names them; `seed` repeats the synthetic images of an earlier run."""
     if folder and synthetic:
         raise InputError("pass --images DIR or --synthetic WxH, not both")
     if folder:
         return folder_images(folder), str(folder)
     if synthetic:
-        return synthetic_images(*parse_size(synthetic)), f"synthetic {synthetic}"
+        return synthetic_images(*parse_size(synthetic), seed), f"synthetic {synthetic}"
     return None, "none (text only)"
 
 
