@@ -44,8 +44,9 @@ OPSETS = {TrtEdition.TENSORRT_RTX: 23, TrtEdition.TENSORRT: 18}
 # The traced example: a 16x16-patch image. Any size works at run time (dynamic axis).
 EXAMPLE_GRID = (1, 16, 16)
 
-# TensorProto.DataType value -> the name TensorSpec.dtype uses (INT32 = 6, INT64 = 7).
-_ONNX_DTYPES = {**{d.onnx: d.value for d in Dtype}, 6: "int32", 7: "int64"}
+# TensorProto.DataType value -> the name TensorSpec.dtype uses (UINT8 = 2, INT32 = 6,
+# INT64 = 7).
+_ONNX_DTYPES = {**{d.onnx: d.value for d in Dtype}, 2: "uint8", 6: "int32", 7: "int64"}
 
 
 @dataclass(frozen=True)
