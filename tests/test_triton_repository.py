@@ -20,7 +20,13 @@ from qvl_trt.dtypes import Dtype
 from qvl_trt.errors import ConfigError
 from qvl_trt.triton.model_configs import Flavor
 from qvl_trt.triton.pbconfig import CONFIG_FILE, data_type, parse_config, read_config, to_text
-from qvl_trt.triton.repository import RUNTIME_ZIP, BuildInput, RepoOptions, write_repo
+from qvl_trt.triton.repository import (
+    RUNTIME_ZIP,
+    BuildInput,
+    RepoOptions,
+    machine_cores,
+    write_repo,
+)
 from qvl_trt.triton.serve_plan import point_engine_paths
 from qvl_trt.triton.validate import validate_repo
 
@@ -69,6 +75,12 @@ def test_reference_repository_is_valid_and_self_contained(tmp_path, tiny_build) 
     done = subprocess.run([sys.executable, "-c", probe, str(zips[0])], capture_output=True,
                           text=True, cwd=tmp_path, check=True)
     assert done.stdout.strip().startswith(str(zips[0]))
+    # One preprocessing instance per core of this machine unless told otherwise.
+    pre = parse_config((repo / "preprocessing" / CONFIG_FILE).read_text(), "preprocessing")
+    assert [g.count for g in pre.instance_group] == [machine_cores()]
+    # The reference tower normalises the 8-bit pixels with the image processor settings.
+    (repo / "vision_encoder" / "1" / "checkpoint" / "preprocessor_config.json").unlink()
+    assert any("preprocessor_config.json is missing" in p for p in problems(repo))
 
 
 @pytest.mark.parametrize("breakage, reason", [

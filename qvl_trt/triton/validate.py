@@ -334,7 +334,7 @@ def _check_artifacts(repo: Path, ensemble: str, configs: dict[str, Any],
     llm = repo / models["tensorrt_llm"] / VERSION
     if flavor is Flavor.REFERENCE:
         present(models["vision_encoder"], vision / CHECKPOINT_DIR,
-                ["config.json", "model.safetensors"])
+                ["config.json", "preprocessor_config.json", "model.safetensors"])
         present(models["tensorrt_llm"], llm / CHECKPOINT_DIR,
                 ["config.json"] + [f"rank{r}.safetensors" for r in range(info.tp_size)])
         return
