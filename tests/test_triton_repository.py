@@ -248,11 +248,15 @@ def _replace_in(relative: str, old: str, new: str):
 # breakage -> (how, a phrase of the reason validate must give)
 BREAKAGES = {
     "map dtype": (_retype_pixels,
-                  "_pixel_values -> pixel_values: dtype FP32 is produced, FP16 expected"),
+                  "_pixel_values -> pixel_values: dtype UINT8 is produced, FP16 expected"),
     "llm engine": (lambda r: (r / "tensorrt_llm" / "1" / "engine" / "rank0.engine").unlink(),
                    "LLM engine rank0.engine is missing"),
     "vision engine": (lambda r: (r / "vision_encoder" / "1" / "engine" / "model.engine").unlink(),
                       "vision engine engine/model.engine (+ config.json) is missing"),
+    # An engine of the float-pixel era: it would be fed the 8-bit values.
+    "float pixels": (_replace_in("vision_encoder/1/engine/config.json", '"uint8"', '"float32"'),
+                     "vision engine takes float32 pixel_values, this qvl-trt sends the images' "
+                     "uint8 values"),
     "edition": (_replace_in("vision_encoder/1/engine/config.json", '"tensorrt_rtx"',
                             '"tensorrt"'),
                 "vision engine was built with tensorrt, the repository's profile"),

@@ -24,6 +24,8 @@ from ..checkpoint import VISION_PREFIX, Checkpoint
 from ..deps import require
 from ..dtypes import Dtype
 from ..errors import BuildError
+from ..hashing import fingerprint
+from ..mm.pixels import PixelConfig
 from ..profiles import TrtEdition
 from ..typed_config import to_jsonable
 from .spec import MERGE_BLOCKS, MIN_BLOCKS, PATCHES, GraphSpec, vision_graph_spec
@@ -67,7 +69,11 @@ def export_inputs(ckpt: Checkpoint, dtype: Dtype, edition: TrtEdition, hash_file
     `hash_file(path) -> sha256`."""
     files = sorted({info.file for name, info in ckpt.tensors.items()
                     if name.startswith(VISION_PREFIX)})
+    pixels = PixelConfig.of_checkpoint(ckpt)
     return {"dtype": dtype.value, "opset": OPSETS[edition], "exporter": f"qvl-trt {__version__}",
+            "spec": to_jsonable(vision_graph_spec(ckpt.vision, dtype)),
+            # The graph normalises the 8-bit pixels with the processor's table.
+            "pixel_lut": fingerprint(pixels.lut.tolist()),
             "vision_config": ckpt.config.get("vision_config", {}),
             "weights": {f: hash_file(ckpt.path / f) for f in files}}
 
