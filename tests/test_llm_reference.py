@@ -92,7 +92,8 @@ def make_case(preprocessor: RequestPreprocessor, hf_model, images: list[Image.Im
     hf_inputs = {"input_ids": ids}
     table = None
     if images:
-        pixel_values = torch.from_numpy(tensors["pixel_values"])
+        # The float pixels HF's processor makes (ours are the 8-bit ones).
+        pixel_values = torch.from_numpy(preprocessor.pixels.normalise(tensors["pixel_values"]))
         grid = torch.from_numpy(tensors["image_grid_thw"])
         hf_inputs.update(pixel_values=pixel_values, image_grid_thw=grid)
         # Newer transformers find the images of the rope index through mm_token_type_ids.

@@ -16,8 +16,6 @@ from qvl_trt.errors import InputError
 from qvl_trt.mm.image_input import load_rgb
 from qvl_trt.mm.pixels import PixelConfig, image_patches
 
-TOL = 1e-6
-
 
 def _content(width: int, height: int, seed: int) -> np.ndarray:
     """Gradients plus noise: smooth areas and edges both reach the bicubic filter."""
@@ -109,9 +107,18 @@ def test_pixels_equal_hf(case, hf_processor, pixel_config):
     ours = image_patches(load_rgb(case), pixel_config)
     hf = hf_processor(_hf_view(case), return_tensors="np")
     assert list(ours.grid_thw) == hf["image_grid_thw"][0].tolist()
-    assert ours.pixel_values.dtype == np.float32
-    assert ours.pixel_values.shape == hf["pixel_values"].shape
-    assert float(np.abs(ours.pixel_values - hf["pixel_values"]).max()) <= TOL
+    _assert_equal_hf(ours.pixel_values, hf["pixel_values"], pixel_config)
+
+
+def _assert_equal_hf(ours: np.ndarray, hf: np.ndarray, config: PixelConfig) -> None:
+    """Our uint8 rows are HF's float rows to the last bit: the table the vision graph looks
+    them up in maps them onto HF's values exactly (the table is one-to-one per channel, so
+    the 8-bit values are equal too), and an image fills both temporal frames alike."""
+    assert ours.dtype == np.uint8
+    assert ours.shape == hf.shape
+    assert np.array_equal(config.normalise(ours), hf)
+    frames = ours.reshape(len(ours), config.channels, config.temporal_patch_size, -1)
+    assert (frames == frames[:, :, :1]).all()
 
 
 def test_pixels_equal_hf_with_a_profile_cap(hf_processor, pixel_config):
@@ -121,8 +128,33 @@ def test_pixels_equal_hf_with_a_profile_cap(hf_processor, pixel_config):
     ours = image_patches(image, capped)
     hf = hf_processor(image, size={"shortest_edge": 65536, "longest_edge": 2_097_152},
                       return_tensors="np")
-    assert ours.pixel_values.shape == hf["pixel_values"].shape == (8112, 1536)
-    assert float(np.abs(ours.pixel_values - hf["pixel_values"]).max()) <= TOL
+    assert ours.pixel_values.shape == (8112, 1536)
+    _assert_equal_hf(ours.pixel_values, hf["pixel_values"], capped)
+
+
+def test_channel_order_matters_to_the_hf_check(hf_processor, pixel_config):
+    """Break it on purpose: rows whose channels are swapped, or one pixel off by one, fail
+    the exact check."""
+    image = Image.fromarray(_content(320, 240, 4))
+    ours = image_patches(image, pixel_config).pixel_values
+    hf = hf_processor(image, return_tensors="np")["pixel_values"]
+    swapped = ours.reshape(len(ours), 3, -1)[:, ::-1].reshape(ours.shape)
+    off_by_one = ours.copy()
+    off_by_one[7, 100] ^= 1
+    for broken in (swapped, off_by_one):
+        with pytest.raises(AssertionError):
+            _assert_equal_hf(broken, hf, pixel_config)
+
+
+def test_patches_write_into_a_given_buffer(pixel_config):
+    image = Image.fromarray(_content(320, 240, 6))
+    alone = image_patches(image, pixel_config).pixel_values
+    buffer = np.zeros((len(alone) + 3, pixel_config.patch_dim), np.uint8)
+    into = image_patches(image, pixel_config, out=buffer[3:])
+    assert np.shares_memory(into.pixel_values, buffer)
+    assert np.array_equal(buffer[3:], alone) and not buffer[:3].any()
+    with pytest.raises(ValueError, match="needs uint8"):
+        image_patches(image, pixel_config, out=buffer)
 
 
 def test_exif_orientation_is_applied():

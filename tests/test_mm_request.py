@@ -97,6 +97,11 @@ def test_request_tensors_fit_together(pre, tiny_ckpt):
     assert set(extra[visual].tolist()) == set(hashes.tolist()) and not extra[~visual].any()
     again = pre.prepare(messages=user_message("What is shown?", 2), images=images)
     assert np.array_equal(again.tensors()["image_hashes"], hashes)
+    # 8-bit pixels, each image a view of the request's one buffer (nothing concatenated).
+    assert tensors["pixel_values"].dtype == np.uint8
+    first = request.images[0].num_patches
+    assert np.shares_memory(request.images[0].pixel_values, request.pixel_values[:first])
+    assert np.shares_memory(request.images[1].pixel_values, request.pixel_values[first:])
 
 
 def test_prompt_table_round_trip():

@@ -20,7 +20,13 @@ from qvl_trt.dtypes import Dtype
 from qvl_trt.errors import ConfigError
 from qvl_trt.triton.model_configs import Flavor
 from qvl_trt.triton.pbconfig import CONFIG_FILE, data_type, parse_config, read_config, to_text
-from qvl_trt.triton.repository import RUNTIME_ZIP, BuildInput, RepoOptions, write_repo
+from qvl_trt.triton.repository import (
+    RUNTIME_ZIP,
+    BuildInput,
+    RepoOptions,
+    machine_cores,
+    write_repo,
+)
 from qvl_trt.triton.serve_plan import point_engine_paths
 from qvl_trt.triton.validate import validate_repo
 
@@ -69,6 +75,12 @@ def test_reference_repository_is_valid_and_self_contained(tmp_path, tiny_build) 
     done = subprocess.run([sys.executable, "-c", probe, str(zips[0])], capture_output=True,
                           text=True, cwd=tmp_path, check=True)
     assert done.stdout.strip().startswith(str(zips[0]))
+    # One preprocessing instance per core of this machine unless told otherwise.
+    pre = parse_config((repo / "preprocessing" / CONFIG_FILE).read_text(), "preprocessing")
+    assert [g.count for g in pre.instance_group] == [machine_cores()]
+    # The reference tower normalises the 8-bit pixels with the image processor settings.
+    (repo / "vision_encoder" / "1" / "checkpoint" / "preprocessor_config.json").unlink()
+    assert any("preprocessor_config.json is missing" in p for p in problems(repo))
 
 
 @pytest.mark.parametrize("breakage, reason", [
@@ -236,11 +248,15 @@ def _replace_in(relative: str, old: str, new: str):
 # breakage -> (how, a phrase of the reason validate must give)
 BREAKAGES = {
     "map dtype": (_retype_pixels,
-                  "_pixel_values -> pixel_values: dtype FP32 is produced, FP16 expected"),
+                  "_pixel_values -> pixel_values: dtype UINT8 is produced, FP16 expected"),
     "llm engine": (lambda r: (r / "tensorrt_llm" / "1" / "engine" / "rank0.engine").unlink(),
                    "LLM engine rank0.engine is missing"),
     "vision engine": (lambda r: (r / "vision_encoder" / "1" / "engine" / "model.engine").unlink(),
                       "vision engine engine/model.engine (+ config.json) is missing"),
+    # An engine of the float-pixel era: it would be fed the 8-bit values.
+    "float pixels": (_replace_in("vision_encoder/1/engine/config.json", '"uint8"', '"float32"'),
+                     "vision engine takes float32 pixel_values, this qvl-trt sends the images' "
+                     "uint8 values"),
     "edition": (_replace_in("vision_encoder/1/engine/config.json", '"tensorrt_rtx"',
                             '"tensorrt"'),
                 "vision engine was built with tensorrt, the repository's profile"),

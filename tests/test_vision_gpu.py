@@ -71,11 +71,11 @@ def _check_against_pytorch(ckpt, folder, dtype: str) -> None:
         grid, ckpt.vision)
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        on_side = engine(pixels.cuda() * 1.0, index)
+        on_side = engine(pixels.cuda() * 1, index)
     for name, out in engine(pixels.cuda(), index).items():
         assert torch.equal(on_side[name], out), name
     big = (1, 64, 64)
-    too_many = torch.zeros(64 * 64, ckpt.vision.patch_dim).cuda()
+    too_many = torch.zeros(64 * 64, ckpt.vision.patch_dim, dtype=torch.uint8).cuda()
     with pytest.raises(InputError, match="outside the engine's range"):
         engine(too_many, vision_index_tensors(big, ckpt.vision))
     # Past our own patch-count check, TensorRT's set_input_shape refuses it (returns False).

@@ -69,7 +69,7 @@ def test_graph_spec_names_dtypes_and_axes() -> None:
     assert spec.input_names == ("pixel_values", "pos_interp_indices", "pos_interp_weights",
                                 "rope_position_ids")
     assert spec.output_names == ("image_embeds", "deepstack_0", "deepstack_1", "deepstack_2")
-    assert [t.dtype for t in spec.inputs] == ["float32", "int32", "float32", "int32"]
+    assert [t.dtype for t in spec.inputs] == ["uint8", "int32", "float32", "int32"]
     assert {t.dtype for t in spec.outputs} == {"float16"}
     assert spec.tensor("pixel_values").dims == (-1, 1536)
     assert spec.tensor("deepstack_2").dims == (-1, 2048)

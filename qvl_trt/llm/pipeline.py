@@ -25,6 +25,7 @@ from ..mm.chat import user_message
 from ..mm.detokenizer import StreamDecoder, TokenBytes
 from ..mm.prompt_table import assemble_prompt_table
 from ..mm.request import ImageInput, PreparedRequest, RequestLimits, RequestPreprocessor
+from ..mm.vision_index import vision_index_tensors
 from .layout import DTYPES, LlmConfig, read_llm_config
 from .sampling import DecodeRequest, FinishReason, SamplingParams
 
@@ -163,8 +164,9 @@ class ReferencePipeline:
         outputs = []
         with torch.inference_mode():
             for image in prepared.images:
-                inputs = (image.patches.pixel_values, image.index.pos_interp_indices,
-                          image.index.pos_interp_weights, image.index.rope_position_ids)
+                index = vision_index_tensors(image.grid_thw, prepared.vision)
+                inputs = (image.pixel_values, index.pos_interp_indices,
+                          index.pos_interp_weights, index.rope_position_ids)
                 tensors = [torch.from_numpy(np.ascontiguousarray(a)).to(self.decoder.device)
                            for a in inputs]
                 outputs.append([o.float().cpu().numpy() for o in self.vision(*tensors)])

@@ -1,25 +1,31 @@
-"""RGB image -> the vision tower's `pixel_values` rows and `grid_thw`, equal to the Hugging Face
-Qwen2-VL/Qwen3-VL image processor (PIL backend) to the last bit.
+"""RGB image -> the vision tower's 8-bit `pixel_values` rows and `grid_thw`, equal to the
+Hugging Face Qwen2-VL/Qwen3-VL image processor (PIL backend) to the last bit.
 
 HF resizes the uint8 image with PIL, then rescales in float64, casts to float32 and normalises
 in float32; every output value is therefore a function of one uint8 and its channel, so a
-256-entry table per channel reproduces it exactly. Rows are patches ordered so that each
-merge^2 consecutive rows form one merge block (blocks in raster order); within a row the
-order is (channel, temporal copy, y, x), the image repeated over the temporal patch.
+256-entry table per channel (`PixelConfig.lut`) reproduces it exactly. The host sends the
+uint8 values and the vision graph looks them up in that table itself (vision/tower.py), so
+an image crosses the host as 1 byte per value instead of 4.
 
-After the resize, the channels are reordered and looked up in parallel threads, and the
-content digest is computed alongside (numpy's take and hashlib release the GIL).
+Rows are patches ordered so that each merge^2 consecutive rows form one merge block (blocks
+in raster order); within a row the order is (channel, temporal frame, y, x). An image fills
+every temporal frame with itself; a video clip will put its consecutive frames there, so the
+vision graph takes both through one input of the same shape.
+
+After the resize, the channels are reordered in parallel threads (numpy's copies release the
+GIL); the content digest is xxh3-128, a fast non-cryptographic hash: it keys caches, it does
+not authenticate.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import xxhash
 from PIL import Image
 
 from ..errors import CheckpointError, InputError
@@ -77,6 +83,18 @@ class PixelConfig:
     def patch_dim(self) -> int:
         return self.channels * self.temporal_patch_size * self.patch_size**2
 
+    @property
+    def lut_offsets(self) -> np.ndarray:
+        """[patch_dim] int32: where each row column's channel table starts in `lut` (a row is
+        (channel, temporal frame, y, x))."""
+        per_channel = self.patch_dim // self.channels
+        return (np.arange(self.patch_dim, dtype=np.int32) // per_channel) * 256
+
+    def normalise(self, pixel_values: np.ndarray) -> np.ndarray:
+        """uint8 rows [N, patch_dim] -> the float32 rows the Hugging Face processor makes (what
+        the vision graph computes from them)."""
+        return self.lut[pixel_values.astype(np.int32) + self.lut_offsets]
+
     @classmethod
     def from_preprocessor_config(cls, config: dict[str, Any], where: str) -> PixelConfig:
         """Read a checkpoint's preprocessor_config.json (`size` holds min/max PIXEL counts as
@@ -101,6 +119,12 @@ class PixelConfig:
             raise CheckpointError(f"{where} lacks or mangles an image processor field ({exc!r}); "
                                   "re-download the checkpoint's preprocessor_config.json") from None
 
+    @classmethod
+    def of_checkpoint(cls, checkpoint) -> PixelConfig:
+        """A `Checkpoint`'s image processor settings, with its own pixel bounds."""
+        return cls.from_preprocessor_config(checkpoint.preprocessor_config,
+                                            f"{checkpoint.path}/preprocessor_config.json")
+
     def with_bounds(self, min_pixels: int, max_pixels: int) -> PixelConfig:
         """The same processor with other pixel bounds (a deployment's cap)."""
         return replace(self, min_pixels=min_pixels, max_pixels=max_pixels)
@@ -110,7 +134,7 @@ class PixelConfig:
 class ImagePatches:
     """One image as the vision tower takes it."""
 
-    pixel_values: np.ndarray  # [h*w, patch_dim] float32, merge-block row order
+    pixel_values: np.ndarray  # [h*w, patch_dim] uint8, merge-block row order
     grid_thw: tuple[int, int, int]  # patches along (time, height, width)
     digest: bytes  # 16-byte hash of the resized pixels and their geometry
 
@@ -136,47 +160,56 @@ def resized_size(width: int, height: int, config: PixelConfig) -> tuple[int, int
     return h, w
 
 
-def image_patches(image: Image.Image, config: PixelConfig) -> ImagePatches:
-    """Resize an RGB image (`load_rgb`'s output), normalise and cut it into patch rows."""
+def patch_count(image: Image.Image, config: PixelConfig) -> int:
+    """Rows `image_patches` makes of this image (to size a request's buffer first)."""
+    h, w = resized_size(image.width, image.height, config)
+    return (h // config.patch_size) * (w // config.patch_size)
+
+
+def image_patches(image: Image.Image, config: PixelConfig,
+                  out: np.ndarray | None = None) -> ImagePatches:
+    """Resize an RGB image (`load_rgb`'s output) and cut it into uint8 patch rows, written
+    into `out` ([patch_count, patch_dim] uint8, e.g. a slice of the request's buffer) when
+    given."""
     if image.mode != "RGB" or config.channels != 3:
         raise InputError(f"image_patches takes RGB images for a 3-channel processor, got mode "
                          f"{image.mode!r} and {config.channels} channels; decode with load_rgb")
     h, w = resized_size(image.width, image.height, config)
     resized = image.resize((w, h), resample=config.resample)
     gh, gw = h // config.patch_size, w // config.patch_size
-    rows = np.empty((gh * gw, config.channels, config.temporal_patch_size, config.patch_size**2),
-                    np.float32)
-    workers = _workers()
-    digest = workers.submit(_digest, resized)
+    shape = (gh * gw, config.patch_dim)
+    if out is None:
+        out = np.empty(shape, np.uint8)
+    elif out.shape != shape or out.dtype != np.uint8:
+        raise ValueError(f"out is {out.dtype} {out.shape}, the image needs uint8 {shape}")
+    rows = out.reshape(gh * gw, config.channels, config.temporal_patch_size, -1)
     planes = resized.split()
-    list(workers.map(lambda c: _channel_rows(planes[c], c, rows, config), range(len(planes))))
-    return ImagePatches(pixel_values=rows.reshape(gh * gw, config.patch_dim),
-                        grid_thw=(1, gh, gw), digest=digest.result())
+    list(_workers().map(lambda c: _channel_rows(planes[c], rows[:, c], config),
+                        range(len(planes))))
+    return ImagePatches(pixel_values=out, grid_thw=(1, gh, gw), digest=_digest(resized))
 
 
-def _channel_rows(plane: Image.Image, channel: int, rows: np.ndarray,
-                  config: PixelConfig) -> None:
-    """Write one resized channel's values into rows[:, channel] (every temporal copy)."""
+def _channel_rows(plane: Image.Image, rows: np.ndarray, config: PixelConfig) -> None:
+    """Write one resized channel into its rows [N, T, P*P] (every temporal frame)."""
     p, m = config.patch_size, config.merge_size
     pixels = np.asarray(plane)
     h, w = pixels.shape
     # (H, W) -> (block row, block col, row in block, col in block, y, x)
     blocks = pixels.reshape(h // (m * p), m, p, w // (m * p), m, p).transpose(0, 3, 1, 4, 2, 5)
-    lut = config.lut[channel * 256:(channel + 1) * 256]
-    rows[:, channel] = np.take(lut, blocks.reshape(rows.shape[0], 1, p * p))
+    rows[:] = blocks.reshape(rows.shape[0], 1, p * p)
 
 
 def _digest(resized: Image.Image) -> bytes:
-    digest = hashlib.sha256(resized.tobytes())
+    digest = xxhash.xxh3_128(resized.tobytes())
     digest.update(np.array([resized.height, resized.width], np.uint32).tobytes())
-    return digest.digest()[:16]
+    return digest.digest()
 
 
 _WORKERS: dict[int, ThreadPoolExecutor] = {}
 
 
 def _workers() -> ThreadPoolExecutor:
-    """Threads for the per-channel work and the digest. One pool per process: a forked child
+    """Threads for the per-channel work. One pool per process: a forked child
     inherits the pool object but not its threads."""
     pid = os.getpid()
     if pid not in _WORKERS:

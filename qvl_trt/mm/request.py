@@ -7,7 +7,8 @@ preprocessing model runs it per request.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,15 +17,15 @@ import numpy as np
 from PIL import Image
 
 from ..atomic import staged_file
-from ..checkpoint import Checkpoint, open_checkpoint
+from ..checkpoint import Checkpoint, VisionDims, open_checkpoint
 from ..errors import ConfigError, InputError
 from ..profiles import GpuProfile, load_profile
 from .chat import IMAGE_PART_TYPES, PromptBuilder, user_message
 from .image_input import DEFAULT_MAX_DECODED_PIXELS, load_rgb, read_image_files
-from .pixels import ImagePatches, PixelConfig, image_patches
+from .pixels import ImagePatches, PixelConfig, image_patches, patch_count
 from .prompt_table import fake_token_ids, prompt_table_extra_ids, rows_per_visual_token
 from .rope import mrope_cos_sin_table, rope_index
-from .vision_index import VisionIndex, vision_index_tensors
+from .vision_index import vision_index_tensors
 
 ImageInput = bytes | bytearray | memoryview | Image.Image
 
@@ -116,19 +117,13 @@ class RequestLimits:
 
 
 @dataclass(frozen=True)
-class PreparedImage:
-    """One image as the vision engine takes it (one call per image)."""
-
-    patches: ImagePatches  # pixel_values, grid_thw, content digest
-    index: VisionIndex  # the export-friendly tower's host index inputs
-
-
-@dataclass(frozen=True)
 class PreparedRequest:
     """Every tensor of one request; `tensors()` names them as the README documents."""
 
     text: str  # the rendered prompt, one pad per image
-    images: tuple[PreparedImage, ...]
+    # Each image's pixel_values is a view of `pixel_values`, so no step concatenates them.
+    images: tuple[ImagePatches, ...]
+    pixel_values: np.ndarray  # [patches of all images, patch_dim] uint8, prompt order
     image_token_counts: tuple[int, ...]  # merged visual tokens per image
     input_ids: np.ndarray  # [seq] int32, visual tokens = the image pad id
     engine_input_ids: np.ndarray  # [seq] int32, visual token i = vocab_size + (1+K)i
@@ -137,19 +132,28 @@ class PreparedRequest:
     mrope_rotary_cos_sin: np.ndarray  # [max_seq_len * head_dim] float32
     prompt_table_extra_ids: np.ndarray  # [seq] uint64
     prompt_vocab_size: int  # prompt-table rows: (1+K) * visual tokens
+    vision: VisionDims  # the tower the images are for
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.size)
 
+    @property
+    def image_grid_thw(self) -> np.ndarray:
+        return np.array([p.grid_thw for p in self.images], np.int64).reshape(-1, 3)
+
+    @property
+    def image_hashes(self) -> np.ndarray:
+        return np.array([p.hash64 for p in self.images], np.uint64)
+
     def tensors(self) -> dict[str, np.ndarray]:
-        """All tensors by their stable names (images concatenated in prompt order)."""
+        """All tensors by their stable names (images in prompt order), with the vision tower's
+        index inputs that the Triton vision_encoder computes itself (for `qvl-trt
+        preprocess`'s file)."""
         def cat(parts: list[np.ndarray], empty: tuple[int, ...], dtype) -> np.ndarray:
             return np.concatenate(parts) if parts else np.zeros(empty, dtype)
 
-        patches = [image.patches for image in self.images]
-        idx = [image.index for image in self.images]
-        patch_dim = patches[0].pixel_values.shape[1] if patches else 0
+        idx = [vision_index_tensors(p.grid_thw, self.vision) for p in self.images]
         return {
             "input_ids": self.input_ids,
             "engine_input_ids": self.engine_input_ids,
@@ -158,9 +162,9 @@ class PreparedRequest:
             "mrope_rotary_cos_sin": self.mrope_rotary_cos_sin,
             "prompt_table_extra_ids": self.prompt_table_extra_ids,
             "prompt_vocab_size": np.array([self.prompt_vocab_size], np.int32),
-            "pixel_values": cat([p.pixel_values for p in patches], (0, patch_dim), np.float32),
-            "image_grid_thw": np.array([p.grid_thw for p in patches], np.int64).reshape(-1, 3),
-            "image_hashes": np.array([p.hash64 for p in patches], np.uint64),
+            "pixel_values": self.pixel_values,
+            "image_grid_thw": self.image_grid_thw,
+            "image_hashes": self.image_hashes,
             "pos_interp_indices": cat([i.pos_interp_indices for i in idx], (0, 4), np.int32),
             "pos_interp_weights": cat([i.pos_interp_weights for i in idx], (0, 4), np.float32),
             "rope_position_ids": cat([i.rope_position_ids for i in idx], (0, 2), np.int32),
@@ -189,8 +193,7 @@ class RequestPreprocessor:
             -> RequestPreprocessor:
         checkpoint = open_checkpoint(path, validate=False)
         limits = limits or RequestLimits.of_checkpoint(checkpoint)
-        pixels = PixelConfig.from_preprocessor_config(
-            checkpoint.preprocessor_config, f"{checkpoint.path}/preprocessor_config.json")
+        pixels = PixelConfig.of_checkpoint(checkpoint)
         min_pixels = pixels.min_pixels if limits.min_pixels is None else limits.min_pixels
         max_pixels = min(pixels.max_pixels, limits.max_pixels or pixels.max_pixels)
         if min_pixels > max_pixels:
@@ -218,9 +221,9 @@ class RequestPreprocessor:
         if placeholders != len(images):
             raise InputError(f"messages hold {placeholders} image parts but {len(images)} images "
                              "were sent; send one image per image part")
-        prepared = tuple(self._image(n, image) for n, image in enumerate(images, 1))
+        pixel_values, prepared = self._images(images)
         merge = ckpt.vision.spatial_merge_size ** 2
-        counts = tuple(image.patches.num_patches // merge for image in prepared)
+        counts = tuple(image.num_patches // merge for image in prepared)
         if lim.max_visual_tokens is not None and sum(counts) > lim.max_visual_tokens:
             raise InputError(
                 f"request has {sum(counts)} visual tokens in {len(images)} images, the engine's "
@@ -233,11 +236,12 @@ class RequestPreprocessor:
                 f"{len(images)} images), the engine allows {lim.max_input_len}: shorten the "
                 "text or send fewer or smaller images")
         image_id, deepstack = ckpt.token_ids.image, ckpt.vision.deepstack_count
-        rope = rope_index(input_ids, [image.patches.grid_thw for image in prepared],
+        rope = rope_index(input_ids, [image.grid_thw for image in prepared],
                           image_token_id=image_id,
                           spatial_merge_size=ckpt.vision.spatial_merge_size)
         return PreparedRequest(
-            text=text, images=prepared, image_token_counts=counts, input_ids=input_ids,
+            text=text, images=prepared, pixel_values=pixel_values, image_token_counts=counts,
+            input_ids=input_ids,
             engine_input_ids=fake_token_ids(input_ids, image_token_id=image_id,
                                             vocab_size=ckpt.text.vocab_size,
                                             deepstack_count=deepstack),
@@ -246,19 +250,37 @@ class RequestPreprocessor:
                                                      lim.max_seq_len),
             prompt_table_extra_ids=prompt_table_extra_ids(
                 input_ids, image_token_id=image_id,
-                image_hashes=[image.patches.hash64 for image in prepared],
+                image_hashes=[image.hash64 for image in prepared],
                 image_token_counts=counts),
             prompt_vocab_size=rows_per_visual_token(deepstack) * sum(counts),
+            vision=ckpt.vision,
         )
 
-    def _image(self, number: int, image: ImageInput) -> PreparedImage:
-        try:
-            rgb = load_rgb(image, max_decoded_pixels=self.limits.max_decoded_pixels)
-            patches = image_patches(rgb, self.pixels)
-        except InputError as exc:
-            raise InputError(f"image {number}: {exc}") from None
-        return PreparedImage(patches, vision_index_tensors(patches.grid_thw,
-                                                           self.checkpoint.vision))
+    def _images(self, images: Sequence[ImageInput]) \
+            -> tuple[np.ndarray, tuple[ImagePatches, ...]]:
+        """Decode every image, then cut each into its slice of one uint8 buffer."""
+        decoded, counts = [], []
+        for number, image in enumerate(images, 1):
+            with _numbered(number):
+                rgb = load_rgb(image, max_decoded_pixels=self.limits.max_decoded_pixels)
+                counts.append(patch_count(rgb, self.pixels))
+                decoded.append(rgb)
+        buffer = np.empty((sum(counts), self.pixels.patch_dim), np.uint8)
+        patches, start = [], 0
+        for number, (rgb, count) in enumerate(zip(decoded, counts, strict=True), 1):
+            with _numbered(number):
+                patches.append(image_patches(rgb, self.pixels, out=buffer[start:start + count]))
+            start += count
+        return buffer, tuple(patches)
+
+
+@contextmanager
+def _numbered(number: int) -> Iterator[None]:
+    """Prefix an InputError about one image with its number."""
+    try:
+        yield
+    except InputError as exc:
+        raise InputError(f"image {number}: {exc}") from None
 
 
 def prepare_files(model: str | Path, images: Sequence[Path], prompt: str, *,

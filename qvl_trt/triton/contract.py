@@ -241,7 +241,9 @@ STOP_REQUEST = "stop"
 OUTPUT_IDS = "output_ids"
 SEQUENCE_LENGTH = "sequence_length"
 # preprocessing -> vision_encoder
-PIXEL_VALUES = "pixel_values"  # patch rows of every image of the request, concatenated
+# uint8 patch rows (channel, temporal frame, y, x) of every image of the request, in prompt
+# order; the vision tower rescales and normalises them itself (qvl_trt/mm/pixels.py)
+PIXEL_VALUES = "pixel_values"
 IMAGE_GRID_THW = "image_grid_thw"  # (t, h, w) patches per image; 0 rows for text-only
 IMAGE_HASHES = "image_hashes"  # 64-bit content hash per image: cache key and KV-reuse id
 
@@ -286,13 +288,13 @@ PREPROCESSING_OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec(PROMPT_TABLE_EXTRA_IDS, "UINT64", (-1,)),
     TensorSpec(MROPE_ROTARY_COS_SIN, "FP32", (-1,)),
     _scalar(MROPE_POSITION_DELTAS, "INT64"),
-    TensorSpec(PIXEL_VALUES, "FP32", (-1, -1)),  # (patches, C*T*P*P)
+    TensorSpec(PIXEL_VALUES, "UINT8", (-1, -1)),  # (patches, C*T*P*P)
     TensorSpec(IMAGE_GRID_THW, "INT64", (-1, 3)),
     TensorSpec(IMAGE_HASHES, "UINT64", (-1,)),
 )
 
 VISION_INPUTS: tuple[TensorSpec, ...] = (
-    TensorSpec(PIXEL_VALUES, "FP32", (-1, -1)),
+    TensorSpec(PIXEL_VALUES, "UINT8", (-1, -1)),
     TensorSpec(IMAGE_GRID_THW, "INT64", (-1, 3)),
     TensorSpec(IMAGE_HASHES, "UINT64", (-1,)),
 )

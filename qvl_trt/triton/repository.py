@@ -24,7 +24,7 @@ import re
 import shutil
 import zipfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import __version__
@@ -70,6 +70,12 @@ class BuildInput:
         return cls(Path(path), name) if sep and name and "/" not in name else cls(Path(text))
 
 
+def machine_cores() -> int:
+    """CPU cores this process may run on (its affinity, as a container's CPU set limits it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else os.cpu_count() or 1
+
+
 @dataclass(frozen=True)
 class RepoOptions:
     flavor: Flavor = Flavor.TRT
@@ -79,7 +85,9 @@ class RepoOptions:
     default_max_tokens: int = 512
     vision_cache_mib: int = 512
     image_url_allow_list: tuple[str, ...] = ()
-    preprocessing_instances: int = 2
+    # One per CPU core of the machine the repository is generated on (preprocessing is CPU
+    # work, one request at a time per instance); the serving machine is usually that one.
+    preprocessing_instances: int = field(default_factory=lambda: machine_cores())
     # Python models running PyTorch (reference flavor): "auto" = cuda when present.
     device: str = "auto"
     # The reference flavor's precision for the vision tower, the prompt table and the
@@ -233,7 +241,8 @@ def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOpt
 
     vision = folders[names.vision_encoder]
     _python_model(vision, c.VISION_ENCODER, runtime)
-    _copy_files(ckpt.path, vision / CHECKPOINT_DIR, ["config.json"])
+    # The reference tower normalises the 8-bit pixels with the image processor settings.
+    _copy_files(ckpt.path, vision / CHECKPOINT_DIR, ["config.json", "preprocessor_config.json"])
     llm = folders[names.tensorrt_llm]
     if options.flavor is Flavor.TRT:
         _link_tree(build.folder.finished(build.folder.stage(Stage.VISION),

@@ -23,6 +23,7 @@ from ..dtypes import Dtype
 from ..errors import ConfigError
 from ..llm.engine import FUSED_ATTENTION_DTYPES
 from ..typed_config import to_jsonable
+from ..vision.spec import PIXEL_DTYPE
 from . import contract as c
 from .model_configs import Flavor
 from .pbconfig import CONFIG_FILE, data_type_name, get_parameter, parameters, parse_config
@@ -334,7 +335,7 @@ def _check_artifacts(repo: Path, ensemble: str, configs: dict[str, Any],
     llm = repo / models["tensorrt_llm"] / VERSION
     if flavor is Flavor.REFERENCE:
         present(models["vision_encoder"], vision / CHECKPOINT_DIR,
-                ["config.json", "model.safetensors"])
+                ["config.json", "preprocessor_config.json", "model.safetensors"])
         present(models["tensorrt_llm"], llm / CHECKPOINT_DIR,
                 ["config.json"] + [f"rank{r}.safetensors" for r in range(info.tp_size)])
         return
@@ -361,6 +362,11 @@ def _check_vision_engine(name: str, folder: Path, info: BuildInfo,
                  f"vision engine targets compute capability "
                  f"{'/'.join(engine.get('compute_capabilities', []))}, profile {profile.name} "
                  f"is {cc}; rebuild it")
+    pixels = next((t.get("dtype") for t in engine.get("inputs", [])
+                   if t.get("name") == "pixel_values"), None)
+    report.check(pixels == PIXEL_DTYPE, name,
+                 f"vision engine takes {pixels} pixel_values, this qvl-trt sends the images' "
+                 f"{PIXEL_DTYPE} values; rebuild it with `qvl-trt build --only vision --force`")
     max_patches = profile.limits.vision_max_pixels // PIXELS_PER_PATCH
     report.check(engine.get("patches", {}).get("max", 0) >= max_patches, name,
                  f"vision engine takes at most {engine.get('patches', {}).get('max')} patches, "

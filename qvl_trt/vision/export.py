@@ -24,6 +24,8 @@ from ..checkpoint import VISION_PREFIX, Checkpoint
 from ..deps import require
 from ..dtypes import Dtype
 from ..errors import BuildError
+from ..hashing import fingerprint
+from ..mm.pixels import PixelConfig
 from ..profiles import TrtEdition
 from ..typed_config import to_jsonable
 from .spec import MERGE_BLOCKS, MIN_BLOCKS, PATCHES, GraphSpec, vision_graph_spec
@@ -44,8 +46,9 @@ OPSETS = {TrtEdition.TENSORRT_RTX: 23, TrtEdition.TENSORRT: 18}
 # The traced example: a 16x16-patch image. Any size works at run time (dynamic axis).
 EXAMPLE_GRID = (1, 16, 16)
 
-# TensorProto.DataType value -> the name TensorSpec.dtype uses (INT32 = 6, INT64 = 7).
-_ONNX_DTYPES = {**{d.onnx: d.value for d in Dtype}, 6: "int32", 7: "int64"}
+# TensorProto.DataType value -> the name TensorSpec.dtype uses (UINT8 = 2, INT32 = 6,
+# INT64 = 7).
+_ONNX_DTYPES = {**{d.onnx: d.value for d in Dtype}, 2: "uint8", 6: "int32", 7: "int64"}
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,11 @@ def export_inputs(ckpt: Checkpoint, dtype: Dtype, edition: TrtEdition, hash_file
     `hash_file(path) -> sha256`."""
     files = sorted({info.file for name, info in ckpt.tensors.items()
                     if name.startswith(VISION_PREFIX)})
+    pixels = PixelConfig.of_checkpoint(ckpt)
     return {"dtype": dtype.value, "opset": OPSETS[edition], "exporter": f"qvl-trt {__version__}",
+            "spec": to_jsonable(vision_graph_spec(ckpt.vision, dtype)),
+            # The graph normalises the 8-bit pixels with the processor's table.
+            "pixel_lut": fingerprint(pixels.lut.tolist()),
             "vision_config": ckpt.config.get("vision_config", {}),
             "weights": {f: hash_file(ckpt.path / f) for f in files}}
 

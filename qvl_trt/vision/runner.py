@@ -104,10 +104,15 @@ class VisionEngine:
                         for t in self.config["inputs"] + self.config["outputs"]}
 
     def __call__(self, pixel_values, index: VisionIndex) -> dict[str, Any]:
-        """Encode one image: `pixel_values` [N, patch_dim] (torch tensor, any device) and its
-        host index tensors -> {output name: CUDA tensor [N/4, out_hidden]}."""
+        """Encode one image: `pixel_values` [N, patch_dim] uint8 (torch tensor, any device) and
+        its host index tensors -> {output name: CUDA tensor [N/4, out_hidden]}."""
         torch = self._torch
         n = int(pixel_values.shape[0])
+        if pixel_values.dtype != self._dtypes["pixel_values"]:
+            # A cast would truncate normalised floats to garbage without a word.
+            raise InputError(f"pixel_values is {pixel_values.dtype}, the vision engine takes "
+                             f"the resized image's {self._dtypes['pixel_values']} values; send "
+                             "qvl_trt.mm.pixels.image_patches' rows")
         if n != index.num_patches:
             raise InputError(f"pixel_values has {n} rows, the index tensors {index.num_patches}")
         if not self.patches["min"] <= n <= self.patches["max"]:

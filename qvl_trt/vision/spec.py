@@ -18,6 +18,9 @@ from ..profiles import BuildLimits
 VISION_DTYPES = (Dtype.FLOAT16, Dtype.BFLOAT16, Dtype.FLOAT32)
 ENGINE_DTYPES = (Dtype.FLOAT16, Dtype.BFLOAT16)
 
+# The pixels' dtype at every step: the resized image's 8-bit values (qvl_trt/mm/pixels.py).
+PIXEL_DTYPE = "uint8"
+
 # Named dynamic axes.
 PATCHES = "num_patches"
 TOKENS = "num_tokens"  # merged tokens: num_patches / spatial_merge_size^2
@@ -32,7 +35,7 @@ OPT_IMAGE = (1080, 1920)  # height, width
 @dataclass(frozen=True)
 class GraphTensor:
     name: str
-    dtype: str  # a Dtype's value, or "int32"
+    dtype: str  # a Dtype's value, "int32" or "uint8"
     shape: tuple[int | str, ...]  # a str is a named dynamic axis
 
     @property
@@ -77,11 +80,12 @@ class PatchRange:
 
 
 def vision_graph_spec(vision: VisionDims, dtype: Dtype | str) -> GraphSpec:
-    """The vision graph of a checkpoint in precision `dtype`: inputs are always float32 /
-    int32 (what the host computes); outputs are in the graph's precision."""
+    """The vision graph of a checkpoint in precision `dtype`: inputs are what the host
+    computes (uint8 pixels, which the graph normalises; float32 / int32 indices); outputs are
+    in the graph's precision."""
     dtype = pick(dtype, VISION_DTYPES, "vision dtype")
     inputs = (
-        GraphTensor("pixel_values", Dtype.FLOAT32.value, (PATCHES, vision.patch_dim)),
+        GraphTensor("pixel_values", PIXEL_DTYPE, (PATCHES, vision.patch_dim)),
         GraphTensor("pos_interp_indices", "int32", (PATCHES, 4)),
         GraphTensor("pos_interp_weights", Dtype.FLOAT32.value, (PATCHES, 4)),
         GraphTensor("rope_position_ids", "int32", (PATCHES, 2)),

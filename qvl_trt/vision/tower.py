@@ -1,7 +1,11 @@
 """The Qwen3-VL vision tower re-written for export: one image per call, no attention mask,
 no data-dependent splits, position/rotary indices from the host (qvl_trt.mm.vision_index).
 
-Numerically it is the Hugging Face tower (`Qwen3VLVisionModel`) for one image. Precision
+Numerically it is the Hugging Face tower (`Qwen3VLVisionModel`) for one image, fed the uint8
+pixels that HF's processor rescales and normalises: the graph does that itself, by looking
+each value up in the processor's fp32 table (qvl_trt.mm.pixels.PixelConfig.lut), which gives
+HF's float pixels to the last bit, before the patch embedding casts them to the graph's
+dtype (as a float input would be). Precision
 policy of a reduced-precision graph (the graph must carry it: TensorRT-RTX and strongly typed
 TensorRT take precision from the graph, not from builder flags): LayerNorms run in fp32
 between explicit casts; the position-table weighting and the rotary rotation of q/k run in
@@ -22,6 +26,7 @@ from torch import nn
 from ..checkpoint import VISION_PREFIX, Checkpoint, VisionDims
 from ..dtypes import Dtype
 from ..errors import CheckpointError
+from ..mm.pixels import PixelConfig
 from ..mm.vision_index import vision_index_tensors
 
 LAYER_NORM_EPS = 1e-6
@@ -101,17 +106,25 @@ class PatchMerger(nn.Module):
 
 
 class VisionTower(nn.Module):
-    """forward(pixel_values [N, patch_dim] f32, pos_interp_indices [N, 4] i32,
+    """forward(pixel_values [N, patch_dim] u8, pos_interp_indices [N, 4] i32,
     pos_interp_weights [N, 4] f32, rope_position_ids [N, 2] i32) ->
     (image_embeds, deepstack_0, ..., deepstack_{K-1}), each [N/4, out_hidden]."""
 
-    def __init__(self, dims: VisionDims, *, rope_theta: float = DEFAULT_ROPE_THETA) -> None:
+    def __init__(self, dims: VisionDims, pixels: PixelConfig, *,
+                 rope_theta: float = DEFAULT_ROPE_THETA) -> None:
         super().__init__()
         if dims.hidden_act not in _BLOCK_ACTIVATIONS:
             raise CheckpointError(
                 f"vision_config.hidden_act {dims.hidden_act!r} is not one of "
                 f"{', '.join(_BLOCK_ACTIVATIONS)}; this is not a Qwen3-VL vision tower")
         self.dims = dims
+        if pixels.patch_dim != dims.patch_dim:
+            raise CheckpointError(f"preprocessor_config.json makes patches of {pixels.patch_dim} "
+                                  f"values, the vision tower takes {dims.patch_dim}; re-download "
+                                  "the checkpoint's preprocessor_config.json")
+        self.register_buffer("pixel_lut", torch.from_numpy(pixels.lut), persistent=False)
+        self.register_buffer("lut_offsets", torch.from_numpy(pixels.lut_offsets),
+                             persistent=False)
         # The Conv3d patch embedding (kernel = stride = one patch) as a MatMul.
         self.patch_embed = nn.Linear(dims.patch_dim, dims.hidden_size)
         self.pos_embed = nn.Parameter(torch.zeros(dims.num_position_embeddings, dims.hidden_size))
@@ -126,7 +139,8 @@ class VisionTower(nn.Module):
             -> tuple[torch.Tensor, ...]:
         dtype = self.patch_embed.weight.dtype
         n = pixel_values.shape[0]
-        x = self.patch_embed(pixel_values.to(dtype))
+        index = (pixel_values.to(torch.int32) + self.lut_offsets).reshape(-1)
+        x = self.patch_embed(self.pixel_lut.index_select(0, index).reshape(n, -1).to(dtype))
         # Bilinear resampling of the learned position table: 4 weighted rows per patch.
         rows = self.pos_embed.index_select(0, pos_interp_indices.reshape(-1))
         rows = rows.reshape(n, 4, -1).float()  # [N, 4, hidden]
@@ -175,8 +189,9 @@ def load_vision_tower(ckpt: Checkpoint, dtype: Dtype | str = Dtype.FLOAT32) -> V
     LayerNorm parameters stay fp32. Tensors are read one at a time and cast as they come,
     so peak memory is about one copy of the tower."""
     dims, weights = ckpt.vision, Dtype(dtype).torch()
+    pixels = PixelConfig.of_checkpoint(ckpt)
     with torch.device("meta"):
-        tower = VisionTower(dims, rope_theta=vision_rope_theta(ckpt.config))
+        tower = VisionTower(dims, pixels, rope_theta=vision_rope_theta(ckpt.config))
     norms = {f"{name}.{leaf}" for name, m in tower.named_modules()
              if isinstance(m, Fp32LayerNorm) for leaf in ("weight", "bias")}
     state = {}
@@ -186,16 +201,18 @@ def load_vision_tower(ckpt: Checkpoint, dtype: Dtype | str = Dtype.FLOAT32) -> V
             tensor = tensor.reshape(dims.hidden_size, dims.patch_dim)
         state[ours] = tensor
     tower.load_state_dict(state, strict=True, assign=True)
-    # inv_freq is computed, not loaded: build it for real (meta tensors hold no values).
+    # The buffers are computed, not loaded: build them for real (meta tensors hold no values).
     tower.inv_freq = rotary_inv_freq(dims, vision_rope_theta(ckpt.config))
+    tower.pixel_lut = torch.from_numpy(pixels.lut)
+    tower.lut_offsets = torch.from_numpy(pixels.lut_offsets)
     return tower.eval().requires_grad_(False)
 
 
 def example_inputs(ckpt: Checkpoint, grid: tuple[int, int, int], *, seed: int = 0) -> tuple:
-    """Torch inputs for one image of patch grid `grid`: random pixels in [-1, 1] (the
-    normalised range) and the host index tensors."""
+    """Torch inputs for one image of patch grid `grid`: random uint8 pixels (every temporal
+    frame its own, as a video's would be) and the host index tensors."""
     index = vision_index_tensors(grid, ckpt.vision)
     rng = np.random.default_rng(seed)
-    pixels = rng.uniform(-1, 1, (index.num_patches, ckpt.vision.patch_dim)).astype(np.float32)
+    pixels = rng.integers(0, 256, (index.num_patches, ckpt.vision.patch_dim), np.uint8)
     return (torch.from_numpy(pixels),
             *(torch.from_numpy(a) for a in index.as_dict().values()))

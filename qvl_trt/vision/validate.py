@@ -1,9 +1,10 @@
 """Validate an exported vision graph against the Hugging Face vision tower.
 
-For each image size, the HF tower (fp32, from the checkpoint's own config and weights) gets
-pixel_values + grid_thw; the ONNX graph (onnxruntime) gets the same pixels + the host index
-tensors. Per output, the worst `max|diff| / max|reference|` over the sizes must stay within
-the dtype's tolerance. A shape mismatch is always an error.
+For each image size, the ONNX graph (onnxruntime) gets random uint8 pixels + the host index
+tensors; the HF tower (fp32, from the checkpoint's own config and weights) gets the float
+pixels HF's processor makes of them + grid_thw. Per output, the worst `max|diff| /
+max|reference|` over the sizes must stay within the dtype's tolerance. A shape mismatch is
+always an error.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..checkpoint import VISION_PREFIX, Checkpoint
 from ..deps import require
 from ..dtypes import Dtype
 from ..errors import BuildError
+from ..mm.pixels import PixelConfig
 from ..profiles import TrtEdition
 from .export import VALIDATION_NAME, check_onnx_io, export_vision_onnx
 from .spec import vision_graph_spec
@@ -115,11 +117,13 @@ def compare_with_hf(run: Runner, ckpt: Checkpoint, *, dtype: Dtype | str, graph:
 
     reference = reference if reference is not None else hf_vision_tower(ckpt)
     spec = vision_graph_spec(ckpt.vision, dtype)
+    pixels = PixelConfig.of_checkpoint(ckpt)
     worst: dict[str, tuple[float, float, float, tuple[int, int, int]]] = {}
     for grid in grids:
         inputs = example_inputs(ckpt, tuple(grid), seed=sum(grid))
+        hf_pixels = torch.from_numpy(pixels.normalise(inputs[0].numpy()))
         with torch.no_grad():
-            hf = reference(inputs[0], grid_thw=torch.tensor([grid]))
+            hf = reference(hf_pixels, grid_thw=torch.tensor([grid]))
         refs = [hf.pooler_output, *hf.deepstack_features]
         outs = run(inputs)
         if len(outs) != len(refs):

@@ -38,7 +38,6 @@ class Preprocessor:
         self.extra_end_ids = [[t] for t in generation.end_ids[1:]]
         self.pad_id = generation.pad_id
         self.urls = UrlPolicy.from_parameter(limits.image_url_allow_list)
-        self.patch_dim = self.requests.pixels.patch_dim
 
     def __call__(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """`inputs`: public input name -> value (scalars unwrapped, absent ones missing)."""
@@ -60,15 +59,14 @@ class Preprocessor:
                 f"tokens and the engine holds {self.limits.max_seq_len} per sequence, so at most "
                 f"{room} can be generated; lower max_tokens")
         greedy = s.temperature == 0 or s.top_k == 1
-        tensors = prepared.tensors()
         seed = s.seed if s.seed is not None else secrets.randbits(63)
 
         def scalar(value, dtype) -> np.ndarray:
             return np.array([value], dtype)
 
-        pixel_values = tensors["pixel_values"].reshape(-1, self.patch_dim)
+        # The prepared arrays already have the contract's dtypes: passed on, not copied.
         return {
-            c.INPUT_IDS: prepared.engine_input_ids.astype(np.int32),
+            c.INPUT_IDS: prepared.engine_input_ids,
             c.INPUT_LENGTHS: scalar(prompt_tokens, np.int32),
             c.REQUEST_OUTPUT_LEN: scalar(max_tokens, np.int32),
             c.END_ID: scalar(self.end_id, np.int32),
@@ -80,12 +78,12 @@ class Preprocessor:
             c.RUNTIME_TOP_P: scalar(1.0 if greedy else s.top_p, np.float32),
             c.SEED: scalar(seed, np.uint64),
             c.STOP_WORDS_LIST: c.stop_words_list(stops + self.extra_end_ids),
-            c.PROMPT_TABLE_EXTRA_IDS: tensors["prompt_table_extra_ids"].astype(np.uint64),
-            c.MROPE_ROTARY_COS_SIN: tensors["mrope_rotary_cos_sin"].astype(np.float32),
-            c.MROPE_POSITION_DELTAS: tensors["mrope_position_deltas"].astype(np.int64),
-            c.PIXEL_VALUES: pixel_values.astype(np.float32),
-            c.IMAGE_GRID_THW: tensors["image_grid_thw"].astype(np.int64),
-            c.IMAGE_HASHES: tensors["image_hashes"].astype(np.uint64),
+            c.PROMPT_TABLE_EXTRA_IDS: prepared.prompt_table_extra_ids,
+            c.MROPE_ROTARY_COS_SIN: prepared.mrope_rotary_cos_sin,
+            c.MROPE_POSITION_DELTAS: scalar(prepared.mrope_position_delta, np.int64),
+            c.PIXEL_VALUES: prepared.pixel_values,
+            c.IMAGE_GRID_THW: prepared.image_grid_thw,
+            c.IMAGE_HASHES: prepared.image_hashes,
         }
 
 

@@ -16,7 +16,7 @@ from ...mm.vision_index import VisionIndex, vision_index_tensors
 from .backend import pick_device
 from .vision_cache import RowCache
 
-# pixel_values [N, patch_dim] float32 + the image's index tensors -> (image_embeds,
+# pixel_values [N, patch_dim] uint8 + the image's index tensors -> (image_embeds,
 # deepstack_0, ..., deepstack_{K-1}), each [N / merge^2, hidden]
 RunImage = Callable[[np.ndarray, VisionIndex], tuple[np.ndarray, ...]]
 
@@ -59,7 +59,7 @@ class VisionStep:
 
     def _encode(self, pixel_values: np.ndarray, grid: np.ndarray) -> np.ndarray:
         index = vision_index_tensors(grid, self.vision)
-        embeds, *deepstack = self.run_image(np.ascontiguousarray(pixel_values, np.float32), index)
+        embeds, *deepstack = self.run_image(np.ascontiguousarray(pixel_values, np.uint8), index)
         table = assemble_prompt_table(np.asarray(embeds), [np.asarray(d) for d in deepstack])
         if table.shape[1] != self.hidden_size:
             raise InputError(f"the vision tower returned rows of width {table.shape[1]}, the "
