@@ -15,23 +15,16 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
-import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from tiny_reference_repo import build_tiny_reference_repo
 
-from small_profile import small_profile_toml  # noqa: E402
-
-from qvl_trt.build import BuildOptions, Stage, run_build  # noqa: E402
-from qvl_trt.client.generate import GenerateClient, GenerateRequest  # noqa: E402
-from qvl_trt.testing.tiny_checkpoint import write_tiny_checkpoint  # noqa: E402
-from qvl_trt.triton import contract as c  # noqa: E402
-from qvl_trt.triton.model_configs import Flavor  # noqa: E402
-from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo  # noqa: E402
-from qvl_trt.triton.server import ServerOptions, TritonServer, free_ports  # noqa: E402
+from qvl_trt.client.generate import GenerateClient, GenerateRequest
+from qvl_trt.triton import contract as c
+from qvl_trt.triton.server import ServerOptions, TritonServer, free_ports
 
 LONG_TOKENS = 1200
 SHORT_TOKENS = 8
@@ -76,16 +69,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="qvl-bench-sched-") as tmp:
         root = args.work_dir or Path(tmp)
-        root.mkdir(parents=True, exist_ok=True)
-        profile = root / "profile.toml"
-        profile.write_text(small_profile_toml(max_seq_len=2048, max_num_tokens=2048))
-        ckpt = write_tiny_checkpoint(root / "ckpt")
-        build = root / "build"
-        run_build(BuildOptions(model=str(ckpt), gpu=str(profile)), build,
-                  only=(Stage.LLM_CHECKPOINT,))
-        repo = write_repo([BuildInput(build)], root / "repo",
-                          RepoOptions(flavor=Flavor.REFERENCE, preprocessing_instances=1,
-                                      vision_cache_mib=64))
+        repo = build_tiny_reference_repo(root, max_seq_len=2048, max_num_tokens=2048)
         with TritonServer(ServerOptions(repo.path, free_ports()), log_file=root / "server.log",
                           startup_timeout_s=300) as server:
             url = f"grpc://{server.grpc_url}"

@@ -23,17 +23,19 @@ finishes it (llmRequest.h finishByReason(kCANCELLED)) and sends the last result,
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from ...errors import InputError
 from .. import contract as c
-from .backend import error_message
+from .backend import error_message, error_response, guarded, pb, read_row, response
 
 # emit(new token ids, final): one response; fail(message): an error response (final).
 Emit = Callable[[list[int], bool], None]
@@ -315,3 +317,54 @@ def _torch():
     from ...deps import require
 
     return require("torch", extra="export", why="run the reference decoder")
+
+
+class LlmModel:
+    """The tensorrt_llm python model's body over `decoder` (the reference decoder; the
+    pipeline benchmark's token generator): the stock backend's request contract, responses
+    and stop requests; tokens made counted in the metric qvl_reference_llm_tokens_total."""
+
+    def __init__(self, args: Mapping[str, str], decoder: Any, *, table_dtype: str,
+                 rows_per_request: int | None) -> None:
+        self.name = args["model_name"]
+        self.limits = LlmLimits(hidden_size=decoder.config.hidden_size, table_dtype=table_dtype,
+                                rows_per_request=rows_per_request)
+        # The family must outlive its metric: keep both.
+        self.family = pb().MetricFamily(name="qvl_reference_llm_tokens_total",
+                                        description="tokens the reference decoder made",
+                                        kind=pb().MetricFamily.COUNTER)
+        self.tokens = self.family.Metric(labels={"model": self.name})
+        max_batch_size = json.loads(args["model_config"])["max_batch_size"]
+        self.llm = ReferenceLlm(decoder, max_batch_size=max_batch_size,
+                                count_tokens=self.tokens.increment, model_name=self.name)
+
+    def execute(self, requests: Iterable[Any]) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            guarded(self.name, partial(_fail, sender), self._submit, request, sender)
+
+    def _submit(self, request: Any, sender: Any) -> None:
+        row = read_row(request, c.LLM_INPUTS)
+        if row.get(c.STOP_REQUEST):
+            # The stock backend's handleStopRequest: an empty final response.
+            self.llm.stop(request.request_id())
+            sender.send(flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return
+        check_requested_outputs(request.requested_output_names())
+        self.llm.submit(LlmRequest.from_inputs(row, self.limits), partial(_emit, sender),
+                        partial(_fail, sender), request_id=request.request_id(),
+                        is_cancelled=request.is_cancelled)
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+def _emit(sender: Any, tokens: list[int], final: bool) -> None:
+    ids = np.array([tokens], np.int32)  # (beam, tokens)
+    sender.send(response({c.OUTPUT_IDS: ids,
+                          c.SEQUENCE_LENGTH: np.array([len(tokens)], np.int32)}),
+                flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+
+
+def _fail(sender: Any, message: str) -> None:
+    sender.send(error_response(message), flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)

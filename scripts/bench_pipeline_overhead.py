@@ -1,0 +1,200 @@
+"""What the served pipeline itself costs per token: tensorrt_llm replaced by a load generator
+that makes tokens at a fixed rate (qvl_trt.testing.token_generator, a benchmark fixture put
+into this script's own repository only), N concurrent streams through the ensemble and
+through tensorrt_llm_bls against the same generator called directly over gRPC streaming,
+interleaved round by round. Prints delivered tokens/s per path and their ratio to the direct
+rate, and, at one stream, the per-token latency each path adds (median inter-token time, and
+end to end per token) over the direct call.
+
+Issue 14's acceptance: at 16 streams x 250 tokens/s the ensemble delivers >= 90% of the
+direct rate and adds <= 0.2 ms per token at one stream.
+
+Usage: python scripts/bench_pipeline_overhead.py [--rate 250] [--streams 1 16]
+       [--tokens 500] [--rounds 3] [--work-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+
+import numpy as np
+from tiny_reference_repo import build_tiny_reference_repo
+
+from qvl_trt.client.generate import GenerateRequest, request_fields
+from qvl_trt.deps import require
+from qvl_trt.testing.token_generator import install_token_generator
+from qvl_trt.triton import contract as c
+from qvl_trt.triton.repository import VERSION
+from qvl_trt.triton.server import ServerOptions, TritonServer, free_ports
+
+PROMPT = "Describe the benchmark in a few words."
+DIRECT = "direct"
+PATHS = (DIRECT, c.ENSEMBLE, c.TENSORRT_LLM_BLS)
+
+
+@dataclass(frozen=True)
+class Stream:
+    sent: float
+    arrivals: tuple[float, ...]  # perf_counter per response that carried tokens
+    tokens: int
+
+    @property
+    def end(self) -> float:
+        return self.arrivals[-1]
+
+
+def _infer_inputs(grpc, values: dict[str, tuple[str, np.ndarray]]) -> list:
+    inputs = []
+    for name, (dtype, value) in values.items():
+        tensor = grpc.InferInput(name, list(value.shape), dtype)
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    return inputs
+
+
+def llm_inputs(grpc, url: str, max_tokens: int) -> dict[str, tuple[str, np.ndarray]]:
+    """tensorrt_llm's inputs for PROMPT, as the ensemble's earlier steps make them."""
+    client = grpc.InferenceServerClient(url)
+    fields = request_fields(GenerateRequest(PROMPT, max_tokens=max_tokens))
+    pre = client.infer(c.PREPROCESSING, _infer_inputs(grpc, fields))
+    vision = client.infer(c.VISION_ENCODER, _infer_inputs(grpc, {
+        s.name: (s.data_type, pre.as_numpy(s.name)) for s in c.VISION_INPUTS}))
+    client.close()
+    table = vision.get_output(c.PROMPT_EMBEDDING_TABLE).datatype
+    specs = {s.name: s.data_type for s in c.POSTPROCESSING_INPUTS}
+    specs[c.PROMPT_EMBEDDING_TABLE] = table  # the build's dtype
+    out = {}
+    for name, dtype in specs.items():
+        result = pre if pre.get_output(name) is not None else vision
+        if result.get_output(name) is not None:
+            out[name] = (dtype, result.as_numpy(name))
+    return out
+
+
+def run_streams(grpc, url: str, path: str, n: int, llm: dict, max_tokens: int) -> list[Stream]:
+    """`n` concurrent streams on `path`, each on its own gRPC stream."""
+    if path == DIRECT:
+        model, fields, outputs = c.TENSORRT_LLM, llm, [c.OUTPUT_IDS, c.SEQUENCE_LENGTH]
+    else:
+        model, outputs = path, None
+        fields = request_fields(GenerateRequest(PROMPT, max_tokens=max_tokens))
+    results: list[Stream | None] = [None] * n
+    start = threading.Barrier(n)
+
+    def one(i: int) -> None:
+        client = grpc.InferenceServerClient(url)
+        responses: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: responses.put(
+            (time.perf_counter(), result, error)))
+        inputs = _infer_inputs(grpc, fields)
+        requested = [grpc.InferRequestedOutput(o) for o in outputs] if outputs else None
+        start.wait()
+        sent = time.perf_counter()
+        client.async_stream_infer(model, inputs, request_id=uuid.uuid4().hex, outputs=requested,
+                                  enable_empty_final_response=True)
+        arrivals, tokens = [], 0
+        while True:
+            at, result, error = responses.get(timeout=600)
+            if error is not None:
+                raise RuntimeError(f"{path}: {error}")
+            if path == DIRECT:
+                ids = result.as_numpy(c.OUTPUT_IDS)
+                new = 0 if ids is None else ids.shape[-1]
+                tokens += new
+            else:
+                done = result.as_numpy(c.COMPLETION_TOKENS)
+                new = 0 if done is None else int(done.reshape(-1)[0]) - tokens
+                tokens += new
+            if new:
+                arrivals.append(at)
+            final = result.get_response().parameters.get("triton_final_response")
+            if final is not None and final.bool_param:
+                break
+        client.stop_stream()
+        client.close()
+        results[i] = Stream(sent, tuple(arrivals), tokens)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if any(r is None for r in results):
+        raise SystemExit(f"{path}: a stream failed (see above)")
+    return results
+
+
+def delivered_rate(streams: list[Stream]) -> float:
+    first = min(s.sent for s in streams)
+    return sum(s.tokens for s in streams) / (max(s.end for s in streams) - first)
+
+
+def inter_token(streams: list[Stream]) -> float:
+    return statistics.median(b - a for s in streams for a, b in pairwise(s.arrivals))
+
+
+def end_to_end_per_token(streams: list[Stream]) -> float:
+    return statistics.median((s.end - s.sent) / s.tokens for s in streams)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rate", type=float, default=250.0, help="tokens/s per stream")
+    parser.add_argument("--streams", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--tokens", type=int, default=500, help="tokens per request")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--work-dir", type=Path, help="where to build (default: a temporary "
+                        "folder, removed at the end)")
+    args = parser.parse_args()
+    grpc = require("tritonclient.grpc", extra="serve", why="talk to Triton over gRPC")
+    with tempfile.TemporaryDirectory(prefix="qvl-bench-pipe-") as tmp:
+        root = args.work_dir or Path(tmp)
+        # Room for the most streams in one in-flight batch, and for the tokens asked.
+        repo = build_tiny_reference_repo(
+            root, max_batch_size=max(args.streams),
+            max_seq_len=1024 + args.tokens, max_num_tokens=1024 + args.tokens)
+        install_token_generator(repo.path / c.TENSORRT_LLM / VERSION, args.rate)
+        with TritonServer(ServerOptions(repo.path, free_ports()), log_file=root / "server.log",
+                          startup_timeout_s=300) as server:
+            url = server.grpc_url
+            llm = llm_inputs(grpc, url, args.tokens)
+            for path in PATHS:  # warm-up
+                run_streams(grpc, url, path, 1, llm, 8)
+            print(f"generator: {args.rate:g} tokens/s per stream, {args.tokens} tokens per "
+                  f"request, {args.rounds} interleaved rounds (medians)")
+            for n in args.streams:
+                runs: dict[str, list[list[Stream]]] = {p: [] for p in PATHS}
+                for r in range(args.rounds):
+                    for path in PATHS[r % 3:] + PATHS[: r % 3]:
+                        runs[path].append(run_streams(grpc, url, path, n, llm, args.tokens))
+                rate = {p: statistics.median(delivered_rate(s) for s in runs[p]) for p in PATHS}
+                print(f"\n{n} stream(s): ideal {n * args.rate:,.0f} tokens/s")
+                for path in PATHS:
+                    line = f"  {path:<17} {rate[path]:9,.0f} tokens/s"
+                    if path != DIRECT:
+                        line += f"  {rate[path] / rate[DIRECT]:6.1%} of direct"
+                    print(line)
+                if n == 1:
+                    gap = {p: statistics.median(inter_token(s) for s in runs[p]) for p in PATHS}
+                    e2e = {p: statistics.median(end_to_end_per_token(s) for s in runs[p])
+                           for p in PATHS}
+                    for path in PATHS[1:]:
+                        print(f"  {path} adds per token: inter-token "
+                              f"{(gap[path] - gap[DIRECT]) * 1e3:+.3f} ms, end to end "
+                              f"{(e2e[path] - e2e[DIRECT]) * 1e3:+.3f} ms "
+                              f"(direct: {gap[DIRECT] * 1e3:.3f} ms between tokens)")
+            print("\nacceptance: 16 streams x 250 tokens/s, ensemble >= 90% of direct; "
+                  "<= 0.2 ms added per token at one stream")
+
+
+if __name__ == "__main__":
+    main()
