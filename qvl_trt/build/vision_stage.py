@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -71,12 +72,14 @@ def run_vision_stage(ctx: BuildContext, work: Path) -> dict[str, Any]:
     previous = ctx.stage_dir(Stage.VISION) / ONNX_DIR
     reused = _reuse_export(previous, onnx_dir, inputs["export"],
                            ctx.stage_outputs(Stage.VISION), ctx.hasher)
+    seconds = {"export": 0.0, "validate": 0.0}  # wall time per phase (0: export reused)
     if not reused:
-        _, validation = export_and_validate(ctx.checkpoint, onnx_dir, dtype=dtype,
+        onnx, validation = export_and_validate(ctx.checkpoint, onnx_dir, dtype=dtype,
                                             edition=ctx.trt_edition, inputs=inputs["export"])
         log.info("validation vs Hugging Face (%s):", validation.graph)
         for line in validation.lines():
             log.info("  %s", line)
+        seconds.update(export=onnx.seconds, validate=validation.seconds)
         validation.raise_if_failed()
 
     spec = vision_graph_spec(ctx.checkpoint.vision, dtype)
@@ -91,6 +94,7 @@ def run_vision_stage(ctx: BuildContext, work: Path) -> dict[str, Any]:
     if cache.is_file():
         shutil.copy2(cache, work / TIMING_CACHE_NAME)
     failed = ctx.out / FAILED_DIR
+    started = time.perf_counter()
     try:
         built = build_vision_engine(work, config)
     except StageUnavailable:
@@ -102,10 +106,12 @@ def run_vision_stage(ctx: BuildContext, work: Path) -> dict[str, Any]:
         os.replace(work, failed)
         raise BuildError(str(exc).replace(str(work), str(failed))) from None
     shutil.rmtree(failed, ignore_errors=True)
+    seconds["engine"] = time.perf_counter() - started
     return {"edition": built["edition"], "trt_version": built["trt_version"], "dtype": dtype,
             "compute_capabilities": built["compute_capabilities"],
             "patches": built["patches"], "engine_mib": round(built["engine_bytes"] / 2**20, 1),
-            "onnx": "reused" if reused else "exported"}
+            "onnx": "reused" if reused else "exported",
+            "seconds": {k: round(v, 2) for k, v in seconds.items()}}
 
 
 def _reuse_export(previous: Path, dest: Path, export: dict[str, Any],
