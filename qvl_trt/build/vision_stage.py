@@ -8,6 +8,9 @@ A failed engine build is kept as `<out>/vision.failed/`.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
 import logging
 import os
 import shutil
@@ -94,6 +97,7 @@ def run_vision_stage(ctx: BuildContext, work: Path) -> dict[str, Any]:
     if cache.is_file():
         shutil.copy2(cache, work / TIMING_CACHE_NAME)
     failed = ctx.out / FAILED_DIR
+    _return_freed_memory()  # the engine builds in a child while this process waits
     started = time.perf_counter()
     try:
         built = build_vision_engine(work, config)
@@ -137,3 +141,11 @@ def _reuse_export(previous: Path, dest: Path, export: dict[str, Any],
             shutil.copy2(path, dest / path.name)
     log.info("reusing the ONNX export in %s (same weights, dtype and edition)", previous)
     return True
+
+
+def _return_freed_memory() -> None:
+    """Give the heap the export and validation freed back to the OS: glibc keeps freed
+    blocks mapped, and they would count on top of the engine build's own peak."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
