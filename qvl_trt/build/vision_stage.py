@@ -8,9 +8,13 @@ A failed engine build is kept as `<out>/vision.failed/`.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -71,12 +75,14 @@ def run_vision_stage(ctx: BuildContext, work: Path) -> dict[str, Any]:
     previous = ctx.stage_dir(Stage.VISION) / ONNX_DIR
     reused = _reuse_export(previous, onnx_dir, inputs["export"],
                            ctx.stage_outputs(Stage.VISION), ctx.hasher)
+    seconds = {"export": 0.0, "validate": 0.0}  # wall time per phase (0: export reused)
     if not reused:
-        _, validation = export_and_validate(ctx.checkpoint, onnx_dir, dtype=dtype,
+        onnx, validation = export_and_validate(ctx.checkpoint, onnx_dir, dtype=dtype,
                                             edition=ctx.trt_edition, inputs=inputs["export"])
         log.info("validation vs Hugging Face (%s):", validation.graph)
         for line in validation.lines():
             log.info("  %s", line)
+        seconds.update(export=onnx.seconds, validate=validation.seconds)
         validation.raise_if_failed()
 
     spec = vision_graph_spec(ctx.checkpoint.vision, dtype)
@@ -91,6 +97,8 @@ def run_vision_stage(ctx: BuildContext, work: Path) -> dict[str, Any]:
     if cache.is_file():
         shutil.copy2(cache, work / TIMING_CACHE_NAME)
     failed = ctx.out / FAILED_DIR
+    _return_freed_memory()  # the engine builds in a child while this process waits
+    started = time.perf_counter()
     try:
         built = build_vision_engine(work, config)
     except StageUnavailable:
@@ -102,10 +110,12 @@ def run_vision_stage(ctx: BuildContext, work: Path) -> dict[str, Any]:
         os.replace(work, failed)
         raise BuildError(str(exc).replace(str(work), str(failed))) from None
     shutil.rmtree(failed, ignore_errors=True)
+    seconds["engine"] = time.perf_counter() - started
     return {"edition": built["edition"], "trt_version": built["trt_version"], "dtype": dtype,
             "compute_capabilities": built["compute_capabilities"],
             "patches": built["patches"], "engine_mib": round(built["engine_bytes"] / 2**20, 1),
-            "onnx": "reused" if reused else "exported"}
+            "onnx": "reused" if reused else "exported",
+            "seconds": {k: round(v, 2) for k, v in seconds.items()}}
 
 
 def _reuse_export(previous: Path, dest: Path, export: dict[str, Any],
@@ -131,3 +141,11 @@ def _reuse_export(previous: Path, dest: Path, export: dict[str, Any],
             shutil.copy2(path, dest / path.name)
     log.info("reusing the ONNX export in %s (same weights, dtype and edition)", previous)
     return True
+
+
+def _return_freed_memory() -> None:
+    """Give the heap the export and validation freed back to the OS: glibc keeps freed
+    blocks mapped, and they would count on top of the engine build's own peak."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc
+        ctypes.CDLL("libc.so.6").malloc_trim(0)

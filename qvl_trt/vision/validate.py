@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import importlib
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,9 +38,10 @@ TOLERANCES = {Dtype.FLOAT32: 1e-5, Dtype.FLOAT16: 1e-2, Dtype.BFLOAT16: 5e-2}
 # Patch grids (1, h, w) checked: square, wide, tall, odd block counts; none is the traced
 # 16x16 grid except one, so a graph frozen at the traced size fails.
 DEFAULT_GRIDS = ((1, 16, 16), (1, 8, 12), (1, 30, 4), (1, 14, 22), (1, 2, 26), (1, 36, 36))
-# After an export (build stage, export-vision) fewer, smaller sizes: the reference runs on
-# the build machine's CPU.
-QUICK_GRIDS = ((1, 16, 16), (1, 10, 14))
+# After an export (build stage, export-vision): two small sizes, wide and tall, neither the
+# traced one. Each costs one run of each side, and the cost of a validation is loading the
+# two towers, not running them: larger images would add time, not coverage.
+QUICK_GRIDS = ((1, 4, 6), (1, 8, 2))
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class VisionValidation:
     graph: str  # what was checked, e.g. "model.onnx (float16, onnxruntime)"
     grids: tuple[tuple[int, int, int], ...]
     checks: tuple[OutputCheck, ...]
+    seconds: float = 0.0  # wall time of the comparison
 
     @property
     def passed(self) -> bool:
@@ -98,40 +102,44 @@ def validate_vision_onnx(onnx_path: Path, ckpt: Checkpoint, *, dtype: Dtype | st
     onnxruntime's CPU kernels; for them the PyTorch module that was exported is compared
     instead."""
     check_onnx_io(Path(onnx_path), vision_graph_spec(ckpt.vision, dtype))
+    # The runner is handed over without a name here, so compare_with_hf can free it.
     if Dtype(dtype) is Dtype.BFLOAT16:
-        run = _torch_runner(ckpt, Dtype.BFLOAT16)
-        what = f"{Path(onnx_path).name} (bfloat16, PyTorch)"
-    else:
-        run = _onnx_runner(onnx_path)
-        what = f"{Path(onnx_path).name} ({dtype}, onnxruntime)"
-    return compare_with_hf(run, ckpt, dtype=dtype, graph=what, grids=grids,
-                           reference=reference)
+        return compare_with_hf(_torch_runner(ckpt, Dtype.BFLOAT16), ckpt, dtype=dtype,
+                               graph=f"{Path(onnx_path).name} (bfloat16, PyTorch)",
+                               grids=grids, reference=reference)
+    return compare_with_hf(_onnx_runner(onnx_path), ckpt, dtype=dtype,
+                           graph=f"{Path(onnx_path).name} ({dtype}, onnxruntime)",
+                           grids=grids, reference=reference)
 
 
 def compare_with_hf(run: Runner, ckpt: Checkpoint, *, dtype: Dtype | str, graph: str,
                     grids: Sequence[tuple[int, int, int]], reference=None) -> VisionValidation:
     """Run `run(inputs)` (inputs as the spec orders them, torch CPU tensors; returns the
-    spec's outputs) and the HF tower on each grid, and check every output."""
+    spec's outputs) and the HF tower on each grid, and check every output. The graph runs
+    on every grid first and is dropped (this function holds the only reference the callers
+    here pass it) before the HF tower is loaded: the two are never in memory together."""
     torch = require("torch", extra="export", why="validate the vision export")
     from .tower import example_inputs
 
-    reference = reference if reference is not None else hf_vision_tower(ckpt)
+    started = time.perf_counter()
     spec = vision_graph_spec(ckpt.vision, dtype)
     pixels = PixelConfig.of_checkpoint(ckpt)
+    cases = [example_inputs(ckpt, tuple(grid), seed=sum(grid)) for grid in grids]
+    outputs = [[np.asarray(o, dtype=np.float32) for o in run(inputs)] for inputs in cases]
+    del run
+    gc.collect()
+    reference = reference if reference is not None else hf_vision_tower(ckpt)
     worst: dict[str, tuple[float, float, float, tuple[int, int, int]]] = {}
-    for grid in grids:
-        inputs = example_inputs(ckpt, tuple(grid), seed=sum(grid))
+    for grid, inputs, outs in zip(grids, cases, outputs, strict=True):
         hf_pixels = torch.from_numpy(pixels.normalise(inputs[0].numpy()))
         with torch.no_grad():
             hf = reference(hf_pixels, grid_thw=torch.tensor([grid]))
         refs = [hf.pooler_output, *hf.deepstack_features]
-        outs = run(inputs)
         if len(outs) != len(refs):
             raise BuildError(f"{graph} returned {len(outs)} outputs, the HF tower "
                              f"{len(refs)}; re-export with this qvl-trt version")
         for tensor, out, ref in zip(spec.outputs, outs, refs, strict=True):
             ref = ref.float().numpy()
-            out = np.asarray(out, dtype=np.float32)
             if out.shape != ref.shape:
                 raise BuildError(f"{graph}: {tensor.name} has shape {out.shape} for grid "
                                  f"{grid}, the HF tower {ref.shape}")
@@ -140,7 +148,8 @@ def compare_with_hf(run: Runner, ckpt: Checkpoint, *, dtype: Dtype | str, graph:
                 worst[tensor.name] = (diff / peak, diff, peak, tuple(grid))
     checks = tuple(OutputCheck(t.name, worst[t.name][1], worst[t.name][2], TOLERANCES[Dtype(dtype)],
                                worst[t.name][3]) for t in spec.outputs)
-    result = VisionValidation(graph, tuple(tuple(g) for g in grids), checks)
+    result = VisionValidation(graph, tuple(tuple(g) for g in grids), checks,
+                              time.perf_counter() - started)
     for line in result.lines():
         log.debug("validate %s: %s", graph, line)
     return result
@@ -149,15 +158,28 @@ def compare_with_hf(run: Runner, ckpt: Checkpoint, *, dtype: Dtype | str, graph:
 def hf_vision_tower(ckpt: Checkpoint):
     """The transformers vision tower (`Qwen3VLVisionModel`, fp32) with the checkpoint's
     vision weights, loaded without the language model."""
-    require("torch", extra="export", why="validate the vision export")
+    torch = require("torch", extra="export", why="validate the vision export")
     transformers = require("transformers", extra="export", why="validate the vision export")
     # deepcopy: the config class rewrites the nested dicts it is given.
     config = transformers.Qwen3VLConfig(**copy.deepcopy(ckpt.config)).vision_config
     with _skip_random_init():
         model = transformers.Qwen3VLVisionModel._from_config(config).float()
-    state = {name[len(VISION_PREFIX):]: ckpt.load(name).float()
-             for name in ckpt.tensors if name.startswith(VISION_PREFIX)}
-    model.load_state_dict(state, strict=True)
+    # Copied in tensor by tensor, as each is read: no second fp32 copy of the tower.
+    targets = model.state_dict()
+    names = sorted(n[len(VISION_PREFIX):] for n in ckpt.tensors if n.startswith(VISION_PREFIX))
+    if names != sorted(targets):
+        missing, extra = sorted(set(targets) - set(names)), sorted(set(names) - set(targets))
+        raise BuildError(f"the checkpoint's vision tensors do not match transformers' "
+                         f"Qwen3VLVisionModel (missing {missing[:3]}, unexpected {extra[:3]}); "
+                         "upgrade transformers or re-download the checkpoint")
+    with torch.no_grad():
+        for name in names:
+            tensor = ckpt.load(VISION_PREFIX + name)
+            if tensor.shape != targets[name].shape:  # copy_ would broadcast
+                raise BuildError(f"{VISION_PREFIX + name} has shape {list(tensor.shape)}, "
+                                 f"transformers' vision tower {list(targets[name].shape)}; "
+                                 "the config does not belong to these weights")
+            targets[name].copy_(tensor)
     return model.eval().requires_grad_(False)
 
 
@@ -177,6 +199,10 @@ def _onnx_runner(onnx_path: Path) -> Runner:
     ort = require("onnxruntime", extra="export", why="validate the vision export")
     options = ort.SessionOptions()
     options.log_severity_level = 3  # fp16 graphs make onnxruntime warn about inserted casts
+    # Few runs on small images: no arena kept at its peak, and no constant folding of the
+    # casts onnxruntime inserts around fp16 weights (it would hold an fp32 copy of them).
+    options.enable_cpu_mem_arena = False
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
 
