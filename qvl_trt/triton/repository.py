@@ -280,16 +280,23 @@ def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOpt
                       to_jsonable(_build_info(build, options, names, kv_tokens)))
 
 
+def preprocessing_parameters(profile: GpuProfile,
+                             options: RepoOptions) -> c.PreprocessingParameters:
+    """The preprocessing model's parameters for a profile (scripts/bench_preprocess.py runs the
+    model's code with them)."""
+    lim = profile.limits
+    return c.PreprocessingParameters(
+        max_images=lim.max_images_per_request, max_input_len=lim.max_input_len,
+        max_seq_len=lim.max_seq_len, min_pixels=lim.vision_min_pixels,
+        max_pixels=lim.vision_max_pixels, max_visual_tokens=lim.max_visual_tokens_per_request,
+        default_max_tokens=options.default_max_tokens,
+        image_url_allow_list=",".join(options.image_url_allow_list),
+        **asdict(RequestBounds()))
+
+
 def _python_parameters(build: _Build, options: RepoOptions) -> dict[str, c.ModelParameters]:
-    lim = build.profile.limits
     parameters: dict[str, c.ModelParameters] = {
-        c.PREPROCESSING: c.PreprocessingParameters(
-            max_images=lim.max_images_per_request, max_input_len=lim.max_input_len,
-            max_seq_len=lim.max_seq_len, min_pixels=lim.vision_min_pixels,
-            max_pixels=lim.vision_max_pixels, max_visual_tokens=lim.max_visual_tokens_per_request,
-            default_max_tokens=options.default_max_tokens,
-            image_url_allow_list=",".join(options.image_url_allow_list),
-            **asdict(RequestBounds())),
+        c.PREPROCESSING: preprocessing_parameters(build.profile, options),
         c.VISION_ENCODER: c.VisionEncoderParameters(
             flavor=options.flavor, device=options.device, dtype=options.reference_dtype,
             cache_bytes=options.vision_cache_mib * 2**20),
