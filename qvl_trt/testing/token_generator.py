@@ -35,17 +35,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "qvl_trt_runtime.zip"))
 
 from qvl_trt.testing.token_generator import TokenGenerator  # noqa: E402
-from qvl_trt.triton import contract as c  # noqa: E402
-from qvl_trt.triton.runtime.backend import model_parameters  # noqa: E402
 from qvl_trt.triton.runtime.reference_tensorrt_llm import LlmModel  # noqa: E402
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        params = c.ReferenceLlmParameters.from_parameters(model_parameters(args),
-                                                          args["model_name"])
-        self.model = LlmModel(args, TokenGenerator.load(HERE), table_dtype=params.dtype,
-                              rows_per_request=params.prompt_table_rows_per_request)
+        self.model = LlmModel.load(args, lambda params: TokenGenerator.load(HERE))
 
     def execute(self, requests):
         self.model.execute(requests)

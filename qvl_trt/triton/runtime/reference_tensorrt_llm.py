@@ -35,7 +35,15 @@ import numpy as np
 
 from ...errors import InputError
 from .. import contract as c
-from .backend import error_message, error_response, guarded, pb, read_row, response
+from .backend import (
+    error_message,
+    error_response,
+    guarded,
+    model_parameters,
+    pb,
+    read_row,
+    response,
+)
 
 # emit(new token ids, final): one response; fail(message): an error response (final).
 Emit = Callable[[list[int], bool], None]
@@ -337,6 +345,15 @@ class LlmModel:
         max_batch_size = json.loads(args["model_config"])["max_batch_size"]
         self.llm = ReferenceLlm(decoder, max_batch_size=max_batch_size,
                                 count_tokens=self.tokens.increment, model_name=self.name)
+
+    @classmethod
+    def load(cls, args: Mapping[str, str], make_decoder: Callable[[Any], Any]) -> LlmModel:
+        """The model of Triton's initialize(args): its typed parameters, and the decoder
+        `make_decoder(parameters)` builds."""
+        params = c.ReferenceLlmParameters.from_parameters(model_parameters(args),
+                                                          args["model_name"])
+        return cls(args, make_decoder(params), table_dtype=params.dtype,
+                   rows_per_request=params.prompt_table_rows_per_request)
 
     def execute(self, requests: Iterable[Any]) -> None:
         for request in requests:

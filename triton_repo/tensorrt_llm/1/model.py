@@ -11,19 +11,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "qvl_trt_runtime.zip"))
 
 from qvl_trt.llm.reference import ReferenceDecoder  # noqa: E402
-from qvl_trt.triton import contract as c  # noqa: E402
-from qvl_trt.triton.runtime.backend import model_parameters, pick_device  # noqa: E402
+from qvl_trt.triton.runtime.backend import pick_device  # noqa: E402
 from qvl_trt.triton.runtime.reference_tensorrt_llm import LlmModel  # noqa: E402
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        params = c.ReferenceLlmParameters.from_parameters(model_parameters(args),
-                                                          args["model_name"])
-        decoder = ReferenceDecoder.load(HERE / "checkpoint", device=pick_device(params.device),
-                                        dtype=params.dtype)
-        self.model = LlmModel(args, decoder, table_dtype=params.dtype,
-                              rows_per_request=params.prompt_table_rows_per_request)
+        self.model = LlmModel.load(args, lambda params: ReferenceDecoder.load(
+            HERE / "checkpoint", device=pick_device(params.device), dtype=params.dtype))
 
     def execute(self, requests):
         self.model.execute(requests)
