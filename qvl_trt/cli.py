@@ -721,7 +721,7 @@ def serve(
         return
     check_vision_editions(needs)
     warn_small_shm(needs, shm_size_bytes())
-    point_engine_paths(repository)
+    point_engine_paths(needs)
     server = TritonServer(opts, install=install, log_file=log_file)
     health = f", readiness http://{server.client_host}:{health_port}/ready" \
         if health_port is not None else ""

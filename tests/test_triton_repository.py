@@ -27,7 +27,7 @@ from qvl_trt.triton.repository import (
     machine_cores,
     write_repo,
 )
-from qvl_trt.triton.serve_plan import point_engine_paths
+from qvl_trt.triton.serve_plan import point_engine_paths, read_serve_plan
 from qvl_trt.triton.validate import validate_repo
 
 pytest.importorskip("tritonclient", reason="needs tritonclient: pip install 'qvl-trt[serve]'")
@@ -323,10 +323,10 @@ def test_broken_repository_fails_validate_with_the_reason(tmp_path, trt_repo, br
 @needs_rtx
 def test_moved_repository_gets_its_engine_path_back(tmp_path, trt_repo) -> None:
     moved = Path(shutil.copytree(trt_repo, tmp_path / "elsewhere"))
-    assert point_engine_paths(moved) == ["tensorrt_llm"]
+    assert point_engine_paths(read_serve_plan(moved)) == ["tensorrt_llm"]
     path = read_config(moved / "tensorrt_llm").parameters["gpt_model_path"].string_value
     assert path == str(moved.resolve() / "tensorrt_llm" / "1" / "engine")
-    assert point_engine_paths(moved) == []
+    assert point_engine_paths(read_serve_plan(moved)) == []
     assert problems(moved) == []
 
 

@@ -86,13 +86,13 @@ def _engine_world_size(engine: Path) -> int:
     return int(json.loads(path.read_text())["pretrained_config"]["mapping"]["world_size"])
 
 
-def point_engine_paths(repo: Path) -> list[str]:
-    """Re-point each tensorrtllm model's gpt_model_path at its engine folder inside `repo`
-    when the repository was moved or copied (the backend takes only absolute paths).
+def point_engine_paths(plan: ServePlan) -> list[str]:
+    """Re-point each tensorrtllm model's gpt_model_path at its engine folder inside the
+    repository when it was moved or copied (the backend takes only absolute paths).
     Returns the models changed."""
-    repo = Path(repo).resolve()
+    repo = plan.repo
     changed = []
-    for name in read_serve_plan(repo).llm_models:
+    for name in plan.llm_models:
         config = read_config(repo / name)
         engine = repo / name / VERSION / ENGINE_DIR
         if get_parameter(config, "gpt_model_path") != str(engine) and engine.is_dir():
