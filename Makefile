@@ -14,7 +14,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[export,rtx,serve,dev]"
+	$(BIN)/python -m pip install -q -e ".[export,rtx,serve,gateway,dev]"
 	touch $(STAMP)
 
 test: install
