@@ -704,6 +704,7 @@ def serve(
         Ports,
         ServerOptions,
         TritonServer,
+        client_host,
         format_command,
         require_tritonserver,
         server_command,
@@ -731,7 +732,7 @@ def serve(
         from .gateway.app import GatewayOptions
         from .gateway.process import GatewayProcess
 
-        gateway = GatewayProcess(GatewayOptions(f"{opts.client_host}:{ports.grpc}",
+        gateway = GatewayProcess(GatewayOptions(f"{client_host(host)}:{ports.grpc}",
                                                 host=openai_host or host, port=openai_port))
     check_vision_editions(needs)
     warn_small_shm(needs, shm_size_bytes())
@@ -745,7 +746,7 @@ def serve(
                       f"{server.grpc_url}, metrics {server.metrics_url}{health}; Ctrl-C stops "
                       "it", highlight=False)
         if gateway is not None:
-            gateway.start()
+            gateway.start().wait_ready()
             console.print(f"OpenAI endpoint {gateway.url}/v1, chat page {gateway.url}/",
                           highlight=False)
 
@@ -776,6 +777,7 @@ def gateway(
     from .client.generate import parse_url
     from .console import out as console
     from .gateway.app import GatewayOptions, run_gateway
+    from .triton.server import client_host
 
     endpoint = parse_url(url)
     if endpoint.protocol != "grpc":
@@ -784,11 +786,10 @@ def gateway(
     opts = GatewayOptions(endpoint.address, host=host, port=port,
                           max_concurrency=max_concurrency, max_body_bytes=max_body_bytes,
                           shutdown_timeout_s=shutdown_timeout)
-    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    shown = f"http://{client_host(host)}:{port}"
     run_gateway(opts, on_ready=lambda: console.print(
-        f"gateway listening: OpenAI endpoint http://{shown}:{port}/v1, chat page "
-        f"http://{shown}:{port}/ (Triton gRPC {endpoint.address}); Ctrl-C stops it",
-        highlight=False))
+        f"gateway listening: OpenAI endpoint {shown}/v1, chat page {shown}/ (Triton gRPC "
+        f"{endpoint.address}); Ctrl-C stops it", highlight=False))
 
 
 def main() -> None:

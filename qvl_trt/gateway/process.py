@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..child import die_with_parent, kill_group
 from ..errors import ServerError
+from ..triton.server import client_host
 from .app import GatewayOptions
 
 # Beyond the gateway's own shutdown timeout, before its group is killed.
@@ -43,9 +44,8 @@ class GatewayProcess:
 
     @property
     def url(self) -> str:
-        """Where clients reach it (a gateway on every interface through the loopback one)."""
-        host = "127.0.0.1" if self.opts.host in ("0.0.0.0", "") else self.opts.host
-        return f"http://{host}:{self.opts.port}"
+        """Where clients on this machine reach it."""
+        return f"http://{client_host(self.opts.host)}:{self.opts.port}"
 
     def start(self, timeout_s: float = 60.0) -> GatewayProcess:
         """Start it and wait until it listens."""

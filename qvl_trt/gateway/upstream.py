@@ -76,6 +76,23 @@ def refusal(message: str) -> ApiError:
     return ApiError(400, message)
 
 
+def _piece(response: Any) -> Piece | None:
+    """The text and counts of one ModelInferResponse, read from its raw output contents, or
+    None for a response without text. Once per token, so straight from the bytes rather than
+    through numpy: Triton's gRPC endpoint sends every output as raw contents, little-endian,
+    a BYTES element as a 4-byte length and the bytes (what tritonclient's
+    grpc/_infer_result.py as_numpy decodes)."""
+    raw = dict(zip((o.name for o in response.outputs), response.raw_output_contents,
+                   strict=True))
+    text = raw.get(c.TEXT_OUTPUT)
+    if text is None:
+        return None
+    size = int.from_bytes(text[:4], "little")
+    return Piece(text[4:4 + size].decode("utf-8", "replace"),
+                 int.from_bytes(raw[c.PROMPT_TOKENS], "little", signed=True),
+                 int.from_bytes(raw[c.COMPLETION_TOKENS], "little", signed=True))
+
+
 class Upstream:
     """One gRPC channel to Triton, shared by every request (create it inside the event loop
     that uses it)."""
@@ -154,11 +171,9 @@ class Upstream:
                 if error is not None:
                     raise refusal(error.message())
                 response = result.get_response()
-                text = result.as_numpy(c.TEXT_OUTPUT)
-                if text is not None:
-                    yield Piece(text.reshape(-1)[0].decode("utf-8", "replace"),
-                                int(result.as_numpy(c.PROMPT_TOKENS).reshape(-1)[0]),
-                                int(result.as_numpy(c.COMPLETION_TOKENS).reshape(-1)[0]))
+                piece = _piece(response)
+                if piece is not None:
+                    yield piece
                 if response.parameters["triton_final_response"].bool_param:
                     finished = True
                     return
