@@ -1,5 +1,6 @@
 """The gateway as a process: it never outlives the process that started it (kill -9 included),
-and SIGTERM lets the answers in flight finish, refuses new connections and exits 0."""
+SIGTERM lets the answers in flight finish, refuses new connections and exits 0, and bad
+options are one-line errors."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import threading
 import time
 
 import pytest
+from cli_harness import run_cli
 from test_triton_supervisor import group_alive, group_gone_within
 
 from qvl_trt.triton import contract as c
@@ -86,3 +88,20 @@ def test_sigterm_finishes_the_answer_in_flight_then_exits_0(triton_server, tmp_p
     assert rest[-1].usage.completion_tokens > 1
     assert stopped == [0], log.read_text()
     assert process.poll() == 0
+
+
+@pytest.mark.parametrize("options, words", [
+    (("--url", "http://127.0.0.1:8000"), "talks to Triton over gRPC"),
+    (("--port", "0"), "not a TCP port"),
+    (("--max-concurrency", "0"), "must be at least 1"),
+    (("--port", "BUSY"), "cannot listen on 127.0.0.1:"),
+])
+def test_bad_options_are_refused_in_one_line(options, words) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        result = run_cli("gateway", "--host", "127.0.0.1",
+                         *(port if o == "BUSY" else o for o in options), timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert words in result.stderr and "Traceback" not in result.stderr

@@ -86,6 +86,7 @@ class Gateway:
     """The application's state: the Triton channel, the builds it serves, the metrics."""
 
     def __init__(self, opts: GatewayOptions) -> None:
+        self.web = require("aiohttp.web", extra="gateway", why="run the gateway")
         self.opts = opts
         self.metrics = GatewayMetrics()
         self.served: dict[str, ServedModel] = {}
@@ -97,7 +98,7 @@ class Gateway:
         self._page = chat_page()
 
     def app(self):
-        web = require("aiohttp.web", extra="gateway", why="run the gateway")
+        web = self.web
         app = web.Application(middlewares=[self._error_middleware()])
         app.add_routes([
             web.get("/", self.page),
@@ -148,19 +149,19 @@ class Gateway:
     # ---- errors ---------------------------------------------------------------------------
 
     def _error_middleware(self):
-        web = require("aiohttp.web", extra="gateway", why="run the gateway")
+        web = self.web
 
         @web.middleware
         async def errors(request, handler):
             try:
                 return await handler(request)
             except ApiError as exc:
-                return _json(exc.body(), exc.status, _retry_after(exc))
+                return self._json(exc.body(), exc.status, _retry_after(exc))
             except web.HTTPException as exc:
                 if exc.status < 400:
                     raise
                 # The router's 404 and 405, in OpenAI's shape.
-                return _json(ApiError(exc.status, f"{request.method} {request.path}: "
+                return self._json(ApiError(exc.status, f"{request.method} {request.path}: "
                                       f"{exc.reason}; see GET /v1/models and POST "
                                       "/v1/chat/completions").body(), exc.status)
 
@@ -168,30 +169,32 @@ class Gateway:
 
     # ---- small routes ---------------------------------------------------------------------
 
+    def _json(self, body, status: int = 200, headers: dict[str, str] | None = None):
+        return self.web.json_response(body, status=status, headers=headers)
+
     async def page(self, request):
-        web = require("aiohttp.web", extra="gateway", why="run the gateway")
-        return web.Response(body=self._page, content_type="text/html", charset="utf-8")
+        return self.web.Response(body=self._page, content_type="text/html", charset="utf-8")
 
     async def models(self, request):
-        return _json(models_list(sorted(self.served), self.created))
+        return self._json(models_list(sorted(self.served), self.created))
 
     async def model(self, request):
-        return _json(model_card(self._model(request.match_info["model"]).name, self.created))
+        name = self._model(request.match_info["model"]).name
+        return self._json(model_card(name, self.created))
 
     async def ready(self, request):
         if self.served:
             ok, reason = await self.upstream.readiness(self.served)
         else:
             ok, reason = False, self._discovery_error
-        return _json({"ready": ok, "reason": reason}, 200 if ok else 503)
+        return self._json({"ready": ok, "reason": reason}, 200 if ok else 503)
 
     async def live(self, request):
-        return _json({"live": True})
+        return self._json({"live": True})
 
     async def metrics_page(self, request):
-        web = require("aiohttp.web", extra="gateway", why="run the gateway")
         body, content_type = self.metrics.exposition()
-        response = web.Response(body=body)
+        response = self.web.Response(body=body)
         response.headers["Content-Type"] = content_type
         return response
 
@@ -289,19 +292,18 @@ class Gateway:
         self._answered(model, False, received, last)
         body = completion(completion_id(), int(time.time()), model.name, text + rest, finish,
                           usage(last.prompt_tokens, last.completion_tokens))
-        return _json(body), 200
+        return self._json(body), 200
 
     async def _stream(self, request, model: ServedModel, req: ChatCompletionRequest,
                       received: float):
         """Server-sent events. The first piece is awaited before the headers go out, so a
         refused request (a bad image, a prompt too long) gets its HTTP status; an error after
         that comes as an error event before [DONE]."""
-        web = require("aiohttp.web", extra="gateway", why="run the gateway")
         pieces = self.upstream.generate(model, req)
         async with contextlib.aclosing(pieces):
             piece = await anext(pieces)
             self._first_token(model, received)
-            response = web.StreamResponse(headers={
+            response = self.web.StreamResponse(headers={
                 "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                 "X-Accel-Buffering": "no"})  # nginx: do not buffer the stream
             await response.prepare(request)
@@ -329,11 +331,6 @@ class Gateway:
         await response.write_eof()
         self._answered(model, True, received, last)
         return response, 200
-
-
-def _json(body, status: int = 200, headers: dict[str, str] | None = None):
-    web = require("aiohttp.web", extra="gateway", why="run the gateway")
-    return web.json_response(body, status=status, headers=headers)
 
 
 def _retry_after(exc: ApiError) -> dict[str, str] | None:

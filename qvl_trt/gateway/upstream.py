@@ -154,9 +154,10 @@ class Upstream:
 
     async def generate(self, model: ServedModel,
                        request: ChatCompletionRequest) -> AsyncIterator[Piece]:
-        """The model's responses as they arrive. Raises ApiError for an error response or a
-        lost connection. Leaving early (the caller stops iterating, or is cancelled) cancels
-        the call: the model sees its request cancelled and stops generating."""
+        """The model's responses as they arrive, at least one. Raises ApiError for an error
+        response or a lost connection. Leaving early (the caller stops iterating, or is
+        cancelled) cancels the call: the model sees its request cancelled and stops
+        generating."""
         closed = asyncio.Event()
 
         async def requests():
@@ -165,7 +166,7 @@ class Upstream:
             await closed.wait()  # the stream stays open until the answer is complete
 
         call = self.client.stream_infer(requests())
-        finished = False
+        finished = answered = False
         try:
             async for result, error in call:
                 if error is not None:
@@ -173,12 +174,14 @@ class Upstream:
                 response = result.get_response()
                 piece = _piece(response)
                 if piece is not None:
+                    answered = True
                     yield piece
                 if response.parameters["triton_final_response"].bool_param:
                     finished = True
-                    return
-            raise ApiError(502, f"Triton at {self.url} closed the stream before the answer "
-                           "was complete", type="server_error")
+                    break
+            if not (finished and answered):
+                raise ApiError(502, f"{model.models.tensorrt_llm_bls} on {self.url} ended "
+                               "the stream without a complete answer", type="server_error")
         except self._rpc_error as exc:
             raise self.unreachable(exc) from None
         finally:
