@@ -4,8 +4,10 @@ them: qvl_trt.gateway.upstream) and through the gateway (HTTP POST /v1/chat/comp
 server-sent events read with aiohttp's client), in alternating rounds at each concurrency.
 
 Per concurrency level it prints the median request latency both ways and their ratio, the
-latency the gateway adds per generated token (ms), and the gateway process's own CPU time per
-token it delivered (ms, from /proc: what the gateway costs a machine whatever else runs).
+latency the gateway adds per generated token (ms; the median over rounds of the difference
+between a round's two batches), the gateway process's own CPU time per token it delivered
+(ms, from /proc: what the gateway costs a machine whatever else runs) and, for scale, the CPU
+time per token of the direct path's client (the same asyncio gRPC client the gateway holds).
 
 It builds what tests/conftest.py builds (the tiny checkpoint, its converted LLM, the
 reference-flavor repository), serves it with tritonserver and starts the gateway as the child
@@ -87,19 +89,27 @@ async def measure(triton_url: str, gateway: GatewayProcess, concurrency: list[in
         await through_gateway(session, gateway.url, body)
         for level in concurrency:
             runs: dict[str, list[tuple[float, int]]] = {"direct": [], "gateway": []}
-            cpu = 0.0
+            added = []  # per round: the gateway batch's median latency minus the direct one's
+            gateway_cpu = client_cpu = 0.0
             for n in range(rounds):
                 order = ("direct", "gateway") if n % 2 == 0 else ("gateway", "direct")
+                medians = {}
                 for way in order:
                     if way == "direct":
                         batch = [direct(upstream, served, request) for _ in range(level)]
+                        before = time.process_time()
                     else:
                         batch = [through_gateway(session, gateway.url, body)
                                  for _ in range(level)]
-                    before = cpu_seconds(pid)
-                    runs[way] += await asyncio.gather(*batch)
-                    if way == "gateway":
-                        cpu += cpu_seconds(pid) - before
+                        before = cpu_seconds(pid)
+                    done = await asyncio.gather(*batch)
+                    if way == "direct":
+                        client_cpu += time.process_time() - before
+                    else:
+                        gateway_cpu += cpu_seconds(pid) - before
+                    runs[way] += done
+                    medians[way] = statistics.median(t for t, _ in done)
+                added.append(medians["gateway"] - medians["direct"])
             tokens = {t for way in runs.values() for _, t in way}
             assert len(tokens) == 1, f"answers of different lengths: {sorted(tokens)}"
             per = tokens.pop()
@@ -107,9 +117,11 @@ async def measure(triton_url: str, gateway: GatewayProcess, concurrency: list[in
             b = statistics.median(t for t, _ in runs["gateway"])
             delivered = per * len(runs["gateway"])
             print(f"concurrency {level}: {len(runs['direct'])} requests each way, {per} tokens "
-                  f"each; median latency direct {a:.3f} s, through the gateway {b:.3f} s: ratio "
-                  f"{b / a:.3f}, {1000 * (b - a) / per:+.3f} ms per token; gateway CPU "
-                  f"{1000 * cpu / delivered:.3f} ms per token", flush=True)
+                  f"each; median latency direct {a:.3f} s, through the gateway {b:.3f} s "
+                  f"(ratio {b / a:.3f}); added per token (median of the rounds' differences) "
+                  f"{1000 * statistics.median(added) / per:+.3f} ms; CPU per token: the gateway "
+                  f"process {1000 * gateway_cpu / delivered:.3f} ms, the direct asyncio gRPC "
+                  f"client {1000 * client_cpu / delivered:.3f} ms", flush=True)
     await upstream.close()
 
 
