@@ -16,6 +16,7 @@ then as many pads as the group has merged patches.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -71,35 +72,39 @@ class PromptBuilder:
                                                   add_generation_prompt=True)
         return text, images, videos
 
+    def placeholders(self, text: str, images: int, videos: int) -> list[bool]:
+        """For each image or video placeholder of rendered text, in order: is it a video's?
+        Refuses counts other than `images` and `videos` (a pad typed into a message's text)."""
+        image_pad, video_pad = self.tokenizer.convert_ids_to_tokens(
+            [self.token_ids.image, self.token_ids.video])
+        found = [m.group() == video_pad for m in
+                 re.finditer(f"{re.escape(image_pad)}|{re.escape(video_pad)}", text)]
+        for kind, pad, sent, held in (("image", image_pad, images, found.count(False)),
+                                      ("video", video_pad, videos, found.count(True))):
+            if held != sent:
+                raise InputError(
+                    f"the prompt holds {held} {kind} placeholders for {sent} {kind}s; put each "
+                    f"{kind} as an {kind} part of a user message and keep {pad} out of the text")
+        return found
+
     def tokenize(self, text: str, image_token_counts: Sequence[int],
                  videos: Sequence[Sequence[tuple[str, int]]] = ()) -> np.ndarray:
         """Tokenise rendered text: image pad i becomes image_token_counts[i] pads; video pad v
         becomes, per temporal group of videos[v] = [(timestamp text, merged tokens), ...], the
         timestamp and the group's pads between vision_start and vision_end."""
-        video_pad = self.tokenizer.convert_ids_to_tokens(self.token_ids.video)
-        if text.count(video_pad) != len(videos):
-            raise InputError(
-                f"the prompt holds {text.count(video_pad)} video placeholders for {len(videos)} "
-                f"videos; put each video as a video part of a user message and keep "
-                f"{video_pad} out of the text")
+        self.placeholders(text, len(image_token_counts), len(videos))
         if videos:
-            start, end = self.tokenizer.convert_ids_to_tokens(
-                [self.token_ids.vision_start, self.token_ids.vision_end])
+            start, end, video_pad = self.tokenizer.convert_ids_to_tokens(
+                [self.token_ids.vision_start, self.token_ids.vision_end, self.token_ids.video])
             pieces = text.split(video_pad)
             text = pieces[0] + "".join(
                 "".join(f"{stamp}{start}{video_pad}{end}" for stamp, _ in groups) + piece
                 for groups, piece in zip(videos, pieces[1:], strict=True))
         ids = np.asarray(self.tokenizer(text)["input_ids"], dtype=np.int32)
-        pads = np.flatnonzero(ids == self.token_ids.image)
-        if len(pads) != len(image_token_counts):
-            raise InputError(
-                f"the prompt holds {len(pads)} image placeholders for "
-                f"{len(image_token_counts)} images; put each image as an image part of a user "
-                "message and keep <|image_pad|> out of the text")
-        group_pads = np.flatnonzero(ids == self.token_ids.video)
         repeats = np.ones(ids.size, np.int64)
-        repeats[pads] = image_token_counts
-        repeats[group_pads] = [tokens for groups in videos for _, tokens in groups]
+        repeats[ids == self.token_ids.image] = image_token_counts
+        repeats[ids == self.token_ids.video] = [tokens for groups in videos
+                                                for _, tokens in groups]
         return np.repeat(ids, repeats)
 
 

@@ -8,7 +8,6 @@ preprocessing model runs it per request.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -251,7 +250,8 @@ class RequestPreprocessor:
         if video_parts != len(videos):
             raise InputError(f"messages hold {video_parts} video parts but {len(videos)} videos "
                              "were sent; send one video per video part")
-        pixel_values, pictures, clips, items = self._vision_items(text, images, videos)
+        order = self.prompts.placeholders(text, len(images), len(videos))
+        pixel_values, pictures, clips, items = self._vision_items(order, images, videos)
         merge = ckpt.vision.spatial_merge_size ** 2
         counts = tuple(item.num_patches // merge for item in items)
         video_tokens = sum(clip.num_patches for clip in clips) // merge
@@ -260,22 +260,22 @@ class RequestPreprocessor:
                 f"request has {video_tokens} video tokens in {len(videos)} videos, the "
                 f"deployment allows {lim.video.max_video_tokens} (the max_video_tokens "
                 "parameter): send shorter videos, fewer frames (a lower fps) or smaller frames")
+        media = f"{len(images)} images" + (f" and {len(videos)} videos" if videos else "")
+        fewer = "images or videos" if videos else "images"
         if lim.max_visual_tokens is not None and sum(counts) > lim.max_visual_tokens:
             raise InputError(
-                f"request has {sum(counts)} visual tokens in {len(images)} images and "
-                f"{len(videos)} videos, the engine's prompt table holds {lim.max_visual_tokens} "
-                "per request: send fewer or smaller images or videos, or rebuild with a larger "
-                "limits.max_visual_tokens_per_request")
+                f"request has {sum(counts)} visual tokens in {media}, the engine's prompt "
+                f"table holds {lim.max_visual_tokens} per request: send fewer or smaller "
+                f"{fewer}, or rebuild with a larger limits.max_visual_tokens_per_request")
         input_ids = self.prompts.tokenize(
             text, [picture.num_patches // merge for picture in pictures],
             [[(vid.timestamp_text(t), group.num_patches // merge)
               for t, group in zip(clip.timestamps, clip.groups, strict=True)] for clip in clips])
         if input_ids.size > lim.max_input_len:
             raise InputError(
-                f"prompt has {input_ids.size} tokens ({sum(counts)} of them for "
-                f"{len(images)} images and {len(videos)} videos), the engine allows "
-                f"{lim.max_input_len}: shorten the text or send fewer or smaller images or "
-                "videos")
+                f"prompt has {input_ids.size} tokens ({sum(counts)} of them for {media}), the "
+                f"engine allows {lim.max_input_len}: shorten the text or send fewer or smaller "
+                f"{fewer}")
         image_id, deepstack = ckpt.token_ids.image, ckpt.vision.deepstack_count
         # Each temporal group of a video is a vision item of grid (1, h, w), placed and
         # embedded as an image is (HF get_rope_index splits video grids into such rows): past
@@ -301,13 +301,14 @@ class RequestPreprocessor:
         )
 
 
-    def _vision_items(self, text: str, images: Sequence[ImageInput],
+    def _vision_items(self, order: Sequence[bool], images: Sequence[ImageInput],
                       videos: Sequence[VideoInput]) -> tuple[
             np.ndarray, tuple[ImagePatches, ...], tuple[VideoPatches, ...],
             tuple[ImagePatches, ...]]:
         """Decode every image and video, then cut each into its slice of one uint8 buffer, in
-        the order the prompt holds them. Returns the buffer, the images, the videos and the
-        vision items (images and temporal groups) in prompt order."""
+        prompt order (`order`: is the next placeholder a video's?). Returns the buffer, the
+        images, the videos and the vision items (images and temporal groups) in prompt
+        order."""
         decoded_images, decoded_videos = [], []
         for number, image in enumerate(images, 1):
             with _numbered("image", number):
@@ -320,14 +321,12 @@ class RequestPreprocessor:
                                           max_decoded_pixels=self.limits.max_decoded_pixels)
                 decoded_videos.append((frames, times,
                                        vid.patch_count(frames, self.videos.pixels, cap)))
-        pads = self.prompts.tokenizer.convert_ids_to_tokens(
-            [self.checkpoint.token_ids.image, self.checkpoint.token_ids.video])
         total = sum(count for *_, count in decoded_images + decoded_videos)
         buffer = np.empty((total, self.pixels.patch_dim), np.uint8)
         pending_images = enumerate(decoded_images, 1)
         pending_videos = enumerate(decoded_videos, 1)
         pictures, clips, items, start = [], [], [], 0
-        for is_video in _video_placeholders(text, pads):
+        for is_video in order:
             if not is_video:
                 number, (rgb, count) = next(pending_images)
                 with _numbered("image", number):
@@ -343,13 +342,6 @@ class RequestPreprocessor:
                 items.extend(clip.groups)
             start += count
         return buffer, tuple(pictures), tuple(clips), tuple(items)
-
-
-def _video_placeholders(text: str, pads: Sequence[str]) -> list[bool]:
-    """For each image or video placeholder of the rendered prompt in order: is it a video's?"""
-    image_pad, video_pad = pads
-    found = re.finditer(f"{re.escape(image_pad)}|{re.escape(video_pad)}", text)
-    return [match.group() == video_pad for match in found]
 
 
 @contextmanager
