@@ -54,7 +54,7 @@ def decode_video(data: bytes, sampling: Sampling) -> DecodedClip:
             raise InputError(f"video frames of {width}x{height} = {width * height} pixels exceed "
                              f"the limit of {sampling.max_decoded_pixels} decoded pixels; "
                              "downscale the video before sending")
-        total = stream.frames or _count_frames(av, data)
+        total = stream.frames or _count_frames(av, data, native_fps, container.duration)
         seconds = total / native_fps
         if seconds > sampling.max_seconds:
             raise InputError(f"video is {seconds:.1f} s long, above the limit of "
@@ -98,17 +98,21 @@ def _video_stream(container):
         raise InputError("the file holds no video stream; send a video file")
     stream = streams[0]
     if stream.codec_context is None:
-        tag = stream.codec_tag or "unknown"
-        raise InputError(f"video codec {tag!r} is not supported (no decoder in this FFmpeg); "
-                         "re-encode the video as H.264, VP9 or AV1")
+        raise InputError("the video's codec is not supported (this FFmpeg has no decoder for "
+                         "it); re-encode the video as H.264, VP9 or AV1")
     return stream
 
 
-def _count_frames(av, data: bytes) -> int:
-    """Frames of the first video stream, from its packets (no decoding)."""
+def _count_frames(av, data: bytes, native_fps: float, duration_us: int | None) -> int:
+    """Frames of the first video stream, from its packets (no decoding), checked against the
+    container's duration where it records one (a truncated WebM keeps its header's)."""
     with _open(av, data) as container:
         stream = container.streams.video[0]
         try:
-            return sum(1 for packet in container.demux(stream) if packet.size)
+            count = sum(1 for packet in container.demux(stream) if packet.size)
         except av.error.FFmpegError as exc:
             raise InputError(f"video could not be read ({exc.strerror}); {_TRUNCATED}") from None
+    if duration_us and count < duration_us / 1e6 * native_fps - 1.5:
+        raise InputError(f"the video holds {count} frames, its header declares "
+                         f"{duration_us / 1e6:.1f} s at {native_fps:g} fps; {_TRUNCATED}")
+    return count
