@@ -108,6 +108,12 @@ class PromptBuilder:
         return np.repeat(ids, repeats)
 
 
+def validate_messages(messages: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse malformed messages (roles, parts, images or videos outside user turns) before
+    any of their images or videos is fetched or decoded."""
+    _template_messages(messages)
+
+
 def _template_file(path: Path) -> str | None:
     jinja = path / "chat_template.jinja"
     if jinja.is_file():

@@ -22,7 +22,7 @@ from typing import Any
 
 from ...errors import InputError
 from ...generation_config import SamplingDefaults
-from ...mm.chat import IMAGE_PART_TYPES, VIDEO_PART_TYPES, user_message
+from ...mm.chat import IMAGE_PART_TYPES, VIDEO_PART_TYPES, user_message, validate_messages
 from ...mm.request import RequestBounds, RequestLimits
 from ...mm.video import check_fps
 from ...mm.video_input import VideoFile, VideoFrames, VideoInput
@@ -86,6 +86,7 @@ def chat_request(inputs: Mapping[str, Any], *, urls: UrlPolicy, defaults: Sampli
                              "not both")
         messages = _parse_messages(messages_raw)
         limits.check_messages(messages)
+        validate_messages(messages)
         images = tuple(_image_from_part(part, urls)
                        for part in _parts(messages, IMAGE_PART_TYPES))
         videos = tuple(_video_from_part(part, urls)
@@ -257,7 +258,8 @@ def _media_from_url(url: str, urls: UrlPolicy, kind: str) -> bytes:
     if url[:5].lower() == "data:":
         header, sep, payload = url.partition(",")
         if not sep or not header.lower().endswith(";base64"):
-            raise InputError(f"an {kind} data URI must be base64: data:{kind}/<format>;base64,...")
+            raise InputError(f"{_a(kind)} data URI must be base64: "
+                             f"data:{kind}/<format>;base64,...")
         return _decode_base64(payload, kind)
     parsed = urllib.parse.urlsplit(url)
     if parsed.scheme not in ("http", "https"):
@@ -275,8 +277,12 @@ def _decode_base64(payload: str, kind: str) -> bytes:
     try:
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
-        raise InputError(f"an {kind} data URI holds invalid base64; encode the file again") \
-            from None
+        raise InputError(f"{_a(kind)} data URI holds invalid base64; encode the file "
+                         "again") from None
+
+
+def _a(kind: str) -> str:
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
 
 def _fetch(url: str, urls: UrlPolicy, kind: str) -> bytes:
