@@ -39,6 +39,9 @@ from .pixels import ImagePatches, PixelConfig
 HF_DEFAULT_FPS = 2.0
 HF_DEFAULT_MIN_FRAMES = 4
 HF_DEFAULT_MAX_FRAMES = 768
+# size.shortest_edge / longest_edge (pixels of a whole clip) of the released Qwen3-VL
+# checkpoints' video_preprocessor_config.json, for clients that count tokens without one.
+RELEASED_CLIP_PIXELS = (4096, 25165824)
 
 
 @dataclass(frozen=True)
@@ -155,14 +158,25 @@ def video_size(frames: int, height: int, width: int, *, min_pixels: int, max_pix
     return h_bar, w_bar
 
 
-def clip_budget(frames: int, config: PixelConfig, frame_cap: int) -> int:
-    """The clip's pixel budget: the checkpoint's, lowered so that no frame exceeds `frame_cap`
-    pixels (HF's budget when the cap does not bind). `video_size` compares the budget with
-    t_bar = frames rounded half-even to temporal groups, which can be below `frames`: the cap
-    is scaled by the smaller of the two."""
-    t = config.temporal_patch_size
+def clip_budget(frames: int, max_pixels: int, temporal_patch_size: int, frame_cap: int) -> int:
+    """The clip's pixel budget: the checkpoint's `max_pixels`, lowered so that no frame exceeds
+    `frame_cap` pixels (HF's budget when the cap does not bind). `video_size` compares the
+    budget with t_bar = frames rounded half-even to temporal groups, which can be below
+    `frames`: the cap is scaled by the smaller of the two."""
+    t = temporal_patch_size
     t_bar = round(frames / t) * t
-    return min(config.max_pixels, frame_cap * min(frames, t_bar))
+    return min(max_pixels, frame_cap * min(frames, t_bar))
+
+
+def video_tokens(frames: int, height: int, width: int, *, min_pixels: int, max_pixels: int,
+                 frame_cap: int, patch_size: int = 16, merge_size: int = 2,
+                 temporal_patch_size: int = 2) -> int:
+    """Merged visual tokens of a clip of `frames` frames of height x width."""
+    factor = patch_size * merge_size
+    h, w = video_size(frames, height, width, min_pixels=min_pixels,
+                      max_pixels=clip_budget(frames, max_pixels, temporal_patch_size, frame_cap),
+                      factor=factor, temporal_factor=temporal_patch_size)
+    return -(-frames // temporal_patch_size) * (h // factor) * (w // factor)
 
 
 def group_timestamps(frame_times: Sequence[float], temporal_patch_size: int) -> list[float]:
@@ -208,7 +222,8 @@ def resized_video_size(frames: Sequence[Image.Image], config: PixelConfig,
                              f"is {width}x{height}: all frames of a video must have one size; "
                              "resize them to the same size")
     h, w = video_size(len(frames), height, width, min_pixels=config.min_pixels,
-                      max_pixels=clip_budget(len(frames), config, frame_cap),
+                      max_pixels=clip_budget(len(frames), config.max_pixels,
+                                             config.temporal_patch_size, frame_cap),
                       factor=config.factor, temporal_factor=config.temporal_patch_size)
     if h * w > frame_cap:
         raise InputError(f"video frames of {width}x{height} resize to {w}x{h}, above the "

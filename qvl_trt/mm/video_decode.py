@@ -28,6 +28,20 @@ class DecodedClip:
 
 
 @dataclass(frozen=True)
+class VideoHeader:
+    """What a file says of its first video stream, before decoding."""
+
+    frames: int
+    fps: float  # native frame rate
+    width: int
+    height: int
+
+    @property
+    def seconds(self) -> float:
+        return self.frames / self.fps
+
+
+@dataclass(frozen=True)
 class Sampling:
     """How a file's frames are sampled and what a file may be."""
 
@@ -41,23 +55,17 @@ class Sampling:
 def decode_video(data: bytes, sampling: Sampling) -> DecodedClip:
     """Decode the frames of `data` (a whole video file) that `sampling` picks."""
     av = require("av", extra="serve", why="decode video files")
-    if not data:
-        raise InputError("video is empty (0 bytes); send the whole file")
     with _open(av, data) as container:
         stream = _video_stream(container)
-        native_fps = float(stream.average_rate or stream.guessed_rate or 0)
-        if native_fps <= 0:
-            raise InputError("the video file records no frame rate; re-encode it (e.g. ffmpeg "
-                             "-i in -r 30 out.mp4) or send its frames with an fps")
-        width, height = stream.codec_context.width, stream.codec_context.height
-        if width * height > sampling.max_decoded_pixels:
-            raise InputError(f"video frames of {width}x{height} = {width * height} pixels exceed "
-                             f"the limit of {sampling.max_decoded_pixels} decoded pixels; "
-                             "downscale the video before sending")
-        total = stream.frames or _count_frames(av, data, native_fps, container.duration)
-        seconds = total / native_fps
-        if seconds > sampling.max_seconds:
-            raise InputError(f"video is {seconds:.1f} s long, above the limit of "
+        header = _header(av, container, stream, data)
+        total, native_fps = header.frames, header.fps
+        pixels = header.width * header.height
+        if pixels > sampling.max_decoded_pixels:
+            raise InputError(f"video frames of {header.width}x{header.height} = {pixels} "
+                             f"pixels exceed the limit of {sampling.max_decoded_pixels} decoded "
+                             "pixels; downscale the video before sending")
+        if header.seconds > sampling.max_seconds:
+            raise InputError(f"video is {header.seconds:.1f} s long, above the limit of "
                              f"{sampling.max_seconds:g} s (the preprocessing model's "
                              "max_video_seconds parameter); cut it shorter")
         if total < 2:
@@ -83,7 +91,25 @@ def decode_video(data: bytes, sampling: Sampling) -> DecodedClip:
                        tuple(i / native_fps for i in indices.tolist()))
 
 
+def probe_video(data: bytes) -> VideoHeader:
+    """The header of a video file (frame count, rate, size), without decoding frames."""
+    av = require("av", extra="serve", why="read video files")
+    with _open(av, data) as container:
+        return _header(av, container, _video_stream(container), data)
+
+
+def _header(av, container, stream, data: bytes) -> VideoHeader:
+    fps = float(stream.average_rate or stream.guessed_rate or 0)
+    if fps <= 0:
+        raise InputError("the video file records no frame rate; re-encode it (e.g. ffmpeg -i in "
+                         "-r 30 out.mp4) or send its frames with an fps")
+    frames = stream.frames or _count_frames(av, data, fps, container.duration)
+    return VideoHeader(frames, fps, stream.codec_context.width, stream.codec_context.height)
+
+
 def _open(av, data: bytes):
+    if not data:
+        raise InputError("video is empty (0 bytes); send the whole file")
     try:
         return av.open(io.BytesIO(data), mode="r")
     except av.error.FFmpegError as exc:
