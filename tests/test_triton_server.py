@@ -252,9 +252,9 @@ def test_concurrent_requests_get_their_own_answers(triton_server, pipeline) -> N
 
 def test_videos_over_grpc_stream_equal_the_reference_pipeline(triton_server, pipeline,
                                                               video_clip) -> None:
-    """A video file in text_input's video_bytes, and in messages a video_url with the file as a
-    data URI beside a frame list (the OpenAI gateway's format): the streamed text is the
-    reference pipeline's."""
+    """A video file in text_input's video_bytes (to the ensemble and to tensorrt_llm_bls), and
+    in messages a video_url with the file as a data URI beside a frame list (the OpenAI
+    gateway's format): the streamed text is the reference pipeline's."""
     from video_clips import data_uri as video_uri
     from video_clips import png_frames
 
@@ -266,6 +266,9 @@ def test_videos_over_grpc_stream_equal_the_reference_pipeline(triton_server, pip
                         videos=[VideoFile(video_clip)])
     got = grpc_ask(triton_server, prompt="What happens?", images=[png(3)], videos=[video_clip])
     assert got.text == want.text and got.prompt_tokens == want.prompt_tokens
+    bls = grpc_ask(triton_server, prompt="What happens?", images=[png(3)], videos=[video_clip],
+                   model=c.TENSORRT_LLM_BLS)
+    assert bls.text == want.text
     frames = png_frames(3, 64, 64, seed=4)
     messages = [{"role": "user", "content": [
         {"type": "video_url", "video_url": {"url": video_uri(video_clip, "video/mp4")}},
