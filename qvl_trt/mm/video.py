@@ -15,8 +15,9 @@ pairing and the timestamps of the prompt, equal to transformers' Qwen3-VL video 
 - Timestamps (`group_timestamps`, HF `_calculate_timestamps`): a group's time is the mean of
   its first and last frame's time, written `<t.t seconds>` before its vision tokens.
 
-Frames are resized with PIL's bicubic filter, as images are (the HF video processor resizes
-with torchvision, which agrees within one 8-bit level; tests/test_mm_video_hf.py compares).
+Frames are resized as the HF video processor resizes them (torchvision's uint8 bicubic
+kernel, mm/resample.py), not with PIL as images are: PIL's filter rounds its weights
+differently and lands up to 2 levels away (tests/test_mm_video_hf.py compares).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from PIL import Image
 from ..errors import CheckpointError, InputError
 from .geometry import MAX_ASPECT_RATIO
 from .pixels import ImagePatches, PixelConfig
+from .resample import resize_frames
 
 # transformers' Qwen3VLVideoProcessor class values where video_preprocessor_config.json leaves
 # them out (the released checkpoints leave out all three).
@@ -112,6 +114,10 @@ class VideoConfig:
             raise CheckpointError("the video processor's patch sizes, normalisation or resampling "
                                   "differ from the image processor's; the vision engine takes "
                                   "one of each: this is not a Qwen3-VL checkpoint")
+        if mine.resample != Image.Resampling.BICUBIC:
+            raise CheckpointError(f"the video processor resamples with filter {mine.resample}; "
+                                  "qvl-trt resizes video frames bicubically (Qwen3-VL's): set "
+                                  "resample to 3 in video_preprocessor_config.json")
 
 
 def check_fps(fps: float, what: str) -> float:
@@ -254,13 +260,13 @@ def video_patches(frames: Sequence[Image.Image], frame_times: Sequence[float],
         raise ValueError(f"out is {out.dtype} {out.shape}, the video needs uint8 "
                          f"{(groups * per_group, config.patch_dim)}")
     rows = out.reshape(groups, per_group, config.channels, t, p * p)
-    resized = [f.resize((w, h), resample=config.resample) for f in frames]
+    resized = resize_frames([np.asarray(f) for f in frames], h, w)
     resized += [resized[-1]] * (groups * t - len(resized))
     patches = []
     for g in range(groups):
         pair = resized[g * t:(g + 1) * t]
         for slot, frame in enumerate(pair):
-            _frame_rows(np.asarray(frame), rows[g, :, :, slot], config)
+            _frame_rows(frame, rows[g, :, :, slot], config)
         patches.append(ImagePatches(pixel_values=out[g * per_group:(g + 1) * per_group],
                                     grid_thw=(1, h // p, w // p), digest=_digest(pair)))
     return VideoPatches(tuple(patches), tuple(group_timestamps(frame_times, t)), len(frames))
@@ -276,10 +282,10 @@ def _frame_rows(pixels: np.ndarray, rows: np.ndarray, config: PixelConfig) -> No
     rows[:] = blocks.transpose(0, 3, 1, 4, 6, 2, 5).reshape(rows.shape)
 
 
-def _digest(pair: Sequence[Image.Image]) -> bytes:
+def _digest(pair: Sequence[np.ndarray]) -> bytes:
     """A temporal group's content: both resized frames and their geometry."""
     digest = xxhash.xxh3_128(b"video-group")
     for frame in pair:
         digest.update(frame.tobytes())
-    digest.update(np.array([pair[0].height, pair[0].width, len(pair)], np.uint32).tobytes())
+    digest.update(np.array([*pair[0].shape[:2], len(pair)], np.uint32).tobytes())
     return digest.digest()
