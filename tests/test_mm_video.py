@@ -243,3 +243,21 @@ def test_a_missing_pyav_is_one_line_naming_the_extra(pre, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "av", None)
     with pytest.raises(Exception, match=r"pip install 'qvl-trt\[serve\]'"):
         ask_video(pre, VideoFile(b"\x00" * 64))
+
+
+@pytest.mark.parametrize("size, to", [((96, 64), (64, 32)), ((64, 48), (64, 64)),
+                                      ((333, 517), (320, 512)), ((30, 20), (96, 64))])
+def test_frame_resize_is_pillows_filter_with_torchs_rounding(size, to) -> None:
+    """The same Keys cubic filter as PIL (so within 2 levels of it: both round to uint8 between
+    the passes, with weights rounded at different precisions); the exact comparison with
+    torchvision is the torchvision tier's (test_mm_video_hf.py)."""
+    from PIL import Image
+
+    from qvl_trt.mm.resample import resize_frame
+
+    pixels = np.random.default_rng(0).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    ours = resize_frame(pixels, to[1], to[0]).astype(int)
+    pil = np.asarray(Image.fromarray(pixels).resize(to, Image.Resampling.BICUBIC)).astype(int)
+    assert ours.shape == pil.shape and np.abs(ours - pil).max() <= 2
+    assert np.mean(ours == pil) > 0.9
+    assert np.array_equal(resize_frame(pixels, size[1], size[0]), pixels)
