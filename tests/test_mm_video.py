@@ -16,13 +16,7 @@ from video_clips import frame_pixels, png_frames, video_file
 from qvl_trt.errors import InputError
 from qvl_trt.mm.chat import user_message
 from qvl_trt.mm.request import RequestLimits, RequestPreprocessor
-from qvl_trt.mm.video import (
-    VideoLimits,
-    clip_budget,
-    group_timestamps,
-    sample_indices,
-    video_size,
-)
+from qvl_trt.mm.video import VideoLimits, group_timestamps, sample_indices
 from qvl_trt.mm.video_input import VideoFile, VideoFrames
 
 av = pytest.importorskip("av", reason="video files need PyAV: pip install 'qvl-trt[serve]'")
@@ -58,28 +52,6 @@ def test_sampling_equals_hf(total: int, native: float, fps: float) -> None:
                                                                     fps=native), fps=fps)
     ours = sample_indices(total, native, fps, min_frames=4, max_frames=768)
     assert ours.tolist() == hf.tolist()
-
-
-@pytest.mark.parametrize("frames, height, width, budget", [
-    (30, 720, 1280, 25165824), (4, 360, 640, 25165824), (9, 720, 1280, 25165824),
-    (5, 1080, 1920, 4 * 1920 * 1080), (768, 1080, 1920, 25165824), (2, 20, 700, 25165824),
-    (7, 48, 64, 4096 * 100)])
-def test_video_resize_equals_hf(frames: int, height: int, width: int, budget: int) -> None:
-    from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize
-
-    hf = smart_resize(frames, height, width, factor=32, min_pixels=4096, max_pixels=budget)
-    assert video_size(frames, height, width, min_pixels=4096, max_pixels=budget, factor=32,
-                      temporal_factor=2) == hf
-
-
-@pytest.mark.parametrize("frames", [2, 3, 5, 7, 9, 30])
-def test_a_frame_cap_holds_where_rounding_lowers_the_group_count(frames: int) -> None:
-    """HF compares the budget with the frame count rounded half-even to groups (5 frames -> 4),
-    so a budget of cap x frames would let a frame exceed the cap; clip_budget does not."""
-    cap = 640 * 640
-    h, w = video_size(frames, 1080, 1920, min_pixels=4096, factor=32, temporal_factor=2,
-                      max_pixels=clip_budget(frames, 25165824, 2, cap))
-    assert h * w <= cap
 
 
 def test_timestamps_equal_hf() -> None:
@@ -228,13 +200,21 @@ def test_bad_video_requests_are_refused(pre: RequestPreprocessor, messages, vide
         pre.prepare(messages=messages, videos=[clip] * videos)
 
 
-def test_video_tokens_above_the_deployments_cap_are_refused(tiny_ckpt: Path) -> None:
+def test_a_video_above_the_deployments_token_budget_is_scaled_down(tiny_ckpt: Path) -> None:
+    """max_video_tokens caps one video's pixel budget (tokens x 2048 pixels), so its frames
+    shrink to fit, as the checkpoint's own budget shrinks long clips."""
+    frames = VideoFrames(png_frames(6, 128, 128))
+    uncapped = RequestPreprocessor.from_checkpoint(tiny_ckpt)
+    assert sum(ask_video(uncapped, frames).image_token_counts) == 3 * 16
     limits = RequestLimits(max_images=1, max_input_len=2048, max_seq_len=4096,
-                           video=VideoLimits(max_video_tokens=11))
+                           video=VideoLimits(max_video_tokens=12))
     capped = RequestPreprocessor.from_checkpoint(tiny_ckpt, limits)
-    with pytest.raises(InputError, match="request has 12 video tokens in 1 videos, the "
-                                         "deployment allows 11 .the max_video_tokens"):
-        ask_video(capped, VideoFrames(png_frames(6, 64, 64)))
+    request = ask_video(capped, frames)
+    assert request.videos[0].grid_thw == (3, 4, 4) and sum(request.image_token_counts) == 12
+    off = RequestLimits(max_images=1, max_input_len=2048, max_seq_len=4096,
+                        video=VideoLimits(max_videos=0))
+    with pytest.raises(InputError, match="allows 0 .* fewer videos or their frames as images"):
+        ask_video(RequestPreprocessor.from_checkpoint(tiny_ckpt, off), frames)
 
 
 def test_a_missing_pyav_is_one_line_naming_the_extra(pre, monkeypatch) -> None:

@@ -141,14 +141,16 @@ def video_file_tokens(data: bytes, fps: float | None,
                       limits: c.PreprocessingParameters) -> int:
     """Merged visual tokens one video file becomes on a deployment: its sampling and resize
     rules over the file's header, under the released checkpoints' clip budget (the client
-    does not see the checkpoint's video_preprocessor_config.json)."""
+    does not see the checkpoint's video_preprocessor_config.json) capped as the deployment
+    caps it."""
+    from ..mm.geometry import video_token_count
     from ..mm.video import (
         HF_DEFAULT_FPS,
         HF_DEFAULT_MAX_FRAMES,
         HF_DEFAULT_MIN_FRAMES,
         RELEASED_CLIP_PIXELS,
+        VideoLimits,
         sample_indices,
-        video_tokens,
     )
     from ..mm.video_decode import probe_video
 
@@ -158,9 +160,12 @@ def video_file_tokens(data: bytes, fps: float | None,
                                     min_frames=HF_DEFAULT_MIN_FRAMES,
                                     max_frames=min(HF_DEFAULT_MAX_FRAMES,
                                                    limits.max_video_frames)))
-        return video_tokens(frames, header.height, header.width,
-                            min_pixels=RELEASED_CLIP_PIXELS[0], max_pixels=RELEASED_CLIP_PIXELS[1],
-                            frame_cap=limits.max_video_frame_pixels or limits.max_pixels)
+        budget = VideoLimits(max_video_tokens=limits.max_video_tokens).clip_pixels(
+            RELEASED_CLIP_PIXELS[1])
+        return video_token_count(frames, header.height, header.width,
+                                 min_pixels=RELEASED_CLIP_PIXELS[0], max_pixels=budget,
+                                 max_pixels_per_frame=limits.max_video_frame_pixels
+                                 or limits.max_pixels)
     except QvlError:  # unreadable here too: the server refuses it, the request counts as failed
         return 0
 

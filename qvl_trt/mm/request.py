@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -111,10 +111,14 @@ class RequestLimits:
     @classmethod
     def from_profile(cls, profile: GpuProfile) -> RequestLimits:
         lim = profile.limits
+        video = VideoLimits(max_videos=lim.max_videos_per_request,
+                            max_video_frames=lim.video_max_frames,
+                            max_video_frame_pixels=lim.video_max_pixels_per_frame,
+                            max_video_tokens=lim.video_max_tokens)
         return cls(max_images=lim.max_images_per_request, max_input_len=lim.max_input_len,
                    max_seq_len=lim.max_seq_len, min_pixels=lim.vision_min_pixels,
                    max_pixels=lim.vision_max_pixels,
-                   max_visual_tokens=lim.max_visual_tokens_per_request)
+                   max_visual_tokens=lim.max_visual_tokens_per_request, video=video)
 
     @classmethod
     def of_checkpoint(cls, checkpoint: Checkpoint) -> RequestLimits:
@@ -224,6 +228,9 @@ class RequestPreprocessor:
                               "sizes disagree with config.json's vision_config")
         videos = VideoConfig.of_checkpoint(checkpoint)
         videos.check_matches(pixels)
+        clip = videos.pixels
+        videos = replace(videos, pixels=clip.with_bounds(
+            clip.min_pixels, limits.video.clip_pixels(clip.max_pixels)))
         prompts = PromptBuilder.from_checkpoint(checkpoint.path, checkpoint.token_ids)
         return cls(checkpoint, prompts, pixels.with_bounds(min_pixels, max_pixels), limits,
                    videos)
@@ -254,12 +261,6 @@ class RequestPreprocessor:
         pixel_values, pictures, clips, items = self._vision_items(order, images, videos)
         merge = ckpt.vision.spatial_merge_size ** 2
         counts = tuple(item.num_patches // merge for item in items)
-        video_tokens = sum(clip.num_patches for clip in clips) // merge
-        if lim.video.max_video_tokens and video_tokens > lim.video.max_video_tokens:
-            raise InputError(
-                f"request has {video_tokens} video tokens in {len(videos)} videos, the "
-                f"deployment allows {lim.video.max_video_tokens} (the max_video_tokens "
-                "parameter): send shorter videos, fewer frames (a lower fps) or smaller frames")
         media = f"{len(images)} images" + (f" and {len(videos)} videos" if videos else "")
         fewer = "images or videos" if videos else "images"
         if lim.max_visual_tokens is not None and sum(counts) > lim.max_visual_tokens:

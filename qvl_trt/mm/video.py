@@ -5,9 +5,10 @@ pairing and the timestamps of the prompt, equal to transformers' Qwen3-VL video 
 - Sampling (`sample_indices`, HF `Qwen3VLVideoProcessor.sample_frames`): int(frames / native
   fps * fps) frames, clamped to [min_frames, max_frames] and to the frames there are, evenly
   spread by `np.linspace(...).round()`.
-- Resize (`video_size`, HF video `smart_resize`): one size for every frame, from a pixel budget
-  over the whole clip (`size.longest_edge` of video_preprocessor_config.json), so a longer
-  clip gets smaller frames.
+- Resize (mm/geometry.py `video_smart_resize`, HF video `smart_resize`): one size for every
+  frame, from a pixel budget over the whole clip (`size.longest_edge` of
+  video_preprocessor_config.json, capped by the deployment), so a longer clip gets smaller
+  frames.
 - Pairing: consecutive frames (2g, 2g+1) fill the two temporal slots of temporal group g's
   patches; an odd count repeats the last frame (HF `patchify`). Each group is one vision item
   of grid (1, h, w): the tower attends within a group (HF splits `cu_seqlens` per grid_t), so
@@ -31,8 +32,9 @@ import numpy as np
 import xxhash
 from PIL import Image
 
+from ..checkpoint import PIXELS_PER_VIDEO_TOKEN
 from ..errors import CheckpointError, InputError
-from .geometry import MAX_ASPECT_RATIO
+from .geometry import video_pixel_budget, video_smart_resize
 from .pixels import ImagePatches, PixelConfig
 from .resample import resize_frames
 
@@ -49,9 +51,10 @@ RELEASED_CLIP_PIXELS = (4096, 25165824)
 @dataclass(frozen=True)
 class VideoLimits:
     """What a deployment admits per request for videos (RequestLimits.video; the preprocessing
-    model's parameters of the same names)."""
+    model's parameters of the same names; a profile's limits.max_videos_per_request,
+    .video_max_frames, .video_max_pixels_per_frame, .video_max_tokens)."""
 
-    max_videos: int = 2  # videos per request
+    max_videos: int = 2  # videos per request; 0 turns video input off
     # Frames of one video the model sees: a file is sampled down to at most this many, a frame
     # list above it is refused (also capped by the checkpoint's max_frames).
     max_video_frames: int = 768
@@ -60,13 +63,22 @@ class VideoLimits:
     # Pixels of one resized frame; 0: the deployment's max pixels per image (which the vision
     # engine's optimisation profile covers).
     max_video_frame_pixels: int = 0
-    # Video tokens of all videos of a request together; 0: only max_visual_tokens applies.
+    # Merged tokens of one video: its pixel budget (frames x height x width) is at most this x
+    # PIXELS_PER_VIDEO_TOKEN, below the checkpoint's (frames are scaled down to fit); 0: the
+    # checkpoint's budget.
     max_video_tokens: int = 0
 
     def check_video_count(self, count: int) -> None:
         if count > self.max_videos:
             raise InputError(f"request has {count} videos, the deployment allows "
-                             f"{self.max_videos} (the max_videos parameter); send fewer videos")
+                             f"{self.max_videos} (the max_videos parameter); send fewer videos"
+                             + (" or their frames as images" if not self.max_videos else ""))
+
+    def clip_pixels(self, checkpoint_max: int) -> int:
+        """One video's pixel budget: the checkpoint's, capped by max_video_tokens."""
+        if not self.max_video_tokens:
+            return checkpoint_max
+        return min(checkpoint_max, self.max_video_tokens * PIXELS_PER_VIDEO_TOKEN)
 
 
 @dataclass(frozen=True)
@@ -137,54 +149,6 @@ def sample_indices(total_frames: int, native_fps: float, fps: float, *, min_fram
     return np.linspace(0, total_frames - 1, count).round().astype(int)
 
 
-def video_size(frames: int, height: int, width: int, *, min_pixels: int, max_pixels: int,
-               factor: int, temporal_factor: int) -> tuple[int, int]:
-    """(height, width) of every frame of a clip (HF video `smart_resize`: the budget is for
-    the whole clip, the frame count rounded to temporal groups; half-even rounding)."""
-    if frames < temporal_factor:
-        raise InputError(f"video has {frames} frame{'s' * (frames != 1)}; a video needs at "
-                         f"least {temporal_factor}: send a single frame as an image")
-    if height < factor or width < factor:
-        scale = max(factor / height, factor / width)
-        height, width = int(height * scale), int(width * scale)
-    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
-        raise InputError(f"video frames of {width}x{height} have an aspect ratio above "
-                         f"{MAX_ASPECT_RATIO}:1; crop or pad them")
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    t_bar = round(frames / temporal_factor) * temporal_factor
-    if t_bar * h_bar * w_bar > max_pixels:
-        beta = math.sqrt((frames * height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif t_bar * h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (frames * height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
-
-
-def clip_budget(frames: int, max_pixels: int, temporal_patch_size: int, frame_cap: int) -> int:
-    """The clip's pixel budget: the checkpoint's `max_pixels`, lowered so that no frame exceeds
-    `frame_cap` pixels (HF's budget when the cap does not bind). `video_size` compares the
-    budget with t_bar = frames rounded half-even to temporal groups, which can be below
-    `frames`: the cap is scaled by the smaller of the two."""
-    t = temporal_patch_size
-    t_bar = round(frames / t) * t
-    return min(max_pixels, frame_cap * min(frames, t_bar))
-
-
-def video_tokens(frames: int, height: int, width: int, *, min_pixels: int, max_pixels: int,
-                 frame_cap: int, patch_size: int = 16, merge_size: int = 2,
-                 temporal_patch_size: int = 2) -> int:
-    """Merged visual tokens of a clip of `frames` frames of height x width."""
-    factor = patch_size * merge_size
-    h, w = video_size(frames, height, width, min_pixels=min_pixels,
-                      max_pixels=clip_budget(frames, max_pixels, temporal_patch_size, frame_cap),
-                      factor=factor, temporal_factor=temporal_patch_size)
-    return -(-frames // temporal_patch_size) * (h // factor) * (w // factor)
-
-
 def group_timestamps(frame_times: Sequence[float], temporal_patch_size: int) -> list[float]:
     """Seconds of each temporal group: the mean of its first and last frame's (HF
     `_calculate_timestamps`; an odd count repeats the last frame's time)."""
@@ -227,10 +191,12 @@ def resized_video_size(frames: Sequence[Image.Image], config: PixelConfig,
             raise InputError(f"video frame {number} is {frame.width}x{frame.height}, frame 1 "
                              f"is {width}x{height}: all frames of a video must have one size; "
                              "resize them to the same size")
-    h, w = video_size(len(frames), height, width, min_pixels=config.min_pixels,
-                      max_pixels=clip_budget(len(frames), config.max_pixels,
-                                             config.temporal_patch_size, frame_cap),
-                      factor=config.factor, temporal_factor=config.temporal_patch_size)
+    budget = video_pixel_budget(len(frames), max_pixels=config.max_pixels,
+                                max_pixels_per_frame=frame_cap,
+                                temporal_factor=config.temporal_patch_size)
+    h, w = video_smart_resize(len(frames), height, width, min_pixels=config.min_pixels,
+                              max_pixels=budget, factor=config.factor,
+                              temporal_factor=config.temporal_patch_size)
     if h * w > frame_cap:
         raise InputError(f"video frames of {width}x{height} resize to {w}x{h}, above the "
                          f"{frame_cap} pixels a frame may have; send smaller frames")
