@@ -40,7 +40,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "mer
                    "chat_template.json", "chat_template.jinja")
 # What the request side (Triton's preprocessing) reads: the model and image configs, the
 # generation defaults and the tokenizer; REQUIRED ones it cannot do without.
-PREPROCESSING_FILES = ("config.json", "preprocessor_config.json", "generation_config.json",
+PREPROCESSING_FILES = ("config.json", "preprocessor_config.json",
+                       "video_preprocessor_config.json", "generation_config.json",
                        *TOKENIZER_FILES)
 PREPROCESSING_REQUIRED_FILES = ("config.json", "preprocessor_config.json", "tokenizer.json",
                                 "tokenizer_config.json")
@@ -312,6 +313,10 @@ class Checkpoint:
     @property
     def preprocessor_config(self) -> dict[str, Any]:
         return _read_json(self.path / "preprocessor_config.json", required=False) or {}
+
+    @property
+    def video_preprocessor_config(self) -> dict[str, Any]:
+        return _read_json(self.path / "video_preprocessor_config.json", required=False) or {}
 
     @cached_property
     def generation(self) -> GenerationConfig:

@@ -365,6 +365,10 @@ def export_vision(
 
 UrlOpt = Annotated[str, typer.Option(help="Deployment: grpc://HOST:PORT (streaming gRPC) or "
                                      "http://HOST:PORT (HTTP generate_stream).")]
+VideoOpt = Annotated[list[Path] | None, typer.Option(
+    help="Video file: MP4, WebM, MKV, ... (repeat for several; after the images).")]
+VideoFpsOpt = Annotated[float | None, typer.Option(
+    help="Frames per second the videos are sampled at [default: the checkpoint's, 2].")]
 ServedModelOpt = Annotated[str, typer.Option("--served-model", help="Ensemble name in the "
                                              "repository (a named build's name).")]
 
@@ -375,6 +379,8 @@ def infer(
     url: UrlOpt = "grpc://127.0.0.1:8001",
     image: Annotated[list[Path] | None, typer.Option(
         help="Image file (repeat for several).")] = None,
+    video: VideoOpt = None,
+    video_fps: VideoFpsOpt = None,
     stream: Annotated[bool, typer.Option(help="Print the answer as it is generated.")] = False,
     max_tokens: Annotated[int, typer.Option(help="Most tokens to generate.")] = 128,
     temperature: Annotated[float, typer.Option(help="0 is greedy.")] = 0.0,
@@ -385,8 +391,8 @@ def infer(
     served_model: ServedModelOpt = "ensemble",
     json_out: JsonOpt = False,
 ) -> None:
-    """Ask a deployment one question about images; prints the answer, then time to first
-    token, tokens/s and token counts."""
+    """Ask a deployment one question about images and videos; prints the answer, then time to
+    first token, tokens/s and token counts."""
     from .client.bench import ask
     from .client.generate import GenerateRequest
     from .console import infer_json, infer_line, print_json
@@ -394,7 +400,8 @@ def infer(
     from .mm.image_input import read_image_files
 
     req = GenerateRequest(prompt, tuple(read_image_files(image or [])), max_tokens,
-                          temperature, top_p, top_k, seed, tuple(stop or ()), stream)
+                          temperature, top_p, top_k, seed, tuple(stop or ()), stream,
+                          tuple(read_image_files(video or [], option="--video")), video_fps)
 
     def show(response) -> None:
         console.print(response.text, end="", markup=False, highlight=False)
@@ -416,9 +423,14 @@ def bench(
     = None,
     synthetic: Annotated[str | None, typer.Option(
         help="WIDTHxHEIGHT: random-noise images, a different one per request.")] = None,
+    synthetic_video: Annotated[str | None, typer.Option(
+        help="WIDTHxHEIGHTxFRAMES: MP4 clips of moving colour ramps at 2 fps (the model sees "
+             "every frame), a different one per request.")] = None,
+    videos_per_request: Annotated[int, typer.Option(
+        help="Videos per request (with --synthetic-video).")] = 1,
     seed: Annotated[int | None, typer.Option(
-        help="Repeat the --synthetic images of a run with this seed (default: new images "
-             "every run, so the server's vision cache does not answer them).")] = None,
+        help="Repeat the --synthetic images and videos of a run with this seed (default: new "
+             "ones every run, so the server's vision cache does not answer them).")] = None,
     concurrency: Annotated[str, typer.Option(help="Requests in flight, per level.")] = "1,4,16",
     requests: Annotated[int, typer.Option(help="Requests per concurrency level.")] = 32,
     max_tokens: Annotated[int, typer.Option(help="Tokens generated per request.")] = 128,
@@ -437,20 +449,28 @@ def bench(
     PNG plot of latency vs throughput."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from .client.bench import BenchSettings, image_source, parse_concurrency, run_benchmark
+    from .client.bench import (
+        BenchSettings,
+        image_source,
+        parse_concurrency,
+        run_benchmark,
+        synthetic_videos,
+    )
     from .client.bench_report import write_reports
     from .console import bench_tables
     from .console import out as console
 
     source, name = image_source(images, synthetic, seed)
+    videos = synthetic_videos(synthetic_video, seed) if synthetic_video else None
     settings = BenchSettings(url, parse_concurrency(concurrency), requests, max_tokens, prompt,
-                             images_per_request, warmup, served_model, allow_remote)
+                             images_per_request, warmup, served_model, allow_remote,
+                             videos_per_request)
     with Progress("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as progress:
         tasks = {c: progress.add_task(f"concurrency {c}", total=requests)
                  for c in settings.concurrency}
         report = run_benchmark(settings, source, source=name,
-                               on_done=lambda c, _: progress.advance(tasks[c]))
+                               on_done=lambda c, _: progress.advance(tasks[c]), videos=videos)
     for table in bench_tables(report.levels):
         console.print(table)
     paths = write_reports(report, out)
@@ -492,6 +512,8 @@ def generate(
     prompt: Annotated[str, typer.Option(help="The user's text.", show_default=False)],
     image: Annotated[list[Path] | None, typer.Option(
         help="Image file (repeat for several); shown before the text.")] = None,
+    video: VideoOpt = None,
+    video_fps: VideoFpsOpt = None,
     checkpoint: Annotated[Path | None, typer.Option(
         help="TensorRT-LLM checkpoint written by `qvl-trt convert` from --model [default: "
         "convert into a temporary folder].")] = None,
@@ -510,17 +532,20 @@ def generate(
                                            "JSON (with --stream: one JSON line per token).")]
     = False,
 ) -> None:
-    """Answer a prompt about images in process with the PyTorch reference pipeline (no
-    Triton): qvl_trt preprocessing -> vision tower -> prompt table -> reference decoder on the
-    converted TensorRT-LLM checkpoint."""
+    """Answer a prompt about images and videos in process with the PyTorch reference pipeline
+    (no Triton): qvl_trt preprocessing -> vision tower -> prompt table -> reference decoder on
+    the converted TensorRT-LLM checkpoint."""
     import json
 
     from .console import out as console
     from .console import print_json
     from .llm.pipeline import ReferencePipeline, sampling_params
     from .mm.image_input import read_image_files
+    from .mm.video_input import VideoFile
 
     images = read_image_files(image or [])
+    videos = [VideoFile(data, video_fps)
+              for data in read_image_files(video or [], option="--video")]
     sampling = sampling_params(model, max_tokens=max_tokens, greedy=greedy,
                                temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     pipeline = ReferencePipeline.load(model, checkpoint=checkpoint, device=device,
@@ -532,7 +557,8 @@ def generate(
         else:
             console.print(delta.text, end="", markup=False, highlight=False)
 
-    result = pipeline.ask(prompt, images, sampling=sampling, on_text=show if stream else None)
+    result = pipeline.ask(prompt, images, sampling=sampling, on_text=show if stream else None,
+                          videos=videos)
     if json_out:
         summary = {"text": result.text, "token_ids": list(result.token_ids),
                    "finish_reason": result.finish_reason, "prompt_tokens": result.prompt_tokens,
@@ -543,14 +569,14 @@ def generate(
     console.print("" if stream else result.text, markup=False, highlight=False)
     console.print(f"[dim]{result.completion_tokens} tokens ({result.finish_reason.value}); "
                   f"prompt {result.prompt_tokens} tokens, {result.image_tokens} of them for "
-                  "images[/dim]")
+                  f"{'images and videos' if videos else 'images'}[/dim]")
 
 
 @command(panel="Serve and measure")
 def verify(
     cases: Annotated[Path, typer.Option(help="JSON (list) or JSON-lines file of cases: "
-                                        "prompt, images, max_tokens, must_match, name.",
-                                        show_default=False)],
+                                        "prompt, images, videos, video_fps, max_tokens, "
+                                        "must_match, name.", show_default=False)],
     against: Annotated[str, typer.Option(help="`reference` (in-process PyTorch pipeline) or "
                                          "a second deployment's grpc://HOST:PORT.",
                                          show_default=False)],

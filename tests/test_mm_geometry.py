@@ -51,3 +51,16 @@ def test_token_count_of_the_typical_clip_and_an_odd_frame_count():
     assert video_token_count(30, 720, 1280, **kw) == 15 * 21 * 38
     # 9 frames: the last is repeated to make 5 pairs; 360x640 -> 352x640 (11 x 20 tokens).
     assert video_token_count(9, 360, 640, **kw) == 5 * 11 * 20
+
+
+@pytest.mark.parametrize("frames", [2, 3, 5, 7, 9, 30])
+@pytest.mark.parametrize("size", [(704, 704), (1080, 1920)])
+def test_no_frame_exceeds_the_cap_where_rounding_lowers_the_group_count(frames, size):
+    """smart_resize compares the budget with the frame count rounded half-even to pairs
+    (5 -> 4, 9 -> 8): a budget of cap x frames would let 5 frames of 704x704 keep their size,
+    1.21 x the cap."""
+    cap = 640 * 640
+    budget = video_pixel_budget(frames, max_pixels=MAX_PIXELS, max_pixels_per_frame=cap)
+    h, w = video_smart_resize(frames, *size, min_pixels=MIN_PIXELS, max_pixels=budget)
+    assert h * w <= cap
+

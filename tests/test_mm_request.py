@@ -146,13 +146,13 @@ def test_prompt_table_errors():
     (user_message("hi <|image_pad|>", 0), [], "holds 1 image placeholders for 0 images"),
     (user_message("hi", 1), [b""], "image 1: image is empty"),
     (user_message("hi", 1), [_png(64, 64, 0)[:300]], "image 1: PNG image could not be decoded"),
-    ([{"role": "user", "content": [{"type": "video"}]}], [], "neither {type: text"),
+    ([{"role": "user", "content": [{"type": "audio"}]}], [], "neither {type: text"),
     ([{"role": "robot", "content": "hi"}], [], "has role 'robot'"),
     ("hello", [], "messages must be a non-empty list"),
     ([{"role": "assistant", "content": [{"type": "image"}]}], [b"x"],
      "images go in user messages"),
 ], ids=["too-many-images", "missing-image", "pad-in-text", "empty-image", "truncated-image",
-        "video", "bad-role", "not-a-list", "image-in-assistant"])
+        "audio", "bad-role", "not-a-list", "image-in-assistant"])
 def test_bad_requests_are_refused(pre, messages, images, message):
     with pytest.raises(InputError, match=message.replace("+", r"\+").replace("{", r"\{")):
         pre.prepare(messages=messages, images=images)

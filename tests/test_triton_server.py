@@ -64,7 +64,8 @@ class RequestFailed(Exception):
 def grpc_ask(server, *, prompt: str | None = None, images=(), messages=None,
              max_tokens: int = 12, temperature: float | None = 0.0,
              top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-             stream: bool = True, stop=(), model: str = c.ENSEMBLE) -> Answer:
+             stream: bool = True, stop=(), model: str = c.ENSEMBLE, videos=(),
+             video_fps: float | None = None) -> Answer:
     """One request through the ensemble (`model`) over gRPC streaming; a setting that is
     None is left out (the checkpoint's generation defaults apply)."""
     values = {c.MAX_TOKENS: np.array([[max_tokens]], np.int32),
@@ -77,6 +78,10 @@ def grpc_ask(server, *, prompt: str | None = None, images=(), messages=None,
         values[c.TEXT_INPUT] = np.array([[prompt.encode()]], object)
     if images:
         values[c.IMAGE_BYTES] = np.array([list(images)], object)
+    if videos:
+        values[c.VIDEO_BYTES] = np.array([list(videos)], object)
+    if video_fps is not None:
+        values[c.VIDEO_FPS] = np.array([[video_fps]], np.float32)
     if seed is not None:
         values[c.SEED] = np.array([[seed]], np.uint64)
     if top_k is not None:
@@ -135,6 +140,15 @@ def http_ask(server, body: dict) -> Answer:
         answer.prompt_tokens = event[c.PROMPT_TOKENS]
         answer.completion_tokens = event[c.COMPLETION_TOKENS]
     return answer
+
+
+@pytest.fixture(scope="module")
+def video_clip() -> bytes:
+    """An MP4 of 30 frames of 96x64 at 10 fps: 6 frames at 2 fps, 3 temporal groups."""
+    pytest.importorskip("av", reason="video files need PyAV: pip install 'qvl-trt[serve]'")
+    from video_clips import video_file
+
+    return video_file(30, 96, 64, rate=10, seed=7)
 
 
 @pytest.fixture(scope="module")
@@ -236,6 +250,54 @@ def test_concurrent_requests_get_their_own_answers(triton_server, pipeline) -> N
     assert [got[i] for i in range(len(cases))] == wanted
 
 
+def test_videos_over_grpc_stream_equal_the_reference_pipeline(triton_server, pipeline,
+                                                              video_clip) -> None:
+    """A video file in text_input's video_bytes (to the ensemble and to tensorrt_llm_bls), and
+    in messages a video_url with the file as a data URI beside a frame list (the OpenAI
+    gateway's format): the streamed text is the reference pipeline's."""
+    from video_clips import data_uri as video_uri
+    from video_clips import png_frames
+
+    from qvl_trt.llm.pipeline import sampling_params
+    from qvl_trt.mm.video_input import VideoFile, VideoFrames
+
+    greedy = sampling_params(pipeline.checkpoint.path, max_tokens=12, greedy=True)
+    want = pipeline.ask("What happens?", [png(3)], sampling=greedy,
+                        videos=[VideoFile(video_clip)])
+    got = grpc_ask(triton_server, prompt="What happens?", images=[png(3)], videos=[video_clip])
+    assert got.text == want.text and got.prompt_tokens == want.prompt_tokens
+    bls = grpc_ask(triton_server, prompt="What happens?", images=[png(3)], videos=[video_clip],
+                   model=c.TENSORRT_LLM_BLS)
+    assert bls.text == want.text
+    frames = png_frames(3, 64, 64, seed=4)
+    messages = [{"role": "user", "content": [
+        {"type": "video_url", "video_url": {"url": video_uri(video_clip, "video/mp4")}},
+        {"type": "text", "text": "and"},
+        {"type": "video", "video": [video_uri(f, "image/png") for f in frames], "fps": 1},
+        {"type": "text", "text": "What changes?"}]}]
+    want = pipeline.generate(messages, sampling=greedy,
+                             videos=[VideoFile(video_clip), VideoFrames(frames, fps=1.0)])
+    got = grpc_ask(triton_server, messages=messages)
+    assert got.text == want.text and got.prompt_tokens == want.prompt_tokens
+
+
+def test_a_repeated_clip_hits_the_vision_cache_group_by_group(triton_server,
+                                                              video_clip) -> None:
+    """Sampled at 2.5 fps (not the default, which other tests use): 7 frames, 4 temporal
+    groups: 4 misses, then 4 hits."""
+    def counts():
+        return tuple(metric(triton_server, f"qvl_vision_cache_{k}_total")
+                     for k in ("hits", "misses"))
+
+    hits, misses = counts()
+    grpc_ask(triton_server, prompt="First look.", videos=[video_clip], video_fps=2.5,
+             max_tokens=2)
+    assert counts() == (hits, misses + 4)
+    grpc_ask(triton_server, prompt="Second look.", videos=[video_clip], video_fps=2.5,
+             max_tokens=2)
+    assert counts() == (hits + 4, misses + 4)
+
+
 def test_repeated_image_hits_the_vision_cache(triton_server) -> None:
     image = png(42, (128, 96))
     hits, misses = (metric(triton_server, f"qvl_vision_cache_{k}_total")
@@ -270,6 +332,18 @@ BAD_REQUESTS = {
         {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]),
         "remote image URL on host 'example.com' refused"),
 }
+
+
+BAD_REQUESTS.update({
+    "corrupt video": (dict(prompt="Hi", videos=[b"\x00\x00\x00\x18ftypmp42" + b"x" * 99]),
+                      "video 1: video data (111 bytes) could not be read"),
+    "video fps 0": (dict(prompt="Hi", videos=[b"clip"], video_fps=0.0),
+                    "video_fps = 0.0 must be a finite number of frames per second above 0"),
+    "video in an assistant message": (dict(messages=[
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": [{"type": "video_url", "video_url": {"url": "x"}}]}]),
+        "message 2: videos go in user messages, not assistant"),
+})
 
 
 @pytest.mark.parametrize("case", list(BAD_REQUESTS))

@@ -50,7 +50,8 @@ def video_smart_resize(
     frames x height x width, so a longer clip gets smaller frames (transformers'
     video_processing_qwen3_vl.smart_resize, its upscale of frames below `factor` included)."""
     if frames < temporal_factor:
-        raise InputError(f"video has {frames} frame(s); send at least {temporal_factor}")
+        raise InputError(f"video has {frames} frame{'s' * (frames != 1)}; a video needs at "
+                         f"least {temporal_factor}: send a single frame as an image")
     if height <= 0 or width <= 0:
         raise InputError(f"video frames have no pixels ({width}x{height})")
     if height < factor or width < factor:
@@ -75,12 +76,17 @@ def video_smart_resize(
     return h_bar, w_bar
 
 
-def video_pixel_budget(frames: int, *, max_pixels: int, max_pixels_per_frame: int) -> int:
+def video_pixel_budget(frames: int, *, max_pixels: int, max_pixels_per_frame: int,
+                       temporal_factor: int = TEMPORAL_PATCH_SIZE) -> int:
     """The most pixels (frames x height x width) a video of `frames` frames may keep: the
     checkpoint's (or deployment's) whole-video budget, and no frame above
     `max_pixels_per_frame` (the vision engine takes one temporal group per call). While the
-    frame cap does not bind this is transformers' uncapped default, so pixels match it."""
-    return min(max_pixels, max_pixels_per_frame * frames)
+    frame cap does not bind this is transformers' uncapped default, so pixels match it.
+    video_smart_resize compares the budget with t_bar, the frame count rounded half-even to
+    temporal groups, which can be below `frames` (5 -> 4): the cap is scaled by the smaller,
+    or a frame could exceed it."""
+    t_bar = round(frames / temporal_factor) * temporal_factor
+    return min(max_pixels, max_pixels_per_frame * min(frames, t_bar))
 
 
 def video_token_count(frames: int, height: int, width: int, *, min_pixels: int,

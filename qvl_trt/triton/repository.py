@@ -34,7 +34,7 @@ from ..dtypes import NUMPY_DTYPES, Dtype
 from ..errors import BuildError, ConfigError
 from ..llm.engine import ENGINE_DTYPE
 from ..manifest import VISION_CONFIG_NAME, VISION_ENGINE_NAME, BuildFolder, Manifest, Stage
-from ..mm.request import RequestBounds
+from ..mm.request import RequestBounds, RequestLimits
 from ..plan import Plan, make_plan, repository_kv_budgets
 from ..profiles import GpuProfile, TrtEdition
 from ..resources import data_dir
@@ -291,7 +291,7 @@ def preprocessing_parameters(profile: GpuProfile,
         max_pixels=lim.vision_max_pixels, max_visual_tokens=lim.max_visual_tokens_per_request,
         default_max_tokens=options.default_max_tokens,
         image_url_allow_list=",".join(options.image_url_allow_list),
-        **asdict(RequestBounds()))
+        **asdict(RequestBounds()), **asdict(RequestLimits.from_profile(profile).video))
 
 
 def _python_parameters(build: _Build, options: RepoOptions) -> dict[str, c.ModelParameters]:
