@@ -85,7 +85,7 @@ def test_request_tensors_fit_together(pre, tiny_ckpt):
     grids = tensors["image_grid_thw"]
     assert patches == int(grids.prod(axis=1).sum()) == tensors["pos_interp_indices"].shape[0]
     assert tensors["position_ids"].shape == (3, seq)
-    assert tensors["mrope_rotary_cos_sin"].shape == (8192 * ckpt.text.head_dim,)  # max_seq_len
+    assert tensors["mrope_rotary_cos_sin"].shape == (16384 * ckpt.text.head_dim,)  # max_seq_len
     visual = request.input_ids == ckpt.token_ids.image
     assert int(visual.sum()) == patches // 4 == sum(request.image_token_counts)
     assert tensors["prompt_vocab_size"][0] == (1 + ckpt.vision.deepstack_count) * patches // 4
