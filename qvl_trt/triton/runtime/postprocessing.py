@@ -97,9 +97,9 @@ class Postprocessor:
         """Run tensorrt_llm on `tensors` (postprocessing's inputs by name, absent optional ones
         None) and send the text to `sender`, the last response final. Streamed text goes
         through an `Outbox`: tokens that arrive while a response is being sent ride in the
-        next one. `is_cancelled` (the client's request) is asked before each streamed response
-        (and between tensorrt_llm's responses when not streaming); a cancelled request gets an
-        empty final response and tensorrt_llm is stopped."""
+        next one. `is_cancelled` (the client's request) is asked before a streamed response,
+        at most every CANCEL_CHECK_S (not streaming: after each tensorrt_llm response); a
+        cancelled request gets an empty final response and tensorrt_llm is stopped."""
         final = pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
         row = row_of(tensors, c.POSTPROCESSING_INPUTS)
         streaming = bool(row[c.STREAMING])
