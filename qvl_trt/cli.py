@@ -684,12 +684,19 @@ def serve(
         help="Answer GET /ready (200 only while the end-to-end probe passes and no restart "
         "is under way, else 503) and /live on this port [default: none].",
         show_default=False)] = None,
+    openai_port: Annotated[int | None, typer.Option(
+        help="Also run the OpenAI-compatible gateway and chat page (`qvl-trt gateway`) on "
+        "this port, in front of the server's gRPC endpoint [default: none].",
+        show_default=False)] = None,
+    openai_host: Annotated[str | None, typer.Option(
+        help="Address the gateway listens on [default: --host].", show_default=False)] = None,
     dry_run: Annotated[bool, typer.Option(
         help="Print the command it would run, and exit.")] = False,
 ) -> None:
     """Run tritonserver on a repository (PATH, /opt/tritonserver or the nvidia-pytriton
     binary); wait until it is ready, print its addresses, restart it when a model dies or
-    stops answering, stop it cleanly on Ctrl-C or SIGTERM (a second one forces it)."""
+    stops answering, stop it cleanly on Ctrl-C or SIGTERM (a second one forces it). With
+    --openai-port, the gateway starts once the server is ready and stops before it."""
     from .console import out as console
     from .triton.serve_plan import (
         check_vision_editions,
@@ -703,6 +710,7 @@ def serve(
         Ports,
         ServerOptions,
         TritonServer,
+        client_host,
         format_command,
         require_tritonserver,
         server_command,
@@ -725,21 +733,69 @@ def serve(
         console.print(format_command(server_command(install, opts), install), highlight=False,
                       markup=False, soft_wrap=True)
         return
+    gateway = None
+    if openai_port is not None:
+        from .gateway.app import GatewayOptions
+        from .gateway.process import GatewayProcess
+
+        gateway = GatewayProcess(GatewayOptions(f"{client_host(host)}:{ports.grpc}",
+                                                host=openai_host or host, port=openai_port))
     check_vision_editions(needs)
     warn_small_shm(needs, shm_size_bytes())
     point_engine_paths(needs)
     server = TritonServer(opts, install=install, log_file=log_file)
     health = f", readiness http://{server.client_host}:{health_port}/ready" \
         if health_port is not None else ""
-    supervisor = Supervisor(server, needs.ensembles, health_port=health_port,
-                            on_ready=lambda: console.print(
-                                f"tritonserver ({install.origin}) ready: HTTP "
-                                f"{server.http_url}, gRPC {server.grpc_url}, metrics "
-                                f"{server.metrics_url}{health}; Ctrl-C stops it",
-                                highlight=False))
+
+    def ready() -> None:
+        console.print(f"tritonserver ({install.origin}) ready: HTTP {server.http_url}, gRPC "
+                      f"{server.grpc_url}, metrics {server.metrics_url}{health}; Ctrl-C stops "
+                      "it", highlight=False)
+        if gateway is not None:
+            gateway.start().wait_ready()
+            console.print(f"OpenAI endpoint {gateway.url}/v1, chat page {gateway.url}/",
+                          highlight=False)
+
+    supervisor = Supervisor(server, needs.ensembles, health_port=health_port, on_ready=ready,
+                            on_stop=gateway.stop if gateway is not None else None)
     code = supervisor.run()
     if code not in (0, None):
         raise typer.Exit(code)
+
+
+@command(panel="Serve and measure")
+def gateway(
+    url: Annotated[str, typer.Option(help="Triton's gRPC endpoint: grpc://HOST:PORT.")]
+    = "grpc://127.0.0.1:8001",
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 9000,
+    max_concurrency: Annotated[int, typer.Option(
+        help="Chat requests in flight; more get 429.")] = 256,
+    max_body_bytes: Annotated[int | None, typer.Option(
+        help="Largest request body; larger get 413 [default: the deployment's "
+        "max_request_bytes + 64 KiB].", show_default=False)] = None,
+    shutdown_timeout: Annotated[float, typer.Option(
+        help="Seconds the answers in flight get to finish after SIGTERM.")] = 10.0,
+) -> None:
+    """OpenAI-compatible endpoint and chat page in front of a running Triton (`qvl-trt serve`,
+    or the container): POST /v1/chat/completions, GET /v1/models, the chat page at /, /ready,
+    /live and /metrics. Stops on Ctrl-C or SIGTERM."""
+    from .client.generate import parse_url
+    from .console import out as console
+    from .gateway.app import GatewayOptions, run_gateway
+    from .triton.server import client_host
+
+    endpoint = parse_url(url)
+    if endpoint.protocol != "grpc":
+        raise ConfigError(f"--url {url}: the gateway talks to Triton over gRPC; pass "
+                          "grpc://HOST:PORT (Triton's --grpc-port, 8001 by default)")
+    opts = GatewayOptions(endpoint.address, host=host, port=port,
+                          max_concurrency=max_concurrency, max_body_bytes=max_body_bytes,
+                          shutdown_timeout_s=shutdown_timeout)
+    shown = f"http://{client_host(host)}:{port}"
+    run_gateway(opts, on_ready=lambda: console.print(
+        f"gateway listening: OpenAI endpoint {shown}/v1, chat page {shown}/ (Triton gRPC "
+        f"{endpoint.address}); Ctrl-C stops it", highlight=False))
 
 
 def main() -> None:

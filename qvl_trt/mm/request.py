@@ -28,6 +28,8 @@ from .rope import mrope_cos_sin_table, rope_index
 from .vision_index import vision_index_tensors
 
 ImageInput = bytes | bytearray | memoryview | Image.Image
+# In every RequestBounds refusal: the gateway answers those with 413 (too large).
+BOUND_REFUSAL = "(the preprocessing model's "
 
 
 @dataclass(frozen=True)
@@ -55,8 +57,8 @@ class RequestBounds:
         """Refuse `size` above the bound `limit_name`, in one line naming both and the fix."""
         limit = getattr(self, limit_name)
         if size > limit:
-            raise InputError(f"{field} is {size}, above the limit of {limit} (the preprocessing "
-                             f"model's {limit_name} parameter); {fix}")
+            raise InputError(f"{field} is {size}, above the limit of {limit} "
+                             f"{BOUND_REFUSAL}{limit_name} parameter); {fix}")
 
 
 @dataclass(frozen=True)
