@@ -638,16 +638,22 @@ def repo(
     allow_image_host: Annotated[list[str] | None, typer.Option(
         help="Host whose http(s) image URLs the server may fetch (repeatable) [default: none, "
         "images come as data URIs or bytes].")] = None,
+    postprocessing_instances: Annotated[int | None, typer.Option(
+        min=1, help="Instances of postprocessing and tensorrt_llm_bls, which turn the "
+        "engine's tokens into streamed text [default: one per 4 cores of this machine, 1 to "
+        "4].")] = None,
     force: Annotated[bool, typer.Option(help="Replace an existing --out folder.")] = False,
 ) -> None:
     """Write a Triton model repository from one or more build folders."""
     from .console import out as console
     from .triton.repository import BuildInput, RepoOptions, write_repo
 
+    counts = {} if postprocessing_instances is None else {
+        "postprocessing_instances": postprocessing_instances}
     options = RepoOptions(flavor=flavor, mount_path=mount_path,
                           default_max_tokens=default_max_tokens,
                           vision_cache_mib=vision_cache_mib,
-                          image_url_allow_list=tuple(allow_image_host or ()))
+                          image_url_allow_list=tuple(allow_image_host or ()), **counts)
     result = write_repo([BuildInput.parse(b) for b in build], out, options, force=force)
     ensembles = ", ".join(b.names.ensemble for b in result.builds)
     console.print(f"wrote the {flavor.value} repository {result.path}: {len(result.models)} "
