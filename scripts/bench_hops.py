@@ -16,7 +16,8 @@ the python backend's shared-memory copies out of and into the stub processes, Tr
 scheduling, and any code of a BLS step the tensors pass through. The vision cache is warm
 after the first request (the tensors are the same either way). Prints per hop the tensors
 and bytes it carries and the median time over --repeat interleaved requests per entry point
-(with min-max), then each path's total.
+(with min-max), then each path's total, and for context the time inside preprocessing's and
+vision_encoder's execute (the vision cache hits: no tower runs there).
 
     python scripts/bench_hops.py [--repeat 10] [--size 1920x1080] [--work-dir DIR]
 """
@@ -195,6 +196,10 @@ def main() -> None:
                 print(f"      {describe(moved)}")
             print(f"  {'total':<52} {mib(total_bytes)} {statistics.median(totals):7.1f} ms "
                   f"[{min(totals):.1f}-{max(totals):.1f}]")
+            for model in (c.PREPROCESSING, c.VISION_ENCODER):  # context: not moves
+                ms = [(e[model]["returned"] - e[model]["entered"]) / 1e6 for e in runs[path]]
+                print(f"  (in {model}'s execute: {statistics.median(ms):.1f} ms "
+                      f"[{min(ms):.1f}-{max(ms):.1f}])")
 
 
 if __name__ == "__main__":

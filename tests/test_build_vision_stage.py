@@ -43,7 +43,10 @@ def test_stage_writes_engine_onnx_and_build_files(vision_build: Path) -> None:
     names = {str(p.relative_to(vision)) for p in vision.rglob("*") if p.is_file()}
     assert names == {"model.engine", "config.json", "build_config.json", "build.log",
                      "reproduce.sh", "onnx/model.onnx", "onnx/model.onnx.data",
-                     "onnx/onnx.json", "onnx/validation.txt"}
+                     "onnx/onnx.json", "onnx/validation.txt", "export_config.json",
+                     "export.log", "reproduce_export.sh"}
+    # The export and its validation ran in a child process, whose log this is.
+    assert "exported" in (vision / "export.log").read_text()
     config = json.loads((vision / "config.json").read_text())
     assert config["edition"] == "tensorrt_rtx" and config["compute_capabilities"] == ["8.9"]
     assert config["dtype"] == "float16"
@@ -198,7 +201,8 @@ def test_kill_9_of_a_build_leaves_no_engine_child(tmp_path, tiny_ckpt) -> None:
 def test_two_builds_of_the_same_inputs_give_the_same_bytes(vision_build: Path, tiny_ckpt,
                                                            tmp_path) -> None:
     """Another folder, the same checkpoint and profile: every output the manifest does not
-    mark as varying (with TensorRT-RTX: build.log and the engine) has the same sha256."""
+    mark as varying (with TensorRT-RTX: the logs, the export's config naming the checkpoint's
+    path, and the engine) has the same sha256."""
     other = tmp_path / "elsewhere"
     assert run_cli("build", "--model", str(tiny_ckpt), "--gpu", "4090d", "--out", str(other),
                    "--only", "vision").returncode == 0
@@ -209,5 +213,6 @@ def test_two_builds_of_the_same_inputs_give_the_same_bytes(vision_build: Path, t
         same = {k: v for k, v in first["outputs"].items() if k not in first["varies"]}
         assert same == {k: v for k, v in second["outputs"].items() if k not in first["varies"]}
     vision = Manifest.load(other).stages["vision"]
-    assert list(vision["varies"]) == ["build.log", "model.engine"]
+    assert list(vision["varies"]) == ["build.log", "export.log", "export_config.json",
+                                      "model.engine"]
     assert {"config.json", "onnx/model.onnx", "onnx/onnx.json"} <= vision["outputs"].keys()
