@@ -164,30 +164,35 @@ def test_new_geforce_profiles_build_here(tmp_path, vision_build: Path, tiny_ckpt
     assert Manifest.load(out).stages["vision"]["summary"]["onnx"] == "reused"
 
 
-# `qvl-trt build` whose vision engine child is a ticker (pid, then a tick every 20 ms into
-# its folder, the staging folder): the real runner, stage and run_child around it.
-_SLOW_ENGINE_BUILD = """
+# `qvl-trt build` whose export or engine child (the module argv[1] names) is a ticker (pid,
+# then a tick every 20 ms into its folder, the staging folder): the real runner, stage and
+# run_child around it.
+_SLOW_CHILD_BUILD = """
 import sys
-import qvl_trt.vision.engine as engine
+import qvl_trt.child as child
 from test_child import _TICKER
-real = engine.run_child
-engine.run_child = lambda cmd, **kw: real([sys.executable, "-c", _TICKER], **kw)
+slow = sys.argv.pop(1)
+real = child.run_child
+child.run_child = lambda cmd, **kw: real(
+    [sys.executable, "-c", _TICKER] if slow in cmd else cmd, **kw)
 sys.argv = ["qvl-trt", *sys.argv[1:]]
 from qvl_trt.cli import main
 main()
 """
 
 
-def test_kill_9_of_a_build_leaves_no_engine_child(tmp_path, tiny_ckpt) -> None:
+@pytest.mark.parametrize("child", ["qvl_trt.vision.validate", "qvl_trt.vision.engine"],
+                         ids=["export", "engine"])
+def test_kill_9_of_a_build_leaves_no_child(tmp_path, tiny_ckpt, child) -> None:
     out = tmp_path / "b"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    build = subprocess.Popen([sys.executable, "-c", _SLOW_ENGINE_BUILD, "build", "-m",
+    build = subprocess.Popen([sys.executable, "-c", _SLOW_CHILD_BUILD, child, "build", "-m",
                               str(tiny_ckpt), "-g", "4090d", "-o", str(out), "--only", "vision"],
                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         assert wait_until(lambda: any(out.glob(".vision.partial-*/ticks")), 240), \
-            "the engine child never started"
+            f"the {child} child never started"
     finally:
         build.kill()
         build.wait(timeout=30)

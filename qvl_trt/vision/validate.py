@@ -33,7 +33,7 @@ import numpy as np
 
 from ..atomic import write_json_atomic
 from ..checkpoint import VISION_PREFIX, Checkpoint, open_checkpoint
-from ..child import child_main, run_child, write_reproduce
+from ..child import child_main, run_module_child
 from ..deps import require
 from ..dtypes import Dtype
 from ..errors import BuildError, ConfigError
@@ -276,18 +276,13 @@ def export_and_validate_in_child(folder: Path, config: ExportConfig) -> ExportTi
     """`export_and_validate` in a child process, its files in `folder`: a failed export or
     validation, a crash or an out-of-memory kill is a BuildError naming the log and
     reproduce_export.sh."""
-    folder = Path(folder)
-    write_json_atomic(folder / EXPORT_CONFIG_NAME, to_jsonable(config))
-    script = write_reproduce(
-        folder / EXPORT_REPRODUCE_NAME,
-        [f'"${{PYTHON:-python3}}" -m qvl_trt.vision.validate {EXPORT_CONFIG_NAME}'],
-        f"Export the vision tower to {config.out}/ and validate it against Hugging Face, as "
-        f"{EXPORT_CONFIG_NAME} says.\nNeeds qvl-trt[export]; PYTHON picks the interpreter.")
     log.info("exporting and validating the vision tower in a child process")
-    run_child([sys.executable, "-m", "qvl_trt.vision.validate", EXPORT_CONFIG_NAME],
-              cwd=folder, log_path=folder / EXPORT_LOG_NAME, what="vision export",
-              reproduce=script)
-    result = folder / _EXPORT_RESULT_NAME
+    run_module_child(
+        folder, "qvl_trt.vision.validate", config, config_name=EXPORT_CONFIG_NAME,
+        log_name=EXPORT_LOG_NAME, reproduce_name=EXPORT_REPRODUCE_NAME, what="vision export",
+        comment=f"Export the vision tower to {config.out}/ and validate it against Hugging "
+        f"Face, as {EXPORT_CONFIG_NAME} says.\nNeeds qvl-trt[export].")
+    result = Path(folder) / _EXPORT_RESULT_NAME
     times = load_dataclass(ExportTimes, json.loads(result.read_text()), str(result))
     result.unlink()
     return times
