@@ -27,8 +27,11 @@ import sys
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
+from .atomic import write_json_atomic
 from .errors import BuildError, DependencyError, QvlError, StageUnavailable
+from .typed_config import to_jsonable
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +56,20 @@ def write_reproduce(path: Path, commands: Sequence[str], comment: str, *,
     ]) + "\n")
     path.chmod(0o755)
     return path
+
+
+def run_module_child(folder: Path, module: str, config: Any, *, config_name: str,
+                     log_name: str, reproduce_name: str, what: str, comment: str) -> None:
+    """Write `config` (a dataclass) as `folder/config_name` and a reproduce script that runs
+    `python -m module config_name` in `folder`, then run that command as a child (`run_child`,
+    its output in `folder/log_name`)."""
+    folder = Path(folder)
+    write_json_atomic(folder / config_name, to_jsonable(config))
+    script = write_reproduce(
+        folder / reproduce_name, [f'"${{PYTHON:-python3}}" -m {module} {config_name}'],
+        f"{comment}\nPYTHON picks the interpreter.")
+    run_child([sys.executable, "-m", module, config_name], cwd=folder,
+              log_path=folder / log_name, what=what, reproduce=script)
 
 
 def run_child(cmd: Sequence[str], *, cwd: Path | None, log_path: Path, what: str,

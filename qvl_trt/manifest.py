@@ -23,6 +23,7 @@ from .llm.engine import ENGINE_CONFIG_NAME, ENGINE_DIR
 from .profiles import GpuProfile, TrtEdition
 from .typed_config import load_dataclass
 from .vision.engine import BUILD_LOG_NAME, CONFIG_NAME, ENGINE_NAME, TIMING_CACHE_NAME
+from .vision.validate import EXPORT_CONFIG_NAME, EXPORT_LOG_NAME
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = 1
@@ -61,6 +62,8 @@ _VARIES: dict[Stage, dict[str, str]] = {
     Stage.PLAN: {"*": "names this machine's paths of the checkpoint and the profile file"},
     Stage.VISION: {
         BUILD_LOG_NAME: "the engine build's log: durations, memory, paths",
+        EXPORT_LOG_NAME: "the export's log: durations, paths",
+        EXPORT_CONFIG_NAME: "names the checkpoint's path",
         # Seen with TensorRT-RTX 1.7: ~170 bytes of 2.8 MB differ in the tiny engine, where
         # the plan lists its I/O tensors (in another order); same size, same config.json.
         ENGINE_NAME: "the builder serialises the engine's I/O tensor records in an order that "

@@ -7,9 +7,9 @@ Face tower, TensorRT engine build) and the peak memory of the whole process tree
 The checkpoint is the released 2B config with random bf16 vision weights; the language
 model's tensors are present with their shapes (the build refuses a checkpoint without them)
 but as zeros in a sparse file, which the vision stage never reads. The build runs in a child
-process (`run_build(only=(Stage.VISION,))`), and the engine is built in its own child: this
-script polls /proc for the summed RSS of that whole tree (a shared page counts once per
-process, so the figure is an upper bound). Other work on the machine skews wall times: CPU
+process (`run_build(only=(Stage.VISION,))`), the export with its validation and the engine
+build each in their own child of it: this script polls /proc for the summed RSS of that whole
+tree (a shared page counts once per process, so the figure is an upper bound). Other work on the machine skews wall times: CPU
 times and the load average before and after are printed.
 """
 

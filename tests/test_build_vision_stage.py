@@ -43,7 +43,10 @@ def test_stage_writes_engine_onnx_and_build_files(vision_build: Path) -> None:
     names = {str(p.relative_to(vision)) for p in vision.rglob("*") if p.is_file()}
     assert names == {"model.engine", "config.json", "build_config.json", "build.log",
                      "reproduce.sh", "onnx/model.onnx", "onnx/model.onnx.data",
-                     "onnx/onnx.json", "onnx/validation.txt"}
+                     "onnx/onnx.json", "onnx/validation.txt", "export_config.json",
+                     "export.log", "reproduce_export.sh"}
+    # The export and its validation ran in a child process, whose log this is.
+    assert "exported" in (vision / "export.log").read_text()
     config = json.loads((vision / "config.json").read_text())
     assert config["edition"] == "tensorrt_rtx" and config["compute_capabilities"] == ["8.9"]
     assert config["dtype"] == "float16"
@@ -161,30 +164,35 @@ def test_new_geforce_profiles_build_here(tmp_path, vision_build: Path, tiny_ckpt
     assert Manifest.load(out).stages["vision"]["summary"]["onnx"] == "reused"
 
 
-# `qvl-trt build` whose vision engine child is a ticker (pid, then a tick every 20 ms into
-# its folder, the staging folder): the real runner, stage and run_child around it.
-_SLOW_ENGINE_BUILD = """
+# `qvl-trt build` whose export or engine child (the module argv[1] names) is a ticker (pid,
+# then a tick every 20 ms into its folder, the staging folder): the real runner, stage and
+# run_child around it.
+_SLOW_CHILD_BUILD = """
 import sys
-import qvl_trt.vision.engine as engine
+import qvl_trt.child as child
 from test_child import _TICKER
-real = engine.run_child
-engine.run_child = lambda cmd, **kw: real([sys.executable, "-c", _TICKER], **kw)
+slow = sys.argv.pop(1)
+real = child.run_child
+child.run_child = lambda cmd, **kw: real(
+    [sys.executable, "-c", _TICKER] if slow in cmd else cmd, **kw)
 sys.argv = ["qvl-trt", *sys.argv[1:]]
 from qvl_trt.cli import main
 main()
 """
 
 
-def test_kill_9_of_a_build_leaves_no_engine_child(tmp_path, tiny_ckpt) -> None:
+@pytest.mark.parametrize("child", ["qvl_trt.vision.validate", "qvl_trt.vision.engine"],
+                         ids=["export", "engine"])
+def test_kill_9_of_a_build_leaves_no_child(tmp_path, tiny_ckpt, child) -> None:
     out = tmp_path / "b"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    build = subprocess.Popen([sys.executable, "-c", _SLOW_ENGINE_BUILD, "build", "-m",
+    build = subprocess.Popen([sys.executable, "-c", _SLOW_CHILD_BUILD, child, "build", "-m",
                               str(tiny_ckpt), "-g", "4090d", "-o", str(out), "--only", "vision"],
                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         assert wait_until(lambda: any(out.glob(".vision.partial-*/ticks")), 240), \
-            "the engine child never started"
+            f"the {child} child never started"
     finally:
         build.kill()
         build.wait(timeout=30)
@@ -198,7 +206,8 @@ def test_kill_9_of_a_build_leaves_no_engine_child(tmp_path, tiny_ckpt) -> None:
 def test_two_builds_of_the_same_inputs_give_the_same_bytes(vision_build: Path, tiny_ckpt,
                                                            tmp_path) -> None:
     """Another folder, the same checkpoint and profile: every output the manifest does not
-    mark as varying (with TensorRT-RTX: build.log and the engine) has the same sha256."""
+    mark as varying (with TensorRT-RTX: the logs, the export's config naming the checkpoint's
+    path, and the engine) has the same sha256."""
     other = tmp_path / "elsewhere"
     assert run_cli("build", "--model", str(tiny_ckpt), "--gpu", "4090d", "--out", str(other),
                    "--only", "vision").returncode == 0
@@ -209,5 +218,6 @@ def test_two_builds_of_the_same_inputs_give_the_same_bytes(vision_build: Path, t
         same = {k: v for k, v in first["outputs"].items() if k not in first["varies"]}
         assert same == {k: v for k, v in second["outputs"].items() if k not in first["varies"]}
     vision = Manifest.load(other).stages["vision"]
-    assert list(vision["varies"]) == ["build.log", "model.engine"]
+    assert list(vision["varies"]) == ["build.log", "export.log", "export_config.json",
+                                      "model.engine"]
     assert {"config.json", "onnx/model.onnx", "onnx/onnx.json"} <= vision["outputs"].keys()

@@ -14,6 +14,7 @@ from PIL import Image
 
 from qvl_trt.errors import InputError
 from qvl_trt.mm.image_input import load_rgb
+from qvl_trt.mm import pixels
 from qvl_trt.mm.pixels import PixelConfig, image_patches
 
 
@@ -153,8 +154,25 @@ def test_patches_write_into_a_given_buffer(pixel_config):
     into = image_patches(image, pixel_config, out=buffer[3:])
     assert np.shares_memory(into.pixel_values, buffer)
     assert np.array_equal(buffer[3:], alone) and not buffer[:3].any()
-    with pytest.raises(ValueError, match="needs uint8"):
+    with pytest.raises(ValueError, match="needs contiguous uint8"):
         image_patches(image, pixel_config, out=buffer)
+    with pytest.raises(ValueError, match="needs contiguous uint8"):
+        image_patches(image, pixel_config, out=np.zeros_like(alone, order="F"))
+
+
+@pytest.mark.parametrize("size", [(1920, 1080), (1080, 1920), (700, 500), (640, 480)],
+                         ids=["height-only", "width-only", "both", "no-resize"])
+@pytest.mark.parametrize("strips", [1, 3, 7])
+def test_strips_equal_hf_whatever_their_number(size, strips, hf_processor, pixel_config,
+                                               monkeypatch):
+    """The resize and the patch cutting run in one strip per core: any number of strips
+    gives HF's pixels (column strips when only the height changes, row strips when only the
+    width does)."""
+    monkeypatch.setattr(pixels, "_THREADS", strips)
+    image = Image.fromarray(_content(*size, 11))
+    ours = image_patches(image, pixel_config)
+    _assert_equal_hf(ours.pixel_values, hf_processor(image, return_tensors="np")["pixel_values"],
+                     pixel_config)
 
 
 def test_exif_orientation_is_applied():

@@ -14,7 +14,7 @@ def test_config_protobufs_parse_back_with_bool_parameters_and_scalar_reshapes() 
 
     settings = StepSettings(c.ModelNames.for_build("b4"), Flavor.TRT, max_batch_size=4,
                             hidden_size=64, patch_dim=1536, table_dtype="FP16",
-                            engine_dir="/models/b4_tensorrt_llm/1/engine")
+                            max_seq_len=1024, engine_dir="/models/b4_tensorrt_llm/1/engine")
     configs = step_configs(settings)
     assert set(configs) == set(c.ModelNames.for_build("b4").all()) == {
         "b4", "b4_preprocessing", "b4_vision_encoder", "b4_tensorrt_llm", "b4_postprocessing",
@@ -35,13 +35,14 @@ def test_config_protobufs_parse_back_with_bool_parameters_and_scalar_reshapes() 
     assert list(table.dims) == [-1, 64]
     post = configs["b4_postprocessing"]
     assert post.parameters["tensorrt_llm_model"].string_value == "b4_tensorrt_llm"
+    assert post.parameters["max_seq_len"].string_value == "1024"  # the MRoPE table it builds
     steps = [s.model_name for s in configs["b4"].ensemble_scheduling.step]
     assert steps == ["b4_preprocessing", "b4_vision_encoder", "b4_postprocessing"]
     bls = configs["b4_tensorrt_llm_bls"]
     assert bls.model_transaction_policy.decoupled
     assert {k: v.string_value for k, v in bls.parameters.items()} == {
         "preprocessing_model": "b4_preprocessing", "vision_encoder_model": "b4_vision_encoder",
-        "tensorrt_llm_model": "b4_tensorrt_llm", "workers": "8"}
+        "tensorrt_llm_model": "b4_tensorrt_llm", "workers": "8", "max_seq_len": "1024"}
     assert c.TensorrtLlmBlsParameters.from_parameters(parameters(bls)).workers == 8
     assert [i.name for i in bls.input] == [s.name for s in c.ENSEMBLE_INPUTS]
     assert [o.name for o in bls.output] == [s.name for s in c.ENSEMBLE_OUTPUTS]

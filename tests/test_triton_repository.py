@@ -18,6 +18,7 @@ from qvl_trt.build import Stage, resume_build
 from qvl_trt.deps import available
 from qvl_trt.dtypes import Dtype
 from qvl_trt.errors import ConfigError
+from qvl_trt.triton import contract as c
 from qvl_trt.triton.model_configs import Flavor
 from qvl_trt.triton.pbconfig import CONFIG_FILE, data_type, parse_config, read_config, to_text
 from qvl_trt.triton.repository import (
@@ -85,26 +86,55 @@ def test_reference_repository_is_valid_and_self_contained(tmp_path, tiny_build) 
     # The reference tower normalises the 8-bit pixels with the image processor settings.
     (repo / "vision_encoder" / "1" / "checkpoint" / "preprocessor_config.json").unlink()
     assert any("preprocessor_config.json is missing" in p for p in problems(repo))
+    # The callers of tensorrt_llm build the MRoPE table with the checkpoint's rope settings.
+    (repo / "postprocessing" / "1" / "checkpoint" / "config.json").unlink()
+    assert any("postprocessing/1/checkpoint/config.json is missing" in p
+               for p in problems(repo))
 
 
-@pytest.mark.parametrize("breakage, reason", [
-    ("step missing", "tensorrt_llm_bls: calls nowhere, which is not in the repository"),
-    ("llm input retyped", "tensorrt_llm_bls -> tensorrt_llm: mrope_position_deltas: dtype INT64 "
+def _retype(name: str, outputs: bool = False):
+    def edit(config) -> None:
+        tensors = config.output if outputs else config.input
+        next(t for t in tensors if t.name == name).data_type = data_type("INT32")
+
+    return edit
+
+
+def _drop_position_ids(repo: Path) -> None:
+    def drop(config) -> None:
+        kept = [i for i in config.input if i.name != c.MROPE_POSITION_IDS]
+        del config.input[:]
+        config.input.extend(kept)
+
+    edit_config(repo / "postprocessing", drop)
+    edit_config(repo / "ensemble", lambda cfg: cfg.ensemble_scheduling.step[2].input_map.pop(
+        c.MROPE_POSITION_IDS))
+
+
+# breakage -> (how, a phrase of the reason validate must give)
+CALL_BREAKAGES = {
+    "step missing": (lambda r: edit_config(r / "tensorrt_llm_bls", lambda cfg: cfg.parameters[
+        "preprocessing_model"].__setattr__("string_value", "nowhere")),
+        "tensorrt_llm_bls: calls nowhere, which is not in the repository"),
+    "llm input retyped": (lambda r: edit_config(r / "tensorrt_llm",
+                                                _retype(c.MROPE_POSITION_DELTAS)),
+                          "tensorrt_llm_bls -> tensorrt_llm: mrope_position_deltas: dtype INT64 "
                           "is produced, INT32 expected"),
-])
-def test_tensorrt_llm_bls_calls_are_validated(tmp_path, tiny_build, breakage, reason) -> None:
+    # The callers build the MRoPE table the stock backend needs on every request from these.
+    "no position ids": (_drop_position_ids, "postprocessing -> tensorrt_llm: does not send "
+                        "mrope_rotary_cos_sin"),
+    "position ids retyped": (lambda r: edit_config(r / "preprocessing", _retype(
+        c.MROPE_POSITION_IDS, outputs=True)), "tensorrt_llm_bls: mrope_position_ids: dtype "
+        "INT32 is produced, INT64 expected"),
+}
+
+
+@pytest.mark.parametrize("breakage", list(CALL_BREAKAGES))
+def test_tensorrt_llm_calls_are_validated(tmp_path, tiny_build, breakage) -> None:
     repo = write_repo([BuildInput(tiny_build)], tmp_path / "repo",
                       RepoOptions(flavor=Flavor.REFERENCE)).path
-
-    def retype(config) -> None:
-        next(i for i in config.input
-             if i.name == "mrope_position_deltas").data_type = data_type("INT32")
-
-    if breakage == "step missing":
-        edit_config(repo / "tensorrt_llm_bls", lambda cfg: cfg.parameters[
-            "preprocessing_model"].__setattr__("string_value", "nowhere"))
-    else:
-        edit_config(repo / "tensorrt_llm", retype)
+    how, reason = CALL_BREAKAGES[breakage]
+    how(repo)
     found = problems(repo)
     assert any(reason in p for p in found), found
 

@@ -1,16 +1,15 @@
 """The `vision` build stage: export (or reuse) the ONNX graph, validate it against Hugging
-Face, build the engine with the profile's edition.
+Face, build the engine with the profile's edition. The export with its validation and the
+engine build each run in a child process; this one imports no torch and waits.
 
-Stage folder: `onnx/` (the export + validation.txt), `model.engine`, `config.json`,
+Stage folder: `onnx/` (the export + validation.txt), `export_config.json`, `export.log`,
+`reproduce_export.sh` (when exported, not reused), `model.engine`, `config.json`,
 `build_config.json`, `build.log`, `reproduce.sh` and, with full TensorRT, `timing.cache`.
-A failed engine build is kept as `<out>/vision.failed/`.
+A failed export, validation or engine build is kept as `<out>/vision.failed/`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import gc
 import logging
 import os
 import shutil
@@ -28,9 +27,9 @@ from ..vision.engine import (
     build_vision_engine,
     check_edition_here,
 )
-from ..vision.export import ONNX_NAME, export_inputs, read_export_meta
+from ..vision.export import ONNX_NAME, VALIDATION_NAME, export_inputs, read_export_meta
 from ..vision.spec import patch_range, vision_graph_spec
-from ..vision.validate import export_and_validate
+from ..vision.validate import ExportConfig, export_and_validate_in_child
 from .context import BuildContext, Stage
 
 log = logging.getLogger(__name__)
@@ -76,15 +75,6 @@ def run_vision_stage(ctx: BuildContext, work: Path) -> dict[str, Any]:
     reused = _reuse_export(previous, onnx_dir, inputs["export"],
                            ctx.stage_outputs(Stage.VISION), ctx.hasher)
     seconds = {"export": 0.0, "validate": 0.0}  # wall time per phase (0: export reused)
-    if not reused:
-        onnx, validation = export_and_validate(ctx.checkpoint, onnx_dir, dtype=dtype,
-                                            edition=ctx.trt_edition, inputs=inputs["export"])
-        log.info("validation vs Hugging Face (%s):", validation.graph)
-        for line in validation.lines():
-            log.info("  %s", line)
-        seconds.update(export=onnx.seconds, validate=validation.seconds)
-        validation.raise_if_failed()
-
     spec = vision_graph_spec(ctx.checkpoint.vision, dtype)
     config = EngineBuildConfig(
         edition=ctx.trt_edition, dtype=dtype, onnx=f"{ONNX_DIR}/{ONNX_NAME}",
@@ -97,15 +87,22 @@ def run_vision_stage(ctx: BuildContext, work: Path) -> dict[str, Any]:
     if cache.is_file():
         shutil.copy2(cache, work / TIMING_CACHE_NAME)
     failed = ctx.out / FAILED_DIR
-    _return_freed_memory()  # the engine builds in a child while this process waits
-    started = time.perf_counter()
     try:
+        if not reused:
+            times = export_and_validate_in_child(work, ExportConfig(
+                checkpoint=str(Path(ctx.checkpoint.path).resolve()), out=ONNX_DIR, dtype=dtype,
+                edition=ctx.trt_edition, inputs=inputs["export"]))
+            seconds.update(export=times.export_seconds, validate=times.validate_seconds)
+            log.info("validation vs Hugging Face:")
+            for line in (onnx_dir / VALIDATION_NAME).read_text().splitlines():
+                log.info("  %s", line)
+        started = time.perf_counter()
         built = build_vision_engine(work, config)
     except StageUnavailable:
         raise
     except BuildError as exc:
         # The staging folder is deleted when the stage fails: keep it, so that the log and
-        # reproduce.sh the message names still exist.
+        # the reproduce script the message names still exist.
         shutil.rmtree(failed, ignore_errors=True)
         os.replace(work, failed)
         raise BuildError(str(exc).replace(str(work), str(failed))) from None
@@ -141,11 +138,3 @@ def _reuse_export(previous: Path, dest: Path, export: dict[str, Any],
             shutil.copy2(path, dest / path.name)
     log.info("reusing the ONNX export in %s (same weights, dtype and edition)", previous)
     return True
-
-
-def _return_freed_memory() -> None:
-    """Give the heap the export and validation freed back to the OS: glibc keeps freed
-    blocks mapped, and they would count on top of the engine build's own peak."""
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):  # not glibc
-        ctypes.CDLL("libc.so.6").malloc_trim(0)

@@ -12,13 +12,20 @@ in raster order); within a row the order is (channel, temporal frame, y, x). An 
 every temporal frame with itself; a video clip will put its consecutive frames there, so the
 vision graph takes both through one input of the same shape.
 
-After the resize, the channels are reordered in parallel threads (numpy's copies release the
-GIL); the content digest is xxh3-128, a fast non-cryptographic hash: it keys caches, it does
-not authenticate.
+The resize and the patch cutting run in strips on parallel threads (PIL's resampling and
+numpy's copies release the GIL), equal to one whole-image resize: when only the height
+changes (1920x1080 -> 1920x1088) PIL makes one vertical pass, each column alone, so column
+strips cropped out and resized each give the same pixels; when only the width changes, row
+strips. A strip is cropped, never resized with a `box`: a box shifts the filter centres by a
+rounding. When both change, PIL makes two passes in an order that depends on its version
+(Pillow 13 starts with the height when it shrinks much more): that resize stays one call, and
+only the patch cutting runs in strips. The content digest is xxh3-128 of the patch rows, a
+fast non-cryptographic hash: it keys caches, it does not authenticate.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -169,49 +176,77 @@ def patch_count(image: Image.Image, config: PixelConfig) -> int:
 def image_patches(image: Image.Image, config: PixelConfig,
                   out: np.ndarray | None = None) -> ImagePatches:
     """Resize an RGB image (`load_rgb`'s output) and cut it into uint8 patch rows, written
-    into `out` ([patch_count, patch_dim] uint8, e.g. a slice of the request's buffer) when
-    given."""
+    into `out` ([patch_count, patch_dim] contiguous uint8, e.g. a slice of the request's
+    buffer) when given."""
     if image.mode != "RGB" or config.channels != 3:
         raise InputError(f"image_patches takes RGB images for a 3-channel processor, got mode "
                          f"{image.mode!r} and {config.channels} channels; decode with load_rgb")
     h, w = resized_size(image.width, image.height, config)
-    resized = image.resize((w, h), resample=config.resample)
     gh, gw = h // config.patch_size, w // config.patch_size
     shape = (gh * gw, config.patch_dim)
     if out is None:
         out = np.empty(shape, np.uint8)
-    elif out.shape != shape or out.dtype != np.uint8:
-        raise ValueError(f"out is {out.dtype} {out.shape}, the image needs uint8 {shape}")
-    rows = out.reshape(gh * gw, config.channels, config.temporal_patch_size, -1)
-    planes = resized.split()
-    list(_workers().map(lambda c: _channel_rows(planes[c], rows[:, c], config),
-                        range(len(planes))))
-    return ImagePatches(pixel_values=out, grid_thw=(1, gh, gw), digest=_digest(resized))
+    elif out.shape != shape or out.dtype != np.uint8 or not out.flags.c_contiguous:
+        raise ValueError(f"out is {out.dtype} {out.shape}, the image needs contiguous uint8 "
+                         f"{shape}")
+    f, m, p = config.factor, config.merge_size, config.patch_size
+    # (block row, block col, row in block, col in block, channel, frame, y, x)
+    blocks = out.reshape(h // f, w // f, m, m, config.channels, config.temporal_patch_size, p, p)
+    W, H = image.size
+
+    def strip(edges: tuple[int, int]) -> None:
+        a, b = edges
+        if w == W and h != H:  # height only: column strips, each column alone
+            part = image.crop((a, 0, b, H)).resize((b - a, h), resample=config.resample)
+            _write_patches(np.asarray(part), blocks, 0, a // f, config)
+        elif h == H and w != W:  # width only: row strips, each row alone
+            part = image.crop((0, a, W, b)).resize((w, b - a), resample=config.resample)
+            _write_patches(np.asarray(part), blocks, a // f, 0, config)
+        else:  # resized whole (both passes, in the order Pillow picks) or not at all
+            _write_patches(pixels[:, a:b], blocks, 0, a // f, config)
+
+    if w != W and h != H:
+        pixels = np.asarray(image.resize((w, h), resample=config.resample))
+    elif w == W and h == H:
+        pixels = np.asarray(image)
+    along = h if h == H and w != W else w
+    list(_workers().map(strip, _cuts(along, _THREADS, f)))
+    return ImagePatches(pixel_values=out, grid_thw=(1, gh, gw), digest=_digest(out, h, w))
 
 
-def _channel_rows(plane: Image.Image, rows: np.ndarray, config: PixelConfig) -> None:
-    """Write one resized channel into its rows [N, T, P*P] (every temporal frame)."""
-    p, m = config.patch_size, config.merge_size
-    pixels = np.asarray(plane)
-    h, w = pixels.shape
-    # (H, W) -> (block row, block col, row in block, col in block, y, x)
-    blocks = pixels.reshape(h // (m * p), m, p, w // (m * p), m, p).transpose(0, 3, 1, 4, 2, 5)
-    rows[:] = blocks.reshape(rows.shape[0], 1, p * p)
+def _cuts(length: int, parts: int, unit: int) -> list[tuple[int, int]]:
+    """[start, end) of up to `parts` strips of `length` (a multiple of `unit`), cut at
+    multiples of `unit`."""
+    units = length // unit
+    edges = sorted({units * k // parts * unit for k in range(parts)} | {length})
+    return list(itertools.pairwise(edges))
 
 
-def _digest(resized: Image.Image) -> bytes:
-    digest = xxhash.xxh3_128(resized.tobytes())
-    digest.update(np.array([resized.height, resized.width], np.uint32).tobytes())
+def _write_patches(pixels: np.ndarray, blocks: np.ndarray, block_row: int, block_col: int,
+                   config: PixelConfig) -> None:
+    """Write `pixels` [height, width, C] (a whole number of merge blocks) into the merge
+    blocks from (block_row, block_col) on, every temporal frame the same."""
+    p, m, c = config.patch_size, config.merge_size, config.channels
+    bh, bw = pixels.shape[0] // (m * p), pixels.shape[1] // (m * p)
+    dst = blocks[block_row:block_row + bh, block_col:block_col + bw]
+    dst[..., 0, :, :] = pixels.reshape(bh, m, p, bw, m, p, c).transpose(0, 3, 1, 4, 6, 2, 5)
+    dst[..., 1:, :, :] = dst[..., :1, :, :]
+
+
+def _digest(rows: np.ndarray, height: int, width: int) -> bytes:
+    digest = xxhash.xxh3_128(rows)
+    digest.update(np.array([height, width], np.uint32).tobytes())
     return digest.digest()
 
 
+_THREADS = min(os.cpu_count() or 1, 4)  # strips: one per core, at most 4
 _WORKERS: dict[int, ThreadPoolExecutor] = {}
 
 
 def _workers() -> ThreadPoolExecutor:
-    """Threads for the per-channel work. One pool per process: a forked child
-    inherits the pool object but not its threads."""
+    """Threads for the strips. One pool per process: a forked child inherits the pool
+    object but not its threads."""
     pid = os.getpid()
     if pid not in _WORKERS:
-        _WORKERS[pid] = ThreadPoolExecutor(max_workers=4, thread_name_prefix="qvl-pixels")
+        _WORKERS[pid] = ThreadPoolExecutor(max_workers=_THREADS, thread_name_prefix="qvl-pixels")
     return _WORKERS[pid]

@@ -48,16 +48,20 @@ def visual_token_positions(engine_ids: np.ndarray, *, vocab_size: int, deepstack
     return positions, offsets // per_token
 
 
-def assemble_prompt_table(image_embeds: np.ndarray, deepstack: Sequence[np.ndarray]) \
-        -> np.ndarray:
+def assemble_prompt_table(image_embeds: np.ndarray, deepstack: Sequence[np.ndarray],
+                          dtype: np.dtype | None = None) -> np.ndarray:
     """[(1+K)V, hidden] from the vision outputs: main embeddings [V, hidden] and K DeepStack
-    features [V, hidden] (all images of the request concatenated, in prompt order)."""
+    features [V, hidden] (all images of the request concatenated, in prompt order), in `dtype`
+    (default: the embeddings'), written in one pass."""
     for k, feature in enumerate(deepstack):
         if feature.shape != image_embeds.shape:
             raise InputError(f"deepstack feature {k} has shape {list(feature.shape)}, the main "
                              f"embeddings {list(image_embeds.shape)}; they must match")
-    stacked = np.stack([image_embeds, *deepstack], axis=1)
-    return stacked.reshape(-1, image_embeds.shape[-1])
+    rows, hidden = image_embeds.shape
+    table = np.empty((rows, 1 + len(deepstack), hidden), dtype or image_embeds.dtype)
+    for k, feature in enumerate([image_embeds, *deepstack]):
+        table[:, k] = feature
+    return table.reshape(-1, hidden)
 
 
 def split_prompt_table(table, deepstack_count: int):

@@ -26,7 +26,7 @@ from .chat import IMAGE_PART_TYPES, VIDEO_PART_TYPES, PromptBuilder, user_messag
 from .image_input import DEFAULT_MAX_DECODED_PIXELS, load_rgb, read_image_files
 from .pixels import ImagePatches, PixelConfig, image_patches, patch_count
 from .prompt_table import fake_token_ids, prompt_table_extra_ids, rows_per_visual_token
-from .rope import mrope_cos_sin_table, rope_index
+from .rope import MropeTable, rope_index
 from .video import VideoConfig, VideoLimits, VideoPatches
 from .video_input import VideoInput, load_clip
 from .vision_index import vision_index_tensors
@@ -146,7 +146,7 @@ class PreparedRequest:
     engine_input_ids: np.ndarray  # [seq] int32, visual token i = vocab_size + (1+K)i
     position_ids: np.ndarray  # [3, seq] int64
     mrope_position_delta: int
-    mrope_rotary_cos_sin: np.ndarray  # [max_seq_len * head_dim] float32
+    mrope: MropeTable  # builds mrope_rotary_cos_sin from position_ids
     prompt_table_extra_ids: np.ndarray  # [seq] uint64
     prompt_vocab_size: int  # prompt-table rows: (1+K) * visual tokens
     vision: VisionDims  # the tower the images are for
@@ -155,6 +155,12 @@ class PreparedRequest:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.size)
+
+    @property
+    def mrope_rotary_cos_sin(self) -> np.ndarray:
+        """[max_seq_len * head_dim] float32, built on each call (the Triton preprocessing step
+        sends position_ids instead)."""
+        return self.mrope(self.position_ids)
 
     @property
     def image_grid_thw(self) -> np.ndarray:
@@ -294,8 +300,7 @@ class RequestPreprocessor:
                                             vocab_size=ckpt.text.vocab_size,
                                             deepstack_count=deepstack),
             position_ids=rope.position_ids, mrope_position_delta=rope.delta,
-            mrope_rotary_cos_sin=mrope_cos_sin_table(rope.position_ids, ckpt.text,
-                                                     lim.max_seq_len),
+            mrope=MropeTable(ckpt.text, lim.max_seq_len),
             prompt_table_extra_ids=prompt_table_extra_ids(
                 visual_ids, image_token_id=image_id,
                 image_hashes=[item.hash64 for item in items], image_token_counts=counts),

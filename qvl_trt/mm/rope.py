@@ -108,6 +108,20 @@ def rotary_inv_freq(head_dim: int, theta: float) -> np.ndarray:
     return np.float32(1.0) / (theta ** (np.arange(0, head_dim, 2) / head_dim)).astype(np.float32)
 
 
+@dataclass(frozen=True)
+class MropeTable:
+    """What a request's MRoPE table depends on besides its position ids: the text model's
+    rotary settings and the engine's positions (max_seq_len). The table is 4 MiB at 8192 x 128
+    while the position ids are [3, seq]: the ids cross the pipeline and the step that calls
+    the LLM builds the table right before the call (triton/runtime/llm_inputs.py)."""
+
+    text: TextDims
+    max_positions: int
+
+    def __call__(self, position_ids: np.ndarray) -> np.ndarray:
+        return mrope_cos_sin_table(position_ids, self.text, self.max_positions)
+
+
 def mrope_cos_sin_table(position_ids: np.ndarray, text: TextDims, max_positions: int) \
         -> np.ndarray:
     """The request's `mrope_rotary_cos_sin`: [max_positions * head_dim] float32, row j =

@@ -141,6 +141,9 @@ class ReferenceLlmParameters(ModelParameters):
 @dataclass(frozen=True)
 class PostprocessingParameters(ModelParameters):
     tensorrt_llm_model: str  # the model it runs by BLS
+    # Positions of the MRoPE table it builds: the engine's max_position_embeddings (the
+    # profile's limits.max_seq_len).
+    max_seq_len: int
     # Worker threads, each holding one request (and one BLS call of the python backend's
     # thread pool): the server sizes thread-pool-size from their sum.
     workers: int
@@ -267,6 +270,11 @@ SEQUENCE_LENGTH = "sequence_length"
 PIXEL_VALUES = "pixel_values"
 IMAGE_GRID_THW = "image_grid_thw"  # (1, h, w) patches per item; 0 rows for text-only
 IMAGE_HASHES = "image_hashes"  # 64-bit content hash per item: cache key and KV-reuse id
+# preprocessing -> the step that calls tensorrt_llm (postprocessing, tensorrt_llm_bls): the
+# prompt's T/H/W positions [3, seq], from which that step builds mrope_rotary_cos_sin right
+# before the call (runtime/llm_inputs.py). The table is max_seq_len x head_dim float32 (4 MiB
+# at 8192 x 128) and the stock backend needs it on every request; the ids are 24 bytes a token.
+MROPE_POSITION_IDS = "mrope_position_ids"
 
 LLM_INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec(INPUT_IDS, "INT32", (-1,), ragged=True),
@@ -307,7 +315,7 @@ PREPROCESSING_OUTPUTS: tuple[TensorSpec, ...] = (
     _scalar(SEED, "UINT64"),
     TensorSpec(STOP_WORDS_LIST, "INT32", (2, -1)),
     TensorSpec(PROMPT_TABLE_EXTRA_IDS, "UINT64", (-1,)),
-    TensorSpec(MROPE_ROTARY_COS_SIN, "FP32", (-1,)),
+    TensorSpec(MROPE_POSITION_IDS, "INT64", (3, -1)),
     _scalar(MROPE_POSITION_DELTAS, "INT64"),
     TensorSpec(PIXEL_VALUES, "UINT8", (-1, -1)),  # (patches, C*T*P*P)
     TensorSpec(IMAGE_GRID_THW, "INT64", (-1, 3)),
@@ -327,13 +335,17 @@ VISION_OUTPUTS: tuple[TensorSpec, ...] = (
 )
 
 # postprocessing drives tensorrt_llm: it receives every tensorrt_llm input the earlier steps
-# make, forwards them (BLS, streaming) and turns the token responses into text. An ensemble
-# cannot do that hop itself: a step after a decoupled step may only read that step's outputs
-# ("receives inputs originated from different decoupled models"), and the text of a stream
-# needs per-request state that only the request's own caller holds.
+# make, builds the MRoPE table from the position ids, forwards them (BLS, streaming) and turns
+# the token responses into text. An ensemble cannot do that hop itself: a step after a
+# decoupled step may only read that step's outputs ("receives inputs originated from
+# different decoupled models"), and the text of a stream needs per-request state that only
+# the request's own caller holds.
+# What the caller of tensorrt_llm builds before the call, and from which of its inputs.
+BUILT_FOR_LLM: Mapping[str, str] = {MROPE_ROTARY_COS_SIN: MROPE_POSITION_IDS}
 _LLM_INPUT_NAMES = frozenset(s.name for s in LLM_INPUTS)
 POSTPROCESSING_INPUTS: tuple[TensorSpec, ...] = tuple(
-    s for s in PREPROCESSING_OUTPUTS + VISION_OUTPUTS if s.name in _LLM_INPUT_NAMES)
+    s for s in PREPROCESSING_OUTPUTS + VISION_OUTPUTS
+    if s.name in _LLM_INPUT_NAMES or s.name in BUILT_FOR_LLM.values())
 POSTPROCESSING_OUTPUTS = ENSEMBLE_OUTPUTS
 
 

@@ -245,7 +245,7 @@ def _llm_inputs_sent(name: str, caller: c.PostprocessingParameters, config: Any,
     """What a model sends tensorrt_llm: postprocessing its inputs; tensorrt_llm_bls (it names
     the steps it runs first) those steps' outputs, after its inputs went to preprocessing."""
     if not isinstance(caller, c.TensorrtLlmBlsParameters):
-        return _inputs(config)
+        return _built_before_call(name, _inputs(config), report)
     steps = [caller.preprocessing_model, caller.vision_encoder_model]
     sent, outputs = _inputs(config), {}
     for step in steps:
@@ -260,7 +260,23 @@ def _llm_inputs_sent(name: str, caller: c.PostprocessingParameters, config: Any,
                 _same_tensor(report, f"{name} -> {step}", key, have, spec)
         outputs |= _outputs(target)
         sent = {}
-    return {s.name: outputs[s.name] for s in c.POSTPROCESSING_INPUTS if s.name in outputs}
+    received = {s.name: outputs[s.name] for s in c.POSTPROCESSING_INPUTS if s.name in outputs}
+    return _built_before_call(name, received, report)
+
+
+def _built_before_call(name: str, received: dict[str, _Tensor],
+                       report: ValidationReport) -> dict[str, _Tensor]:
+    """What a caller sends tensorrt_llm of the tensors it received: it builds the MRoPE table
+    from the position ids (runtime/llm_inputs.py), which must be the contract's."""
+    sent = dict(received)
+    specs = {s.name: s for s in c.LLM_INPUTS + c.PREPROCESSING_OUTPUTS}
+    for built, source in c.BUILT_FOR_LLM.items():
+        have = sent.pop(source, None)
+        if have is not None:
+            want = specs[source]
+            _same_tensor(report, name, source, have, _Tensor(want.data_type, want.dims))
+            sent[built] = _Tensor(specs[built].data_type, specs[built].dims)
+    return sent
 
 
 def _check_llm_call(name: str, ours: dict[str, _Tensor], llm: str, configs: dict[str, Any],
@@ -278,6 +294,11 @@ def _check_llm_call(name: str, ours: dict[str, _Tensor], llm: str, configs: dict
     for key, spec in theirs.items():
         report.check(key in ours or spec.optional, where,
                      f"required input {key} of {llm} is not forwarded")
+    # Optional in the backend's config, but an engine with use_mrope refuses a request
+    # without them (text-only ones too).
+    for key in (c.MROPE_ROTARY_COS_SIN, c.MROPE_POSITION_DELTAS):
+        report.check(key in ours, where, f"does not send {key}: the engine uses MRoPE and "
+                     f"{llm} needs it on every request; regenerate with `qvl-trt repo`")
     report.check(bool(target.model_transaction_policy.decoupled), where,
                  f"{llm} must be decoupled (it is called for a token stream)")
 
@@ -361,6 +382,8 @@ def _check_artifacts(repo: Path, ensemble: str, configs: dict[str, Any],
     present(models["preprocessing"], pre, PREPROCESSING_REQUIRED_FILES)
     for key in ("postprocessing", "tensorrt_llm_bls"):
         present(models[key], repo / models[key] / VERSION, [TOKENIZER_JSON])
+        # the MRoPE settings of the table it builds (runtime/llm_inputs.py)
+        present(models[key], repo / models[key] / VERSION / CHECKPOINT_DIR, ["config.json"])
     vision = repo / models["vision_encoder"] / VERSION
     llm = repo / models["tensorrt_llm"] / VERSION
     if flavor is Flavor.REFERENCE:

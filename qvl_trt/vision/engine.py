@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import staged_file, write_json_atomic
-from ..child import REPRODUCE_NAME, child_main, run_child, write_reproduce
+from ..child import REPRODUCE_NAME, child_main, run_module_child
 from ..deps import available, require
 from ..dtypes import Dtype
 from ..errors import BuildError, ConfigError, StageUnavailable
@@ -116,19 +116,14 @@ def check_edition_here(edition: TrtEdition, compute_capabilities: tuple[str, ...
 def build_vision_engine(folder: Path, config: EngineBuildConfig) -> dict[str, Any]:
     """Build `folder/model.engine` from `folder/<config.onnx>` in a child process; write the
     build files beside it; return the engine's config.json."""
-    folder = Path(folder)
-    write_json_atomic(folder / BUILD_CONFIG_NAME, to_jsonable(config))
-    script = write_reproduce(
-        folder / REPRODUCE_NAME,
-        [f'"${{PYTHON:-python3}}" -m qvl_trt.vision.engine {BUILD_CONFIG_NAME}'],
-        f"Rebuild {ENGINE_NAME} from {config.onnx} with the settings in {BUILD_CONFIG_NAME}.\n"
-        "Needs qvl-trt and the TensorRT edition named in it; PYTHON picks the interpreter.")
-    command = [sys.executable, "-m", "qvl_trt.vision.engine", BUILD_CONFIG_NAME]
     log.info("building the vision engine (%s, %s, compute capability %s) in a child process",
              config.edition.value, config.dtype, "/".join(config.compute_capabilities))
     started = time.perf_counter()
-    run_child(command, cwd=folder, log_path=folder / BUILD_LOG_NAME,
-              what="vision engine build", reproduce=script)
+    run_module_child(
+        folder, "qvl_trt.vision.engine", config, config_name=BUILD_CONFIG_NAME,
+        log_name=BUILD_LOG_NAME, reproduce_name=REPRODUCE_NAME, what="vision engine build",
+        comment=f"Rebuild {ENGINE_NAME} from {config.onnx} with the settings in "
+        f"{BUILD_CONFIG_NAME}.\nNeeds qvl-trt and the TensorRT edition named in it.")
     log.info("vision engine built in %.1f s", time.perf_counter() - started)
     return read_engine_config(folder)
 

@@ -5,6 +5,13 @@ tensors; the HF tower (fp32, from the checkpoint's own config and weights) gets 
 pixels HF's processor makes of them + grid_thw. Per output, the worst `max|diff| /
 max|reference|` over the sizes must stay within the dtype's tolerance. A shape mismatch is
 always an error.
+
+The vision build stage exports and validates in a child process (`python -m
+qvl_trt.vision.validate export_config.json`, the protocol of qvl_trt/child.py): torch keeps
+the traced graph's tensors alive after an export (the build process stayed at 1.4 GiB after
+exporting and validating the 2B tower, 0.4 GiB of it imported libraries), and none of it may
+sit in the build process while the engine child builds. The child leaves `export.log` and
+`reproduce_export.sh` beside its config.
 """
 
 from __future__ import annotations
@@ -13,7 +20,9 @@ import contextlib
 import copy
 import gc
 import importlib
+import json
 import logging
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,16 +31,25 @@ from typing import Any
 
 import numpy as np
 
-from ..checkpoint import VISION_PREFIX, Checkpoint
+from ..atomic import write_json_atomic
+from ..checkpoint import VISION_PREFIX, Checkpoint, open_checkpoint
+from ..child import child_main, run_module_child
 from ..deps import require
 from ..dtypes import Dtype
-from ..errors import BuildError
+from ..errors import BuildError, ConfigError
 from ..mm.pixels import PixelConfig
 from ..profiles import TrtEdition
+from ..typed_config import load_dataclass, to_jsonable
 from .export import VALIDATION_NAME, check_onnx_io, export_vision_onnx
 from .spec import vision_graph_spec
 
-log = logging.getLogger(__name__)
+# A fixed name: the child runs this module as __main__.
+log = logging.getLogger("qvl_trt.vision.validate")
+
+EXPORT_CONFIG_NAME = "export_config.json"
+EXPORT_LOG_NAME = "export.log"
+EXPORT_REPRODUCE_NAME = "reproduce_export.sh"
+_EXPORT_RESULT_NAME = "export_result.json"  # the child's seconds, read and removed
 
 # max|diff| / max|reference| per output, vs the fp32 HF tower.
 TOLERANCES = {Dtype.FLOAT32: 1e-5, Dtype.FLOAT16: 1e-2, Dtype.BFLOAT16: 5e-2}
@@ -235,3 +253,56 @@ def export_and_validate(ckpt: Checkpoint, out: Path, *, dtype: Dtype | str = Dty
     validation = validate_vision_onnx(onnx.path, ckpt, dtype=dtype, grids=QUICK_GRIDS)
     (Path(out) / VALIDATION_NAME).write_text("\n".join(validation.lines()) + "\n")
     return onnx, validation
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """What the export child reads (export_config.json)."""
+
+    checkpoint: str  # the checkpoint folder
+    out: str  # the export folder to create, relative to the config's folder
+    dtype: Dtype
+    edition: TrtEdition
+    inputs: dict[str, Any]  # `export_inputs`, recorded in onnx.json
+
+
+@dataclass(frozen=True)
+class ExportTimes:
+    export_seconds: float
+    validate_seconds: float
+
+
+def export_and_validate_in_child(folder: Path, config: ExportConfig) -> ExportTimes:
+    """`export_and_validate` in a child process, its files in `folder`: a failed export or
+    validation, a crash or an out-of-memory kill is a BuildError naming the log and
+    reproduce_export.sh."""
+    log.info("exporting and validating the vision tower in a child process")
+    run_module_child(
+        folder, "qvl_trt.vision.validate", config, config_name=EXPORT_CONFIG_NAME,
+        log_name=EXPORT_LOG_NAME, reproduce_name=EXPORT_REPRODUCE_NAME, what="vision export",
+        comment=f"Export the vision tower to {config.out}/ and validate it against Hugging "
+        f"Face, as {EXPORT_CONFIG_NAME} says.\nNeeds qvl-trt[export].")
+    result = Path(folder) / _EXPORT_RESULT_NAME
+    times = load_dataclass(ExportTimes, json.loads(result.read_text()), str(result))
+    result.unlink()
+    return times
+
+
+def _main(argv: list[str]) -> None:
+    """Child entry point: export and validate as an export_config.json says."""
+    if len(argv) != 1:
+        raise ConfigError(f"usage: python -m qvl_trt.vision.validate {EXPORT_CONFIG_NAME}")
+    path = Path(argv[0]).resolve()
+    config = load_dataclass(ExportConfig, json.loads(path.read_text()), str(path))
+    onnx, validation = export_and_validate(
+        open_checkpoint(config.checkpoint, validate=False), path.parent / config.out,
+        dtype=config.dtype, edition=config.edition, inputs=config.inputs)
+    write_json_atomic(path.parent / _EXPORT_RESULT_NAME,
+                      to_jsonable(ExportTimes(onnx.seconds, validation.seconds)))
+    for line in validation.lines():
+        log.info("  %s", line)
+    validation.raise_if_failed()
+
+
+if __name__ == "__main__":
+    sys.exit(child_main(_main))

@@ -2,7 +2,8 @@
 responses into text.
 
 It receives every tensorrt_llm input the earlier steps made and forwards them as a BLS
-request (decoupled: tokens arrive as the engine makes them). Each request is read in its own
+request (decoupled: tokens arrive as the engine makes them), the MRoPE table built from the
+position ids first (llm_inputs.py). Each request is read in its own
 worker thread with its own `StreamDecoder`, so a character whose bytes are split across
 streamed responses comes out whole and concurrent requests share nothing. Streamed text is
 sent by the instance's sender thread through each request's `Outbox`: tokens that arrive
@@ -32,6 +33,7 @@ import numpy as np
 from ...mm.detokenizer import StreamDecoder, TokenBytes
 from .. import contract as c
 from .backend import error_response, guarded, pb, response, row_of
+from .llm_inputs import LlmInputs
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +57,12 @@ Run = Callable[[Any, Any], None]
 
 
 class Postprocessor:
-    def __init__(self, tokenizer_json: Path, *, llm_model: str, workers: int,
-                 model_name: str = c.POSTPROCESSING) -> None:
-        """`model_name`: the model it serves (postprocessing, or tensorrt_llm_bls), for errors."""
+    def __init__(self, tokenizer_json: Path, *, llm_inputs: LlmInputs, llm_model: str,
+                 workers: int, model_name: str = c.POSTPROCESSING) -> None:
+        """`model_name`: the model it serves (postprocessing, or tensorrt_llm_bls), for errors;
+        `llm_inputs` turns the earlier steps' tensors into tensorrt_llm's."""
         self.token_bytes = TokenBytes.from_tokenizer_json(tokenizer_json)
+        self.llm_inputs = llm_inputs
         self.llm_model = llm_model
         self.model_name = model_name
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="postprocess")
@@ -90,16 +94,17 @@ class Postprocessor:
     def _run(self, request: Any, sender: Any) -> None:
         tensors = {s.name: pb().get_input_tensor_by_name(request, s.name)
                    for s in c.POSTPROCESSING_INPUTS}
-        self.generate(tensors, sender, request.is_cancelled)
+        self.generate(self.llm_inputs(tensors), sender, request.is_cancelled)
 
     def generate(self, tensors: Mapping[str, Any], sender: Any,
                  is_cancelled: Callable[[], bool]) -> None:
-        """Run tensorrt_llm on `tensors` (postprocessing's inputs by name, absent optional ones
-        None) and send the text to `sender`, the last response final. Streamed text goes
-        through an `Outbox`: tokens that arrive while a response is being sent ride in the
-        next one. `is_cancelled` (the client's request) is asked before a streamed response,
-        at most every CANCEL_CHECK_S (not streaming: after each tensorrt_llm response); a
-        cancelled request gets an empty final response and tensorrt_llm is stopped."""
+        """Run tensorrt_llm on `tensors` (its inputs by name as `llm_inputs` makes them, absent
+        optional ones None) and send the text to `sender`, the last response final. Streamed
+        text goes through an `Outbox`: tokens that arrive while a response is being sent ride
+        in the next one. `is_cancelled` (the client's request) is asked before a streamed
+        response, at most every CANCEL_CHECK_S (not streaming: after each tensorrt_llm
+        response); a cancelled request gets an empty final response and tensorrt_llm is
+        stopped."""
         final = pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
         row = row_of(tensors, c.POSTPROCESSING_INPUTS)
         streaming = bool(row[c.STREAMING])

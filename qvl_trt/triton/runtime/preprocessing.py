@@ -83,7 +83,7 @@ class Preprocessor:
             c.SEED: scalar(seed, np.uint64),
             c.STOP_WORDS_LIST: c.stop_words_list(stops + self.extra_end_ids),
             c.PROMPT_TABLE_EXTRA_IDS: prepared.prompt_table_extra_ids,
-            c.MROPE_ROTARY_COS_SIN: prepared.mrope_rotary_cos_sin,
+            c.MROPE_POSITION_IDS: prepared.position_ids,
             c.MROPE_POSITION_DELTAS: scalar(prepared.mrope_position_delta, np.int64),
             c.PIXEL_VALUES: prepared.pixel_values,
             c.IMAGE_GRID_THW: prepared.image_grid_thw,

@@ -39,8 +39,9 @@ class Bls:
         tensors = _call(self.preprocessing, inputs, c.PREPROCESSING_OUTPUTS)
         tensors |= _call(self.vision_encoder, [tensors[s.name] for s in c.VISION_INPUTS],
                          c.VISION_OUTPUTS)
-        self.postprocessor.generate({s.name: tensors[s.name] for s in c.POSTPROCESSING_INPUTS},
-                                    sender, request.is_cancelled)
+        llm_inputs = self.postprocessor.llm_inputs(
+            {s.name: tensors[s.name] for s in c.POSTPROCESSING_INPUTS})
+        self.postprocessor.generate(llm_inputs, sender, request.is_cancelled)
 
 
 def _call(model: str, inputs: list[Any], outputs: Sequence[c.TensorSpec]) -> dict[str, Any]:

@@ -45,9 +45,10 @@ class RowCache:
             return rows
 
     def put(self, key: tuple, rows: np.ndarray) -> None:
+        """Keep `rows` itself, not a copy (a prompt table is tens of MB): the caller hands
+        over an array nobody writes any more, and it becomes read-only."""
         if rows.nbytes > self.capacity_bytes:
             return
-        rows = rows.copy()
         rows.setflags(write=False)  # callers share cached arrays
         with self._lock:
             old = self._entries.pop(key, None)

@@ -55,17 +55,18 @@ class VisionStep:
                 self.cache.put(key, rows)
             tables.append(rows)
             start += size
-        table = np.concatenate(tables)
+        # One image: its (cached, read-only) rows are the table, not copied here.
+        table = tables[0] if len(tables) == 1 else np.concatenate(tables)
         return table, int(table.shape[0])
 
     def _encode(self, pixel_values: np.ndarray, grid: np.ndarray) -> np.ndarray:
         index = vision_index_tensors(grid, self.vision)
         embeds, *deepstack = self.run_image(np.ascontiguousarray(pixel_values, np.uint8), index)
-        table = assemble_prompt_table(np.asarray(embeds), [np.asarray(d) for d in deepstack])
-        if table.shape[1] != self.hidden_size:
-            raise InputError(f"the vision tower returned rows of width {table.shape[1]}, the "
+        if embeds.shape[-1] != self.hidden_size:
+            raise InputError(f"the vision tower returned rows of width {embeds.shape[-1]}, the "
                              f"language model takes {self.hidden_size}")
-        return table.astype(self.table_dtype)
+        return assemble_prompt_table(np.asarray(embeds), [np.asarray(d) for d in deepstack],
+                                     self.table_dtype)
 
 
 def reference_tower(checkpoint_dir: Path, *, device: str = "auto",

@@ -10,6 +10,7 @@ sys.path.insert(0, str(HERE / "qvl_trt_runtime.zip"))
 
 from qvl_trt.triton.contract import PostprocessingParameters  # noqa: E402
 from qvl_trt.triton.runtime.backend import model_parameters  # noqa: E402
+from qvl_trt.triton.runtime.llm_inputs import LlmInputs  # noqa: E402
 from qvl_trt.triton.runtime.postprocessing import Postprocessor  # noqa: E402
 
 
@@ -17,9 +18,11 @@ class TritonPythonModel:
     def initialize(self, args):
         params = PostprocessingParameters.from_parameters(model_parameters(args),
                                                           args["model_name"])
-        self.postprocessor = Postprocessor(HERE / "tokenizer.json",
-                                           llm_model=params.tensorrt_llm_model,
-                                           workers=params.workers, model_name=args["model_name"])
+        self.postprocessor = Postprocessor(
+            HERE / "tokenizer.json",
+            llm_inputs=LlmInputs.from_checkpoint(HERE / "checkpoint", params.max_seq_len),
+            llm_model=params.tensorrt_llm_model, workers=params.workers,
+            model_name=args["model_name"])
 
     def execute(self, requests):
         for request in requests:

@@ -1,5 +1,5 @@
 """preprocessing (qvl-trt): chat messages or text + images -> token ids with fake prompt ids,
-pixel patches, MRoPE table, sampling settings. Runs the qvl_trt code bundled beside it."""
+pixel patches, MRoPE position ids, sampling settings. Runs the qvl_trt code bundled beside it."""
 
 import sys
 from pathlib import Path

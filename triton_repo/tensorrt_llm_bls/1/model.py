@@ -11,6 +11,7 @@ sys.path.insert(0, str(HERE / "qvl_trt_runtime.zip"))
 
 from qvl_trt.triton.contract import TensorrtLlmBlsParameters  # noqa: E402
 from qvl_trt.triton.runtime.backend import model_parameters  # noqa: E402
+from qvl_trt.triton.runtime.llm_inputs import LlmInputs  # noqa: E402
 from qvl_trt.triton.runtime.postprocessing import Postprocessor  # noqa: E402
 from qvl_trt.triton.runtime.tensorrt_llm_bls import Bls  # noqa: E402
 
@@ -19,8 +20,11 @@ class TritonPythonModel:
     def initialize(self, args):
         params = TensorrtLlmBlsParameters.from_parameters(model_parameters(args),
                                                           args["model_name"])
-        postprocessor = Postprocessor(HERE / "tokenizer.json", llm_model=params.tensorrt_llm_model,
-                                      workers=params.workers, model_name=args["model_name"])
+        postprocessor = Postprocessor(
+            HERE / "tokenizer.json",
+            llm_inputs=LlmInputs.from_checkpoint(HERE / "checkpoint", params.max_seq_len),
+            llm_model=params.tensorrt_llm_model, workers=params.workers,
+            model_name=args["model_name"])
         self.bls = Bls(postprocessor, preprocessing=params.preprocessing_model,
                        vision_encoder=params.vision_encoder_model)
 
