@@ -217,6 +217,17 @@ def test_a_video_above_the_deployments_token_budget_is_scaled_down(tiny_ckpt: Pa
         ask_video(RequestPreprocessor.from_checkpoint(tiny_ckpt, off), frames)
 
 
+def test_frames_below_the_vision_engines_two_blocks_are_refused(tiny_ckpt: Path) -> None:
+    # A budget of 4 tokens leaves 6 frames of 32x32: one merge block each, below what the
+    # vision graph (and so the engine's optimisation profile) takes.
+    limits = RequestLimits(max_images=1, max_input_len=2048, max_seq_len=4096,
+                           video=VideoLimits(max_video_tokens=4))
+    capped = RequestPreprocessor.from_checkpoint(tiny_ckpt, limits)
+    with pytest.raises(InputError, match="resize to 32x32, below the 2 blocks of 32x32 pixels "
+                                         "the vision engine takes"):
+        ask_video(capped, VideoFrames(png_frames(6, 128, 128)))
+
+
 def test_a_missing_pyav_is_one_line_naming_the_extra(pre, monkeypatch) -> None:
     import sys
 

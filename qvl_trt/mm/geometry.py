@@ -8,6 +8,9 @@ from ..checkpoint import RESIZE_FACTOR, TEMPORAL_PATCH_SIZE
 from ..errors import InputError
 
 MAX_ASPECT_RATIO = 200
+# The vision graph takes at least 2 merge blocks (torch.export specialises size-1 axes): an
+# image is never that small (its minimum is the profile's), a video's frames can be.
+MIN_BLOCKS = 2
 
 
 def smart_resize(

@@ -34,7 +34,7 @@ from PIL import Image
 
 from ..checkpoint import PIXELS_PER_VIDEO_TOKEN
 from ..errors import CheckpointError, InputError
-from .geometry import video_pixel_budget, video_smart_resize
+from .geometry import MIN_BLOCKS, video_pixel_budget, video_smart_resize
 from .pixels import ImagePatches, PixelConfig
 from .resample import resize_frames
 
@@ -200,6 +200,10 @@ def resized_video_size(frames: Sequence[Image.Image], config: PixelConfig,
     if h * w > frame_cap:
         raise InputError(f"video frames of {width}x{height} resize to {w}x{h}, above the "
                          f"{frame_cap} pixels a frame may have; send smaller frames")
+    if (h // config.factor) * (w // config.factor) < MIN_BLOCKS:
+        raise InputError(f"video frames of {width}x{height} resize to {w}x{h}, below the "
+                         f"{MIN_BLOCKS} blocks of {config.factor}x{config.factor} pixels the "
+                         "vision engine takes; send larger frames or fewer of them")
     return h, w
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..checkpoint import VisionDims
 from ..dtypes import Dtype, pick
-from ..mm.geometry import smart_resize
+from ..mm.geometry import MIN_BLOCKS, smart_resize
 from ..profiles import BuildLimits
 
 # Precisions the vision graph can be exported in. The engine takes float16 (default) or
@@ -25,8 +25,6 @@ PIXEL_DTYPE = "uint8"
 PATCHES = "num_patches"
 TOKENS = "num_tokens"  # merged tokens: num_patches / spatial_merge_size^2
 MERGE_BLOCKS = "num_blocks"  # = num_tokens; the export's free variable
-# The graph takes at least 2 merge blocks (torch.export specialises size-1 axes).
-MIN_BLOCKS = 2
 
 # The image size the optimisation profile is tuned for (the planner's typical request).
 OPT_IMAGE = (1080, 1920)  # height, width
