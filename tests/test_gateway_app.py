@@ -167,7 +167,8 @@ def test_64_concurrent_streams_each_get_their_solo_answer(gateway) -> None:
         {"type": "text", "text": "Hi"}]}]}, "BadRequestError", 400, None, "image 1:"),
     ({"messages": [{"role": "user", "content": [
         {"type": "video_url", "video_url": {"url": "https://example.com/clip.mp4"}},
-        {"type": "text", "text": "Hi"}]}]}, "BadRequestError", 400, None, "video_url"),
+        {"type": "text", "text": "Hi"}]}]}, "BadRequestError", 400, None,
+     "remote video URL on host 'example.com' refused"),  # forwarded; not on the allow-list
     ({"stop": [f"s{i}" for i in range(17)]}, "APIStatusError", 413, None, "max_stop_words"),
 ])
 @pytest.mark.parametrize("stream", [False, True])
