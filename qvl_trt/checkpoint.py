@@ -32,12 +32,16 @@ PIXELS_PER_PATCH = PATCH_SIZE * PATCH_SIZE
 # Resized image sides are multiples of this; one image token covers its square in pixels.
 RESIZE_FACTOR = PATCH_SIZE * SPATIAL_MERGE_SIZE
 PIXELS_PER_IMAGE_TOKEN = RESIZE_FACTOR * RESIZE_FACTOR
+# Two frames per temporal patch: a video's pixel budget per merged token is twice an image's.
+TEMPORAL_PATCH_SIZE = 2
+PIXELS_PER_VIDEO_TOKEN = TEMPORAL_PATCH_SIZE * PIXELS_PER_IMAGE_TOKEN
 # The checkpoint's files by who reads them (weights are listed by the tensor index).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
                    "chat_template.json", "chat_template.jinja")
 # What the request side (Triton's preprocessing) reads: the model and image configs, the
 # generation defaults and the tokenizer; REQUIRED ones it cannot do without.
-PREPROCESSING_FILES = ("config.json", "preprocessor_config.json", "generation_config.json",
+PREPROCESSING_FILES = ("config.json", "preprocessor_config.json",
+                       "video_preprocessor_config.json", "generation_config.json",
                        *TOKENIZER_FILES)
 PREPROCESSING_REQUIRED_FILES = ("config.json", "preprocessor_config.json", "tokenizer.json",
                                 "tokenizer_config.json")
@@ -310,6 +314,10 @@ class Checkpoint:
     def preprocessor_config(self) -> dict[str, Any]:
         return _read_json(self.path / "preprocessor_config.json", required=False) or {}
 
+    @property
+    def video_preprocessor_config(self) -> dict[str, Any]:
+        return _read_json(self.path / "video_preprocessor_config.json", required=False) or {}
+
     @cached_property
     def generation(self) -> GenerationConfig:
         """generation_config.json (transformers' defaults where it is missing)."""
@@ -423,7 +431,7 @@ def _vision_dims(config: dict[str, Any]) -> VisionDims:
         num_heads=int(vc["num_heads"]),
         out_hidden_size=int(vc["out_hidden_size"]),
         patch_size=int(vc.get("patch_size", PATCH_SIZE)),
-        temporal_patch_size=int(vc.get("temporal_patch_size", 2)),
+        temporal_patch_size=int(vc.get("temporal_patch_size", TEMPORAL_PATCH_SIZE)),
         spatial_merge_size=int(vc.get("spatial_merge_size", SPATIAL_MERGE_SIZE)),
         in_channels=int(vc.get("in_channels", 3)),
         num_position_embeddings=int(vc["num_position_embeddings"]),

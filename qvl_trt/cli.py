@@ -365,6 +365,10 @@ def export_vision(
 
 UrlOpt = Annotated[str, typer.Option(help="Deployment: grpc://HOST:PORT (streaming gRPC) or "
                                      "http://HOST:PORT (HTTP generate_stream).")]
+VideoOpt = Annotated[list[Path] | None, typer.Option(
+    help="Video file: MP4, WebM, MKV, ... (repeat for several; after the images).")]
+VideoFpsOpt = Annotated[float | None, typer.Option(
+    help="Frames per second the videos are sampled at [default: the checkpoint's, 2].")]
 ServedModelOpt = Annotated[str, typer.Option("--served-model", help="Ensemble name in the "
                                              "repository (a named build's name).")]
 
@@ -375,6 +379,8 @@ def infer(
     url: UrlOpt = "grpc://127.0.0.1:8001",
     image: Annotated[list[Path] | None, typer.Option(
         help="Image file (repeat for several).")] = None,
+    video: VideoOpt = None,
+    video_fps: VideoFpsOpt = None,
     stream: Annotated[bool, typer.Option(help="Print the answer as it is generated.")] = False,
     max_tokens: Annotated[int, typer.Option(help="Most tokens to generate.")] = 128,
     temperature: Annotated[float, typer.Option(help="0 is greedy.")] = 0.0,
@@ -385,8 +391,8 @@ def infer(
     served_model: ServedModelOpt = "ensemble",
     json_out: JsonOpt = False,
 ) -> None:
-    """Ask a deployment one question about images; prints the answer, then time to first
-    token, tokens/s and token counts."""
+    """Ask a deployment one question about images and videos; prints the answer, then time to
+    first token, tokens/s and token counts."""
     from .client.bench import ask
     from .client.generate import GenerateRequest
     from .console import infer_json, infer_line, print_json
@@ -394,7 +400,8 @@ def infer(
     from .mm.image_input import read_image_files
 
     req = GenerateRequest(prompt, tuple(read_image_files(image or [])), max_tokens,
-                          temperature, top_p, top_k, seed, tuple(stop or ()), stream)
+                          temperature, top_p, top_k, seed, tuple(stop or ()), stream,
+                          tuple(read_image_files(video or [], option="--video")), video_fps)
 
     def show(response) -> None:
         console.print(response.text, end="", markup=False, highlight=False)
@@ -416,9 +423,14 @@ def bench(
     = None,
     synthetic: Annotated[str | None, typer.Option(
         help="WIDTHxHEIGHT: random-noise images, a different one per request.")] = None,
+    synthetic_video: Annotated[str | None, typer.Option(
+        help="WIDTHxHEIGHTxFRAMES: MP4 clips of moving colour ramps at 2 fps (the model sees "
+             "every frame), a different one per request.")] = None,
+    videos_per_request: Annotated[int, typer.Option(
+        help="Videos per request (with --synthetic-video).")] = 1,
     seed: Annotated[int | None, typer.Option(
-        help="Repeat the --synthetic images of a run with this seed (default: new images "
-             "every run, so the server's vision cache does not answer them).")] = None,
+        help="Repeat the --synthetic images and videos of a run with this seed (default: new "
+             "ones every run, so the server's vision cache does not answer them).")] = None,
     concurrency: Annotated[str, typer.Option(help="Requests in flight, per level.")] = "1,4,16",
     requests: Annotated[int, typer.Option(help="Requests per concurrency level.")] = 32,
     max_tokens: Annotated[int, typer.Option(help="Tokens generated per request.")] = 128,
@@ -437,20 +449,28 @@ def bench(
     PNG plot of latency vs throughput."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from .client.bench import BenchSettings, image_source, parse_concurrency, run_benchmark
+    from .client.bench import (
+        BenchSettings,
+        image_source,
+        parse_concurrency,
+        run_benchmark,
+        synthetic_videos,
+    )
     from .client.bench_report import write_reports
     from .console import bench_tables
     from .console import out as console
 
     source, name = image_source(images, synthetic, seed)
+    videos = synthetic_videos(synthetic_video, seed) if synthetic_video else None
     settings = BenchSettings(url, parse_concurrency(concurrency), requests, max_tokens, prompt,
-                             images_per_request, warmup, served_model, allow_remote)
+                             images_per_request, warmup, served_model, allow_remote,
+                             videos_per_request)
     with Progress("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as progress:
         tasks = {c: progress.add_task(f"concurrency {c}", total=requests)
                  for c in settings.concurrency}
         report = run_benchmark(settings, source, source=name,
-                               on_done=lambda c, _: progress.advance(tasks[c]))
+                               on_done=lambda c, _: progress.advance(tasks[c]), videos=videos)
     for table in bench_tables(report.levels):
         console.print(table)
     paths = write_reports(report, out)
@@ -492,6 +512,8 @@ def generate(
     prompt: Annotated[str, typer.Option(help="The user's text.", show_default=False)],
     image: Annotated[list[Path] | None, typer.Option(
         help="Image file (repeat for several); shown before the text.")] = None,
+    video: VideoOpt = None,
+    video_fps: VideoFpsOpt = None,
     checkpoint: Annotated[Path | None, typer.Option(
         help="TensorRT-LLM checkpoint written by `qvl-trt convert` from --model [default: "
         "convert into a temporary folder].")] = None,
@@ -510,17 +532,20 @@ def generate(
                                            "JSON (with --stream: one JSON line per token).")]
     = False,
 ) -> None:
-    """Answer a prompt about images in process with the PyTorch reference pipeline (no
-    Triton): qvl_trt preprocessing -> vision tower -> prompt table -> reference decoder on the
-    converted TensorRT-LLM checkpoint."""
+    """Answer a prompt about images and videos in process with the PyTorch reference pipeline
+    (no Triton): qvl_trt preprocessing -> vision tower -> prompt table -> reference decoder on
+    the converted TensorRT-LLM checkpoint."""
     import json
 
     from .console import out as console
     from .console import print_json
     from .llm.pipeline import ReferencePipeline, sampling_params
     from .mm.image_input import read_image_files
+    from .mm.video_input import VideoFile
 
     images = read_image_files(image or [])
+    videos = [VideoFile(data, video_fps)
+              for data in read_image_files(video or [], option="--video")]
     sampling = sampling_params(model, max_tokens=max_tokens, greedy=greedy,
                                temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     pipeline = ReferencePipeline.load(model, checkpoint=checkpoint, device=device,
@@ -532,7 +557,8 @@ def generate(
         else:
             console.print(delta.text, end="", markup=False, highlight=False)
 
-    result = pipeline.ask(prompt, images, sampling=sampling, on_text=show if stream else None)
+    result = pipeline.ask(prompt, images, sampling=sampling, on_text=show if stream else None,
+                          videos=videos)
     if json_out:
         summary = {"text": result.text, "token_ids": list(result.token_ids),
                    "finish_reason": result.finish_reason, "prompt_tokens": result.prompt_tokens,
@@ -543,14 +569,14 @@ def generate(
     console.print("" if stream else result.text, markup=False, highlight=False)
     console.print(f"[dim]{result.completion_tokens} tokens ({result.finish_reason.value}); "
                   f"prompt {result.prompt_tokens} tokens, {result.image_tokens} of them for "
-                  "images[/dim]")
+                  f"{'images and videos' if videos else 'images'}[/dim]")
 
 
 @command(panel="Serve and measure")
 def verify(
     cases: Annotated[Path, typer.Option(help="JSON (list) or JSON-lines file of cases: "
-                                        "prompt, images, max_tokens, must_match, name.",
-                                        show_default=False)],
+                                        "prompt, images, videos, video_fps, max_tokens, "
+                                        "must_match, name.", show_default=False)],
     against: Annotated[str, typer.Option(help="`reference` (in-process PyTorch pipeline) or "
                                          "a second deployment's grpc://HOST:PORT.",
                                          show_default=False)],
@@ -612,16 +638,22 @@ def repo(
     allow_image_host: Annotated[list[str] | None, typer.Option(
         help="Host whose http(s) image URLs the server may fetch (repeatable) [default: none, "
         "images come as data URIs or bytes].")] = None,
+    postprocessing_instances: Annotated[int | None, typer.Option(
+        min=1, help="Instances of postprocessing and tensorrt_llm_bls, which turn the "
+        "engine's tokens into streamed text [default: one per 4 cores of this machine, 1 to "
+        "4].")] = None,
     force: Annotated[bool, typer.Option(help="Replace an existing --out folder.")] = False,
 ) -> None:
     """Write a Triton model repository from one or more build folders."""
     from .console import out as console
     from .triton.repository import BuildInput, RepoOptions, write_repo
 
+    counts = {} if postprocessing_instances is None else {
+        "postprocessing_instances": postprocessing_instances}
     options = RepoOptions(flavor=flavor, mount_path=mount_path,
                           default_max_tokens=default_max_tokens,
                           vision_cache_mib=vision_cache_mib,
-                          image_url_allow_list=tuple(allow_image_host or ()))
+                          image_url_allow_list=tuple(allow_image_host or ()), **counts)
     result = write_repo([BuildInput.parse(b) for b in build], out, options, force=force)
     ensembles = ", ".join(b.names.ensemble for b in result.builds)
     console.print(f"wrote the {flavor.value} repository {result.path}: {len(result.models)} "
@@ -678,12 +710,19 @@ def serve(
         help="Answer GET /ready (200 only while the end-to-end probe passes and no restart "
         "is under way, else 503) and /live on this port [default: none].",
         show_default=False)] = None,
+    openai_port: Annotated[int | None, typer.Option(
+        help="Also run the OpenAI-compatible gateway and chat page (`qvl-trt gateway`) on "
+        "this port, in front of the server's gRPC endpoint [default: none].",
+        show_default=False)] = None,
+    openai_host: Annotated[str | None, typer.Option(
+        help="Address the gateway listens on [default: --host].", show_default=False)] = None,
     dry_run: Annotated[bool, typer.Option(
         help="Print the command it would run, and exit.")] = False,
 ) -> None:
     """Run tritonserver on a repository (PATH, /opt/tritonserver or the nvidia-pytriton
     binary); wait until it is ready, print its addresses, restart it when a model dies or
-    stops answering, stop it cleanly on Ctrl-C or SIGTERM (a second one forces it)."""
+    stops answering, stop it cleanly on Ctrl-C or SIGTERM (a second one forces it). With
+    --openai-port, the gateway starts once the server is ready and stops before it."""
     from .console import out as console
     from .triton.serve_plan import (
         check_vision_editions,
@@ -697,6 +736,7 @@ def serve(
         Ports,
         ServerOptions,
         TritonServer,
+        client_host,
         format_command,
         require_tritonserver,
         server_command,
@@ -719,21 +759,69 @@ def serve(
         console.print(format_command(server_command(install, opts), install), highlight=False,
                       markup=False, soft_wrap=True)
         return
+    gateway = None
+    if openai_port is not None:
+        from .gateway.app import GatewayOptions
+        from .gateway.process import GatewayProcess
+
+        gateway = GatewayProcess(GatewayOptions(f"{client_host(host)}:{ports.grpc}",
+                                                host=openai_host or host, port=openai_port))
     check_vision_editions(needs)
     warn_small_shm(needs, shm_size_bytes())
     point_engine_paths(needs)
     server = TritonServer(opts, install=install, log_file=log_file)
     health = f", readiness http://{server.client_host}:{health_port}/ready" \
         if health_port is not None else ""
-    supervisor = Supervisor(server, needs.ensembles, health_port=health_port,
-                            on_ready=lambda: console.print(
-                                f"tritonserver ({install.origin}) ready: HTTP "
-                                f"{server.http_url}, gRPC {server.grpc_url}, metrics "
-                                f"{server.metrics_url}{health}; Ctrl-C stops it",
-                                highlight=False))
+
+    def ready() -> None:
+        console.print(f"tritonserver ({install.origin}) ready: HTTP {server.http_url}, gRPC "
+                      f"{server.grpc_url}, metrics {server.metrics_url}{health}; Ctrl-C stops "
+                      "it", highlight=False)
+        if gateway is not None:
+            gateway.start().wait_ready()
+            console.print(f"OpenAI endpoint {gateway.url}/v1, chat page {gateway.url}/",
+                          highlight=False)
+
+    supervisor = Supervisor(server, needs.ensembles, health_port=health_port, on_ready=ready,
+                            on_stop=gateway.stop if gateway is not None else None)
     code = supervisor.run()
     if code not in (0, None):
         raise typer.Exit(code)
+
+
+@command(panel="Serve and measure")
+def gateway(
+    url: Annotated[str, typer.Option(help="Triton's gRPC endpoint: grpc://HOST:PORT.")]
+    = "grpc://127.0.0.1:8001",
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 9000,
+    max_concurrency: Annotated[int, typer.Option(
+        help="Chat requests in flight; more get 429.")] = 256,
+    max_body_bytes: Annotated[int | None, typer.Option(
+        help="Largest request body; larger get 413 [default: the deployment's "
+        "max_request_bytes + 64 KiB].", show_default=False)] = None,
+    shutdown_timeout: Annotated[float, typer.Option(
+        help="Seconds the answers in flight get to finish after SIGTERM.")] = 10.0,
+) -> None:
+    """OpenAI-compatible endpoint and chat page in front of a running Triton (`qvl-trt serve`,
+    or the container): POST /v1/chat/completions, GET /v1/models, the chat page at /, /ready,
+    /live and /metrics. Stops on Ctrl-C or SIGTERM."""
+    from .client.generate import parse_url
+    from .console import out as console
+    from .gateway.app import GatewayOptions, run_gateway
+    from .triton.server import client_host
+
+    endpoint = parse_url(url)
+    if endpoint.protocol != "grpc":
+        raise ConfigError(f"--url {url}: the gateway talks to Triton over gRPC; pass "
+                          "grpc://HOST:PORT (Triton's --grpc-port, 8001 by default)")
+    opts = GatewayOptions(endpoint.address, host=host, port=port,
+                          max_concurrency=max_concurrency, max_body_bytes=max_body_bytes,
+                          shutdown_timeout_s=shutdown_timeout)
+    shown = f"http://{client_host(host)}:{port}"
+    run_gateway(opts, on_ready=lambda: console.print(
+        f"gateway listening: OpenAI endpoint {shown}/v1, chat page {shown}/ (Triton gRPC "
+        f"{endpoint.address}); Ctrl-C stops it", highlight=False))
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from .client.metrics import (
     time_to_first_token,
 )
 from .machine import Report
-from .plan import GIB, Plan
+from .plan import GIB, Plan, TypicalRequest
 from .profiles import GpuProfile
 from .typed_config import to_jsonable
 
@@ -139,8 +139,12 @@ def plan_table(plan: Plan, profile: GpuProfile) -> Table:
         (
             "typical requests at once",
             str(plan.concurrent_typical_requests),
-            f"{plan.typical_request.image} image ({plan.typical_request.image_tokens} tokens) + "
-            f"{plan.typical_request.text_tokens} text + {plan.typical_request.output_tokens} out",
+            _typical(plan.typical_request),
+        ),
+        (
+            "typical videos at once",
+            str(plan.concurrent_typical_videos),
+            _typical(plan.typical_video),
         ),
     ]
     for row in rows:
@@ -148,12 +152,21 @@ def plan_table(plan: Plan, profile: GpuProfile) -> Table:
     return t
 
 
+def _typical(request: TypicalRequest) -> str:
+    what = (f"{request.media} ({request.visual_tokens} tokens) + {request.text_tokens} text + "
+            f"{request.output_tokens} out")
+    return f"{what}: refused, {request.refused}" if request.refused else what
+
+
 def plan_all_table(rows: list[tuple[GpuProfile, Plan]]) -> Table:
     """One row per profile: does the checkpoint fit, and how much it serves there (the
     reasons for a "no" are plan_all_notes, printed unwrapped below the table)."""
     variant = rows[0][1].variant if rows else "?"
     t = Table(title=f"plan: {variant} checkpoint on every shipped GPU profile")
-    for col in ("profile", "MiB", "fits", "batch", "typical at once", "KV budget", "resident"):
+    t.caption = ("images, videos: typical requests (a 1920x1080 image, a 30-frame 1280x720 "
+                 "clip) the KV cache holds at once; clip: its visual tokens as the profile "
+                 "admits it (- refused)")
+    for col in ("profile", "MiB", "fits", "batch", "images", "videos", "clip", "KV budget"):
         t.add_column(col, justify="left" if col in ("profile", "fits") else "right",
                      no_wrap=True)
     for profile, plan in rows:
@@ -163,8 +176,9 @@ def plan_all_table(rows: list[tuple[GpuProfile, Plan]]) -> Table:
             "yes" if plan.fits else "[red]no[/red]",
             str(profile.limits.max_batch_size),
             str(plan.concurrent_typical_requests),
+            str(plan.concurrent_typical_videos),
+            "-" if plan.typical_video.refused else str(plan.typical_video.visual_tokens),
             f"{plan.kv_capacity_tokens:,}",
-            _gib(plan.resident_bytes),
         )
     return t
 

@@ -27,6 +27,7 @@ PACKAGES: dict[str, tuple[str, ...]] = {
     "tensorrt_llm": ("tensorrt-llm", "tensorrt_llm"),
     "tritonclient": ("tritonclient",),
     "nvidia-pytriton": ("nvidia-pytriton",),
+    "av": ("av",),  # PyAV: video files
     "cuda_runtime": ("nvidia-cuda-runtime", "nvidia-cuda-runtime-cu13", "nvidia-cuda-runtime-cu12"),
 }
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from .checkpoint import Checkpoint
 from .errors import PlanError
 from .llm.engine import prompt_table_rows
-from .mm.geometry import image_token_count
+from .mm.geometry import image_token_count, video_token_count
 from .profiles import BuildLimits, GpuProfile, load_profile, profile_names
 
 GIB = 1024**3
@@ -29,19 +29,32 @@ VISION_PROCESS_OVERHEAD_BYTES = GIB // 2
 # A gather input above 2^31 elements is unverified in TensorRT (STOCK_BACKEND.md).
 MAX_TABLE_ELEMENTS = 2**31
 
-# The request the capacity line is stated for.
+# The requests the capacity lines are stated for: the two workloads users measure, an image
+# with a question and a short clip (10 s sampled at 3 fps).
 TYPICAL_IMAGE = (1080, 1920)  # height, width
+TYPICAL_VIDEO = (30, 720, 1280)  # frames, height, width
 TYPICAL_TEXT_TOKENS = 64
 TYPICAL_OUTPUT_TOKENS = 512
+# Per temporal group of a video the prompt carries "<t.t seconds>" and the vision start/end
+# tokens around its pads: with Qwen's tokenizer "<12.5 seconds>" is '<', '1', '2', '.', '5',
+# ' seconds', '>', so 9 tokens a group for clips up to 99.9 s (8 below 10 s).
+VIDEO_GROUP_TEXT_TOKENS = 9
 
 
 @dataclass(frozen=True)
 class TypicalRequest:
-    image: str
-    image_tokens: int
+    media: str  # "1920x1080 image" / "30-frame 1280x720 video"
+    visual_tokens: int
     text_tokens: int
     output_tokens: int
     kv_tokens: int  # rounded up to whole KV blocks
+    # Why the profile refuses it ("" when it is admitted): too many visual tokens for the
+    # per-request cap, a prompt above max_input_len, video turned off.
+    refused: str = ""
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.visual_tokens + self.text_tokens
 
 
 @dataclass(frozen=True)
@@ -79,6 +92,9 @@ class Plan:
     kv_capacity_tokens: int
     typical_request: TypicalRequest
     concurrent_typical_requests: int
+    typical_video: TypicalRequest
+    # Typical videos the KV cache holds at once (batch slots bound it too); 0 if refused.
+    concurrent_typical_videos: int
     problems: tuple[str, ...]
 
     @property
@@ -135,7 +151,7 @@ def make_plan(ckpt: Checkpoint, profile: GpuProfile) -> Plan:
         fix = f"lower limits.max_batch_size to {best}" if best else "use a card with more memory"
         problems.append(
             f"the KV cache holds {plan.concurrent_typical_requests} concurrent typical requests "
-            f"({plan.typical_request.image} image, {plan.typical_request.kv_tokens} tokens), "
+            f"({plan.typical_request.media}, {plan.typical_request.kv_tokens} tokens), "
             f"fewer than limits.max_batch_size ({lim.max_batch_size}): {fix}, or lower "
             "limits.vision_max_pixels"
         )
@@ -200,15 +216,20 @@ def _figures(ckpt: Checkpoint, profile: GpuProfile) -> Plan:
         kv_capacity_tokens=0,
         typical_request=_typical_request(profile),
         concurrent_typical_requests=0,
+        typical_video=_typical_video(profile),
+        concurrent_typical_videos=0,
         problems=(),
     )
     kv_bytes = _kv_shares([plan])[0]
     capacity = _whole_blocks(kv_bytes, plan)
+    video = plan.typical_video
     return replace(
         plan,
         kv_cache_bytes=kv_bytes,
         kv_capacity_tokens=capacity,
         concurrent_typical_requests=capacity // plan.typical_request.kv_tokens,
+        concurrent_typical_videos=0 if video.refused
+        else min(capacity // video.kv_tokens, lim.max_batch_size),
     )
 
 
@@ -287,11 +308,38 @@ def _typical_request(profile: GpuProfile) -> TypicalRequest:
     image_tokens = image_token_count(
         h, w, min_pixels=lim.vision_min_pixels, max_pixels=lim.vision_max_pixels
     )
-    total = image_tokens + TYPICAL_TEXT_TOKENS + TYPICAL_OUTPUT_TOKENS
+    return _typical(lim, f"{w}x{h} image", image_tokens, TYPICAL_TEXT_TOKENS, "")
+
+
+def _typical_video(profile: GpuProfile) -> TypicalRequest:
+    """The clip as the profile admits it: its frames scaled into the video budget."""
+    lim = profile.limits
+    frames, h, w = TYPICAL_VIDEO
+    media = f"{frames}-frame {w}x{h} video"
+    groups = -(-frames // 2)
+    text = TYPICAL_TEXT_TOKENS + groups * VIDEO_GROUP_TEXT_TOKENS
+    if not lim.max_videos_per_request:
+        return _typical(lim, media, 0, text, "limits.max_videos_per_request is 0")
+    # Any frame minimum is far below a 1280x720 clip's: min_pixels does not bind.
+    tokens = video_token_count(frames, h, w, min_pixels=0, max_pixels=lim.video_max_pixels,
+                               max_pixels_per_frame=lim.video_max_pixels_per_frame)
+    refused = ""
+    if frames > lim.video_max_frames:
+        refused = f"{frames} frames, above limits.video_max_frames ({lim.video_max_frames})"
+    elif tokens > lim.max_visual_tokens_per_request:
+        refused = (f"{tokens} visual tokens, above limits.max_visual_tokens_per_request "
+                   f"({lim.max_visual_tokens_per_request})")
+    elif tokens + text > lim.max_input_len:
+        refused = (f"a {tokens + text}-token prompt, above limits.max_input_len "
+                   f"({lim.max_input_len})")
+    return _typical(lim, media, tokens, text, refused)
+
+
+def _typical(lim: BuildLimits, media: str, visual: int, text: int, refused: str) \
+        -> TypicalRequest:
+    total = visual + text + TYPICAL_OUTPUT_TOKENS
     kv_tokens = math.ceil(total / lim.tokens_per_block) * lim.tokens_per_block
-    return TypicalRequest(
-        f"{w}x{h}", image_tokens, TYPICAL_TEXT_TOKENS, TYPICAL_OUTPUT_TOKENS, kv_tokens
-    )
+    return TypicalRequest(media, visual, text, TYPICAL_OUTPUT_TOKENS, kv_tokens, refused)
 
 
 def _largest_batch_that_fits(ckpt: Checkpoint, profile: GpuProfile) -> int:

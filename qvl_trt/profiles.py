@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .checkpoint import PIXELS_PER_IMAGE_TOKEN
+from .checkpoint import PIXELS_PER_IMAGE_TOKEN, PIXELS_PER_VIDEO_TOKEN, TEMPORAL_PATCH_SIZE
 from .errors import ConfigError
 from .resources import data_dir
 from .typed_config import load_dataclass
@@ -58,14 +58,35 @@ class BuildLimits:
     vision_min_pixels: int
     vision_max_pixels: int
     max_images_per_request: int
-    # Visual tokens one request may carry in all; sizes the engine's prompt table (1 + K rows
-    # per token and batch slot), which the runtime re-copies for every request every step.
+    # Visual tokens (images and videos) one request may carry in all; sizes the engine's
+    # prompt table (1 + K rows per token and batch slot), which the runtime re-copies for
+    # every request every step.
     max_visual_tokens_per_request: int
+    # Video: 0 videos per request turns video input off. Frames sampled from one video
+    # (transformers' max_frames); the vision engine takes one temporal group (two frames) per
+    # call, so a frame's pixels are capped like an image's; one video's merged tokens (its
+    # pixel budget: frames x height x width <= video_max_tokens x 2048, capping the
+    # checkpoint's own).
+    max_videos_per_request: int
+    video_max_frames: int
+    video_max_pixels_per_frame: int
+    video_max_tokens: int
 
     @property
     def max_image_tokens(self) -> int:
         """Merged visual tokens of the largest image the profile admits."""
         return self.vision_max_pixels // PIXELS_PER_IMAGE_TOKEN
+
+    @property
+    def video_max_pixels(self) -> int:
+        """One video's pixel budget (frames x height x width) at the profile's token cap."""
+        return self.video_max_tokens * PIXELS_PER_VIDEO_TOKEN
+
+    @property
+    def max_request_visual_tokens(self) -> int:
+        """What the largest images and videos a request may carry make together."""
+        return (self.max_image_tokens * self.max_images_per_request
+                + self.video_max_tokens * self.max_videos_per_request)
 
 
 @dataclass(frozen=True)
@@ -207,12 +228,15 @@ def _check(p: GpuProfile, where: str) -> None:
             f"of one image at limits.vision_max_pixels ({lim.vision_max_pixels}); raise it to "
             f"at least {image} or lower limits.vision_max_pixels"
         )
-    if cap > image * lim.max_images_per_request:
+    _check_video(lim, where)
+    if cap > lim.max_request_visual_tokens:
         raise ConfigError(
             f"{where}: limits.max_visual_tokens_per_request ({cap}) exceeds what "
-            f"{lim.max_images_per_request} images at limits.vision_max_pixels can make "
-            f"({image * lim.max_images_per_request}), which only enlarges the prompt table; "
-            "lower it to that or raise limits.max_images_per_request"
+            f"{lim.max_images_per_request} images at limits.vision_max_pixels and "
+            f"{lim.max_videos_per_request} videos at limits.video_max_tokens can make "
+            f"({lim.max_request_visual_tokens}), which only enlarges the prompt table; "
+            "lower it to that, or raise limits.max_images_per_request or "
+            "limits.max_videos_per_request"
         )
     if cap >= lim.max_input_len:
         raise ConfigError(
@@ -223,4 +247,30 @@ def _check(p: GpuProfile, where: str) -> None:
         raise ConfigError(
             f"{where}: vision_build.builder_optimization_level must be 0..5, "
             f"got {p.vision_build.builder_optimization_level}"
+        )
+
+
+def _check_video(lim: BuildLimits, where: str) -> None:
+    """The video limits of a profile that admits videos."""
+    if lim.max_videos_per_request < 0:
+        raise ConfigError(f"{where}: limits.max_videos_per_request must be 0 (no video) or "
+                          f"more, got {lim.max_videos_per_request}")
+    if lim.max_videos_per_request == 0:
+        return
+    if lim.video_max_frames < TEMPORAL_PATCH_SIZE:
+        raise ConfigError(f"{where}: limits.video_max_frames ({lim.video_max_frames}) is below "
+                          f"one temporal patch of {TEMPORAL_PATCH_SIZE} frames; raise it")
+    if not 0 < lim.video_max_pixels_per_frame <= lim.vision_max_pixels:
+        raise ConfigError(
+            f"{where}: limits.video_max_pixels_per_frame ({lim.video_max_pixels_per_frame}) "
+            f"must be positive and at most limits.vision_max_pixels "
+            f"({lim.vision_max_pixels}): the vision engine takes one pair of frames per call "
+            "and is built for images up to that size"
+        )
+    if not 0 < lim.video_max_tokens <= lim.max_visual_tokens_per_request:
+        raise ConfigError(
+            f"{where}: limits.video_max_tokens ({lim.video_max_tokens}) must be positive and "
+            f"at most limits.max_visual_tokens_per_request "
+            f"({lim.max_visual_tokens_per_request}), which sizes the prompt table; lower it "
+            "or raise the other"
         )

@@ -3,20 +3,27 @@ that makes tokens at a fixed rate (qvl_trt.testing.token_generator, a benchmark 
 into this script's own repository only), N concurrent streams through the ensemble and
 through tensorrt_llm_bls against the same generator called directly over gRPC streaming,
 interleaved round by round. Prints delivered tokens/s per path and their ratio to the direct
-rate, and, at one stream, the per-token latency each path adds (median inter-token time, and
-end to end per token) over the direct call.
+rate (median and range over the rounds); per token, the CPU time and context switches of
+tritonserver, of each python model's stubs and of this client, the CPU the rest of the
+machine used meanwhile, and how many tokens a response carried (postprocessing merges
+tokens that arrive while it is sending); and, at one stream, the per-token latency each path
+adds (median inter-token time, and end to end per token) over the direct call.
 
-Issue 14's acceptance: at 16 streams x 250 tokens/s the ensemble delivers >= 90% of the
-direct rate and adds <= 0.2 ms per token at one stream.
+Everything runs on this machine: where the cores are few and shared, every path is bound by
+CPU and the ratio compares what each path spends per token (the printed breakdown shows
+where). Issue 14's acceptance: at 16 streams x 250 tokens/s the ensemble delivers >= 90% of
+the direct rate and adds <= 0.2 ms per token at one stream.
 
 Usage: python scripts/bench_pipeline_overhead.py [--rate 250] [--streams 1 16]
-       [--tokens 500] [--rounds 3] [--work-dir DIR]
+       [--tokens 500] [--rounds 3] [--paths ensemble tensorrt_llm_bls] [--work-dir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import queue
+import resource
 import statistics
 import tempfile
 import threading
@@ -40,7 +47,7 @@ from qvl_trt.triton.server import ServerOptions, TritonServer, free_ports
 
 PROMPT = "Describe the benchmark in a few words."
 DIRECT = "direct"
-PATHS = (DIRECT, c.ENSEMBLE, c.TENSORRT_LLM_BLS)
+PIPELINES = (c.ENSEMBLE, c.TENSORRT_LLM_BLS)
 
 
 @dataclass(frozen=True)
@@ -139,6 +146,59 @@ def run_streams(grpc, url: str, path: str, n: int, llm: dict, max_tokens: int) -
     return results
 
 
+@dataclass(frozen=True)
+class Usage:
+    """What a process has used so far (all its threads): CPU seconds, context switches."""
+
+    cpu: float = 0.0
+    switches: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(self.cpu + other.cpu, self.switches + other.switches)
+
+    def __sub__(self, other: Usage) -> Usage:
+        return Usage(self.cpu - other.cpu, self.switches - other.switches)
+
+
+def usage(pid: int | str) -> Usage:
+    """`pid`'s usage, or this process's ("self", whose per-run threads have ended: the
+    kernel's totals then include them)."""
+    if pid == "self":
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        return Usage(own.ru_utime + own.ru_stime, own.ru_nvcsw + own.ru_nivcsw)
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    switches = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            status = (task / "status").read_text()
+        except OSError:  # the thread has just ended
+            continue
+        switches += sum(int(line.split()[1]) for line in status.splitlines()
+                        if "ctxt_switches:" in line)
+    return Usage((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), switches)
+
+
+def processes(server: TritonServer) -> dict[str, list[int | str]]:
+    """Whose usage to count: tritonserver itself, each python model's stubs (by model, its
+    instances together) and this client."""
+    found: dict[str, list[int | str]] = {"tritonserver": [server.process.pid]}
+    for instance, pid in sorted(server.stubs().items()):
+        found.setdefault(instance.rsplit("_", 2)[0], []).append(pid)
+    found["client"] = ["self"]
+    return found
+
+
+def usage_now(procs: dict[str, list[int | str]]) -> dict[str, Usage]:
+    return {name: sum((usage(p) for p in pids), Usage()) for name, pids in procs.items()}
+
+
+def machine_busy() -> float:
+    """CPU seconds the whole machine has spent not idle (all cores)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + values[4]  # idle, iowait
+    return (sum(values[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def delivered_rate(streams: list[Stream]) -> float:
     first = min(s.sent for s in streams)
     return sum(s.tokens for s in streams) / (max(s.end for s in streams) - first)
@@ -152,12 +212,41 @@ def end_to_end_per_token(streams: list[Stream]) -> float:
     return statistics.median((s.end - s.sent) / s.tokens for s in streams)
 
 
+def report(n: int, rate: float, paths: tuple[str, ...], runs: dict[str, list[list[Stream]]],
+           used: dict[str, dict[str, Usage]], others: dict[str, float],
+           wall: dict[str, float]) -> None:
+    """Delivered rates and their ratio to the direct one (median and range over the rounds),
+    then where the CPU went per token."""
+    rates = {p: [delivered_rate(s) for s in runs[p]] for p in paths}
+    print(f"\n{n} stream(s): ideal {n * rate:,.0f} tokens/s")
+    for path in paths:
+        line = f"  {path:<17} {statistics.median(rates[path]):9,.0f} tokens/s"
+        if path != DIRECT:
+            ratios = [a / b for a, b in zip(rates[path], rates[DIRECT], strict=True)]
+            line += (f"  {statistics.median(ratios):6.1%} of direct (rounds "
+                     f"{min(ratios):.1%}-{max(ratios):.1%})")
+        print(line)
+    print("  per token, all rounds: CPU microseconds (context switches) by process; the rest "
+          "of the machine in cores busy; tokens per response")
+    for path in paths:
+        tokens = sum(s.tokens for run in runs[path] for s in run)
+        responses = sum(len(s.arrivals) for run in runs[path] for s in run)
+        parts = "  ".join(f"{k} {u.cpu / tokens * 1e6:.0f} ({u.switches / tokens:.1f})"
+                          for k, u in used[path].items() if u.cpu / tokens >= 1e-6)
+        total = sum(used[path].values(), Usage())
+        print(f"    {path:<17} total {total.cpu / tokens * 1e6:4.0f} "
+              f"({total.switches / tokens:.1f}): {parts}; others "
+              f"{others[path] / wall[path]:.2f}; {tokens / responses:.2f} tokens per response")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=250.0, help="tokens/s per stream")
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--tokens", type=int, default=500, help="tokens per request")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--paths", nargs="+", choices=PIPELINES, default=list(PIPELINES),
+                        help="the served paths to compare with the direct call")
     parser.add_argument("--work-dir", type=Path, help="where to build (default: a temporary "
                         "folder, removed at the end)")
     args = parser.parse_args()
@@ -176,27 +265,32 @@ def main() -> None:
             text = open_checkpoint(repo.path / c.POSTPROCESSING / VERSION / CHECKPOINT_DIR,
                                    validate=False).text
             llm = llm_inputs(grpc, url, args.tokens, MropeTable(text, max_seq_len))
-            for path in PATHS:  # warm-up
+            paths = (DIRECT, *args.paths)
+            for path in paths:  # warm-up
                 run_streams(grpc, url, path, 1, llm, 8)
             print(f"generator: {args.rate:g} tokens/s per stream, {args.tokens} tokens per "
                   f"request, {args.rounds} interleaved rounds (medians)")
+            procs = processes(server)
             for n in args.streams:
-                runs: dict[str, list[list[Stream]]] = {p: [] for p in PATHS}
+                runs: dict[str, list[list[Stream]]] = {p: [] for p in paths}
+                used = {p: dict.fromkeys(procs, Usage()) for p in paths}
+                others = dict.fromkeys(paths, 0.0)  # CPU seconds of the rest of the machine
+                wall = dict.fromkeys(paths, 0.0)
                 for r in range(args.rounds):
-                    for path in PATHS[r % 3:] + PATHS[: r % 3]:
+                    for path in paths[r % len(paths):] + paths[: r % len(paths)]:
+                        before, busy, t0 = usage_now(procs), machine_busy(), time.perf_counter()
                         runs[path].append(run_streams(grpc, url, path, n, llm, args.tokens))
-                rate = {p: statistics.median(delivered_rate(s) for s in runs[p]) for p in PATHS}
-                print(f"\n{n} stream(s): ideal {n * args.rate:,.0f} tokens/s")
-                for path in PATHS:
-                    line = f"  {path:<17} {rate[path]:9,.0f} tokens/s"
-                    if path != DIRECT:
-                        line += f"  {rate[path] / rate[DIRECT]:6.1%} of direct"
-                    print(line)
+                        after, spent = usage_now(procs), time.perf_counter() - t0
+                        delta = {k: after[k] - before[k] for k in procs}
+                        used[path] = {k: used[path][k] + delta[k] for k in procs}
+                        others[path] += machine_busy() - busy - sum(d.cpu for d in delta.values())
+                        wall[path] += spent
+                report(n, args.rate, paths, runs, used, others, wall)
                 if n == 1:
-                    gap = {p: statistics.median(inter_token(s) for s in runs[p]) for p in PATHS}
+                    gap = {p: statistics.median(inter_token(s) for s in runs[p]) for p in paths}
                     e2e = {p: statistics.median(end_to_end_per_token(s) for s in runs[p])
-                           for p in PATHS}
-                    for path in PATHS[1:]:
+                           for p in paths}
+                    for path in paths[1:]:
                         print(f"  {path} adds per token: inter-token "
                               f"{(gap[path] - gap[DIRECT]) * 1e3:+.3f} ms, end to end "
                               f"{(e2e[path] - e2e[DIRECT]) * 1e3:+.3f} ms "

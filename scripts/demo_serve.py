@@ -1,6 +1,9 @@
-"""The serving half of `make demo`: `qvl-trt serve REPO` on free ports, one question about a
-generated picture with `qvl-trt infer --stream` (the answer as it arrives, then the timings),
-then Ctrl-C to the server, which stops it cleanly.
+"""The serving half of `make demo`: `qvl-trt serve REPO --openai-port P` on free ports, one
+question about a generated picture with `qvl-trt infer --stream` (the answer as it arrives,
+then the timings), the chat page fetched once and the same question asked through the OpenAI
+endpoint by the snippet it prints (the `openai` package), then Ctrl-C to the server, which
+stops it and its gateway cleanly. It ends by printing how to keep a server running: the
+command, the chat page's address and the snippet for that address.
 
 Usage: python scripts/demo_serve.py REPO [--work-dir DIR] [--prompt TEXT] [--max-tokens N]
 """
@@ -8,6 +11,9 @@ Usage: python scripts/demo_serve.py REPO [--work-dir DIR] [--prompt TEXT] [--max
 from __future__ import annotations
 
 import argparse
+import functools
+import json
+import os
 import signal
 import subprocess
 import sys
@@ -21,6 +27,24 @@ from PIL import Image, ImageDraw
 from qvl_trt.triton.server import free_ports
 
 QVL_TRT = str(Path(sys.executable).with_name("qvl-trt"))
+# The port the closing lines suggest for a server that keeps running.
+OPENAI_PORT = 9000
+SNIPPET = """\
+import base64
+from openai import OpenAI
+
+client = OpenAI(base_url="http://127.0.0.1:{port}/v1", api_key="unused")
+image = base64.b64encode(open({image}, "rb").read()).decode()
+stream = client.chat.completions.create(
+    model="ensemble",
+    messages=[{{"role": "user", "content": [
+        {{"type": "image_url", "image_url": {{"url": "data:image/png;base64," + image}}}},
+        {{"type": "text", "text": {prompt}}}]}}],
+    max_tokens={max_tokens}, temperature=0, stream=True)
+for chunk in stream:
+    print(chunk.choices[0].delta.content or "", end="", flush=True)
+print()
+"""
 
 
 def demo_image(path: Path) -> Path:
@@ -48,6 +72,14 @@ def wait_ready(url: str, server: subprocess.Popen, timeout_s: float) -> None:
     raise SystemExit(f"the server was not ready after {timeout_s:.0f} s")
 
 
+def fetch_page(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        page = reply.read().decode()
+    if "<title>qvl-trt chat</title>" not in page:
+        raise SystemExit(f"{url} did not answer with the chat page")
+    return page
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("repo", type=Path)
@@ -58,24 +90,37 @@ def main() -> int:
     args = parser.parse_args()
     args.work_dir.mkdir(parents=True, exist_ok=True)
     image = demo_image(args.work_dir / "demo.png")
-    ports = free_ports()
+    ports, openai_port = free_ports(), free_ports().http
     log = args.work_dir / "server.log"
     print(f"serving {args.repo} (log: {log})", flush=True)
     server = subprocess.Popen(
         [QVL_TRT, "serve", str(args.repo), "--host", "127.0.0.1", "--http-port",
          str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics),
-         "--log-file", str(log)])
+         "--log-file", str(log), "--openai-port", str(openai_port)])
+    snippet = functools.partial(SNIPPET.format, image=json.dumps(str(image)),
+                                prompt=json.dumps(args.prompt), max_tokens=args.max_tokens)
     try:
-        wait_ready(f"http://127.0.0.1:{ports.http}/v2/health/ready", server, 300)
+        wait_ready(f"http://127.0.0.1:{openai_port}/ready", server, 300)
         print(f"asking about {image}: {args.prompt!r}", flush=True)
         asked = subprocess.run(
             [QVL_TRT, "infer", "--url", f"grpc://127.0.0.1:{ports.grpc}", "--image", str(image),
              "--prompt", args.prompt, "--max-tokens", str(args.max_tokens), "--stream"])
+        page = f"http://127.0.0.1:{openai_port}/"
+        fetch_page(page)
+        print(f"\nchat page (while this demo serves): {page}\nthe same question through the "
+              f"OpenAI endpoint, with the openai package:\n\n{snippet(port=openai_port)}",
+              flush=True)
+        through_openai = subprocess.run([sys.executable, "-c", snippet(port=openai_port)])
     finally:
         server.send_signal(signal.SIGINT)  # what Ctrl-C does
         server.wait(timeout=120)
-    print(f"server stopped (exit code {server.returncode})")
-    return asked.returncode
+    print(f"server stopped (exit code {server.returncode})\n")
+    command = (f"{os.path.relpath(QVL_TRT)} serve {args.repo} --host 127.0.0.1 "
+               f"--openai-port {OPENAI_PORT}")
+    print(f"To keep one running: {command}\nthen open the chat page at "
+          f"http://127.0.0.1:{OPENAI_PORT}/ or ask from Python (pip install openai):\n\n"
+          f"{snippet(port=OPENAI_PORT)}")
+    return asked.returncode or through_openai.returncode or server.returncode
 
 
 if __name__ == "__main__":

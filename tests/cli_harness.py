@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 HEAVY = ("torch", "transformers", "onnx", "onnxruntime", "onnxscript", "tensorrt",
-         "tensorrt_rtx", "tensorrt_rtx_bindings", "tensorrt_llm", "tritonclient", "pytriton")
+         "tensorrt_rtx", "tensorrt_rtx_bindings", "tensorrt_llm", "tritonclient", "pytriton",
+         "aiohttp", "prometheus_client", "grpc")
 
 _BOOT = """
 import importlib.abc, sys

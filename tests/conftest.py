@@ -120,3 +120,24 @@ def triton_server(tmp_path_factory: pytest.TempPathFactory, tiny_build: Path):
     with pytest.raises(ProcessLookupError):
         os.killpg(pid, 0)  # the server's whole process group is gone
     assert not list(SHM_DIR.glob(f"{server.opts.shm_prefix}*")), "shared memory left behind"
+
+
+@pytest.fixture(scope="session")
+def gateway(tmp_path_factory: pytest.TempPathFactory, triton_server):
+    """The OpenAI-compatible gateway (`qvl-trt gateway`, a child process) in front of
+    `triton_server`, for the whole session. At the end SIGTERM must stop it with exit code 0."""
+    pytest.importorskip("aiohttp", reason="the gateway needs aiohttp: pip install "
+                        "'qvl-trt[gateway]'")
+    pytest.importorskip("prometheus_client", reason="the gateway needs prometheus-client: pip "
+                        "install 'qvl-trt[gateway]'")
+    from qvl_trt.gateway.app import GatewayOptions
+    from qvl_trt.gateway.process import GatewayProcess
+    from qvl_trt.triton.server import free_ports
+
+    log = tmp_path_factory.mktemp("gateway") / "gateway.log"
+    process = GatewayProcess(GatewayOptions(triton_server.grpc_url, port=free_ports().http),
+                             log_file=log)
+    process.start()
+    process.wait_ready()
+    yield process
+    assert process.stop() == 0, log.read_text()

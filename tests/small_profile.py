@@ -14,6 +14,10 @@ LIMITS = {
     "vision_max_pixels": 65536,
     "max_images_per_request": 2,
     "max_visual_tokens_per_request": 128,  # both images at vision_max_pixels
+    "max_videos_per_request": 2,
+    "video_max_frames": 16,
+    "video_max_pixels_per_frame": 65536,
+    "video_max_tokens": 128,
 }
 
 

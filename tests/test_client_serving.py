@@ -104,13 +104,62 @@ def test_bench_numbers_are_consistent(triton_server, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def cases(images, tmp_path_factory) -> Path:
+def video(tmp_path_factory) -> Path:
+    """An MP4 of 20 frames of 96x64 at 10 fps: 4 frames at 2 fps, 2 temporal groups."""
+    pytest.importorskip("av", reason="video files need PyAV: pip install 'qvl-trt[serve]'")
+    from video_clips import video_file
+
+    path = tmp_path_factory.mktemp("videos") / "clip.mp4"
+    path.write_bytes(video_file(20, 96, 64, rate=10, seed=3))
+    return path
+
+
+def test_infer_sends_videos_over_grpc_and_http(triton_server, video, images):
+    args = ["--video", str(video), "--image", str(images[0]), "--prompt", "What happens?",
+            "--max-tokens", "6", "--json"]
+    grpc = json.loads(run_cli("infer", "--url", _grpc(triton_server), *args).stdout)
+    http = json.loads(run_cli("infer", "--url", _http(triton_server), *args).stdout)
+    assert grpc["text"] == http["text"]
+    # 2 groups of 6 tokens (96x64 frames) beside the image: counted as the server does
+    with GenerateClient(_grpc(triton_server)) as client:
+        bounds = client.request_limits()
+    image = image_tokens(images[0].read_bytes(), min_pixels=bounds.min_pixels,
+                         max_pixels=bounds.max_pixels)
+    assert grpc["input_image_tokens"] == http["input_image_tokens"] == image + 12
+    slower = json.loads(run_cli("infer", "--url", _grpc(triton_server), *args,
+                                "--video-fps", "1").stdout)  # 2 frames: min_frames makes 4
+    assert slower["input_image_tokens"] == image + 12
+    missing = run_cli("infer", "--url", _grpc(triton_server), "--video", "nope.mp4",
+                      "--prompt", "?")
+    assert missing.returncode == 1 and "--video nope.mp4: no such file" in missing.stderr
+
+
+def test_bench_runs_a_synthetic_video_workload(triton_server, tmp_path):
+    pytest.importorskip("av", reason="video files need PyAV: pip install 'qvl-trt[serve]'")
+    out = tmp_path / "bench"
+    result = run_cli("bench", "--url", _grpc(triton_server), "--synthetic-video", "96x64x6",
+                     "--concurrency", "1,2", "--requests", "2", "--max-tokens", "4",
+                     "--prompt", "What happens?", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    report = json.loads((out / "bench.json").read_text())
+    assert report["settings"]["videos"] == "synthetic video 96x64, 6 frames at 2 fps"
+    for lv in report["levels"]:
+        assert lv["errors"] == 0
+        # 6 frames of 96x64: 3 temporal groups of 6 tokens each
+        assert all(r["input_image_tokens"] == 18 for r in lv["records"])
+        assert all(r["input_text_tokens"] > 0 for r in lv["records"])
+
+
+@pytest.fixture(scope="module")
+def cases(images, video, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("cases") / "cases.jsonl"
     rows = [{"name": "one image", "prompt": "Describe it.", "images": [str(images[0])],
              "max_tokens": 8},
             {"name": "two images", "prompt": "Compare them.",
              "images": [str(p) for p in images], "max_tokens": 6},
-            {"name": "text only", "prompt": "Say hello.", "max_tokens": 6}]
+            {"name": "text only", "prompt": "Say hello.", "max_tokens": 6},
+            {"name": "video and image", "prompt": "What happens?", "images": [str(images[1])],
+             "videos": [str(video)], "video_fps": 3, "max_tokens": 6}]
     path.write_text("\n".join(json.dumps(r) for r in rows))
     return path
 
@@ -121,7 +170,7 @@ def test_verify_matches_the_reference_pipeline_and_itself(triton_server, tiny_bu
                      "--model", str(tiny_ckpt), "--llm-checkpoint",
                      str(tiny_build / "llm_checkpoint"), "--cases", str(cases))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "3 of 3 cases match" in result.stdout
+    assert "4 of 4 cases match" in result.stdout
     itself = run_cli("verify", "--url", _grpc(triton_server), "--against", _grpc(triton_server),
                      "--cases", str(cases), "--json")
     assert itself.returncode == 0, itself.stderr

@@ -53,6 +53,11 @@ def test_case_files(tmp_path):
     assert len(load_cases(tmp_path / "wrapped.json")) == 1
     assert a.request().images == (b"not read until the request is built",)
     assert a.request().temperature == 0.0  # greedy
+    (tmp_path / "clip.mp4").write_bytes(b"a video")
+    (tmp_path / "video.json").write_text(json.dumps(
+        [{"prompt": "p", "videos": ["clip.mp4"], "video_fps": 3}]))
+    (video,) = load_cases(tmp_path / "video.json")
+    assert (video.request().videos, video.request().video_fps) == ((b"a video",), 3.0)
 
 
 @pytest.mark.parametrize("content, message", [
@@ -60,6 +65,8 @@ def test_case_files(tmp_path):
     ('[{"prompt": 3}]', "prompt string"),
     ('[{"prompt": "p", "imgs": []}]', "unknown keys"),
     ('[{"prompt": "p", "images": ["missing.png"]}]', "does not exist"),
+    ('[{"prompt": "p", "videos": ["missing.mp4"]}]', "video .*missing.mp4 does not exist"),
+    ('[{"prompt": "p", "video_fps": 0}]', "video_fps must be a number above 0"),
     ('[{"prompt": "p", "max_tokens": 0}]', "max_tokens"),
     ('[{"prompt": "p", "must_match": -1}]', "must_match"),
     ("{not json", "not JSON or JSON lines"),

@@ -55,6 +55,7 @@ LAYERS = (
     ("qvl_trt.triton.runtime",),
     ("qvl_trt.triton",),
     ("qvl_trt.client",),
+    ("qvl_trt.gateway",),
     ("qvl_trt.build",),
     ("qvl_trt.console", "qvl_trt.cli"),
     ("qvl_trt.testing",),

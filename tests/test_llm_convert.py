@@ -293,7 +293,7 @@ def test_cli_convert(tiny_ckpt: Path, tmp_path) -> None:
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     assert summary["rank_files"] == ["rank0.safetensors", "rank1.safetensors"]
-    assert summary["config"]["max_position_embeddings"] == 8192  # the 4090d profile's limit
+    assert summary["config"]["max_position_embeddings"] == 16384  # the 4090d profile's limit
     again = runner.invoke(app, args)
     assert again.exit_code == 1
     assert "already exists; pass --force" in again.output

@@ -170,3 +170,62 @@ def test_pipeline_on_cuda_gives_the_cpu_tokens(pipeline: ReferencePipeline, tiny
         cuda = ReferencePipeline.load(tiny_ckpt, device="cuda", dtype=dtype, max_seq_len=1024)
         got = cuda.ask(PROMPT, images, sampling=greedy).token_ids
         assert got == expected if dtype == "float32" else got[0] == expected[0], dtype
+
+
+# ---- videos: the same pixels through Hugging Face ---------------------------------------------
+
+def _video_cases():
+    from video_clips import png_frames, video_file
+
+    from qvl_trt.mm.video_input import VideoFile, VideoFrames
+
+    clip = VideoFile(video_file(30, 96, 64, rate=10))  # 3 s at 2 fps: 6 frames, 3 groups
+    frames = VideoFrames(png_frames(5, 64, 64, seed=2), fps=1.0)  # 3 groups, the last repeats
+    return {"video": ([], [clip]), "video+image": (IMAGES[:1], [clip]),
+            "two videos": ([], [clip, frames])}
+
+
+@pytest.mark.parametrize("case", ["video", "video+image", "two videos"])
+def test_pipeline_matches_hf_on_videos(pipeline: ReferencePipeline, tiny_hf_model,
+                                       case: str) -> None:
+    """Our preprocessing's pixels and ids go to HF generate as pixel_values_videos /
+    video_grid_thw (and pixel_values / image_grid_thw): the reference pipeline (one tower call
+    per temporal group, the prompt table, the MRoPE table) gives HF's greedy tokens."""
+    pytest.importorskip("av", reason="video files need PyAV: pip install 'qvl-trt[serve]'")
+    images, videos = _video_cases()[case]
+    greedy = SamplingParams(max_tokens=TOKENS, greedy=True, stop_token_ids=(10**5,))
+    messages = [{"role": "user", "content": [{"type": "video"}] * len(videos[:1]) + [
+        {"type": "image"}] * len(images) + [{"type": "video"}] * len(videos[1:]) + [
+        {"type": "text", "text": "What happens in the videos?"}]}]
+    prepared, request = pipeline.prepare(messages, images, sampling=greedy, videos=videos)
+    inputs = _hf_inputs(prepared, pipeline.preprocessor.pixels)
+    with torch.no_grad():
+        hf_logits = tiny_hf_model(**inputs).logits[0]
+        hf_tokens = tiny_hf_model.generate(**inputs, max_new_tokens=TOKENS, do_sample=False)
+    hf_tokens = hf_tokens[0, prepared.num_tokens:].tolist()
+    result = pipeline.decoder.generate([dataclasses.replace(
+        request, return_context_logits=True)])[0]
+    difference = (result.context_logits - hf_logits).abs().max().item()
+    assert difference <= 1e-4, f"prompt logits differ from HF by {difference:.2e}"
+    answer = pipeline.generate(messages, images, sampling=greedy, videos=videos)
+    assert list(answer.token_ids) == hf_tokens
+    groups = sum(len(v.groups) for v in prepared.videos)
+    assert groups == (3 if case != "two videos" else 6)
+
+
+def _hf_inputs(prepared, pixels) -> dict:
+    """HF model inputs of a prepared request: its ids, and its vision items' normalised rows
+    split into images and videos (HF's pixel_values_videos rows are ours, group after group)."""
+    grouped = {id(g) for video in prepared.videos for g in video.groups}
+    pictures = [item for item in prepared.images if id(item) not in grouped]
+    ids = torch.from_numpy(prepared.input_ids.astype(np.int64))[None]
+    inputs = {"input_ids": ids,
+              "mm_token_type_ids": (ids == 151655).int() + 2 * (ids == 151656).int()}
+    if pictures:
+        inputs["pixel_values"] = torch.from_numpy(
+            pixels.normalise(np.concatenate([p.pixel_values for p in pictures])))
+        inputs["image_grid_thw"] = torch.tensor([p.grid_thw for p in pictures])
+    inputs["pixel_values_videos"] = torch.from_numpy(pixels.normalise(np.concatenate(
+        [g.pixel_values for video in prepared.videos for g in video.groups])))
+    inputs["video_grid_thw"] = torch.tensor([video.grid_thw for video in prepared.videos])
+    return inputs

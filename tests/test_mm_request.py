@@ -85,7 +85,7 @@ def test_request_tensors_fit_together(pre, tiny_ckpt):
     grids = tensors["image_grid_thw"]
     assert patches == int(grids.prod(axis=1).sum()) == tensors["pos_interp_indices"].shape[0]
     assert tensors["position_ids"].shape == (3, seq)
-    assert tensors["mrope_rotary_cos_sin"].shape == (8192 * ckpt.text.head_dim,)  # max_seq_len
+    assert tensors["mrope_rotary_cos_sin"].shape == (16384 * ckpt.text.head_dim,)  # max_seq_len
     visual = request.input_ids == ckpt.token_ids.image
     assert int(visual.sum()) == patches // 4 == sum(request.image_token_counts)
     assert tensors["prompt_vocab_size"][0] == (1 + ckpt.vision.deepstack_count) * patches // 4
@@ -146,13 +146,13 @@ def test_prompt_table_errors():
     (user_message("hi <|image_pad|>", 0), [], "holds 1 image placeholders for 0 images"),
     (user_message("hi", 1), [b""], "image 1: image is empty"),
     (user_message("hi", 1), [_png(64, 64, 0)[:300]], "image 1: PNG image could not be decoded"),
-    ([{"role": "user", "content": [{"type": "video"}]}], [], "neither {type: text"),
+    ([{"role": "user", "content": [{"type": "audio"}]}], [], "neither {type: text"),
     ([{"role": "robot", "content": "hi"}], [], "has role 'robot'"),
     ("hello", [], "messages must be a non-empty list"),
     ([{"role": "assistant", "content": [{"type": "image"}]}], [b"x"],
      "images go in user messages"),
 ], ids=["too-many-images", "missing-image", "pad-in-text", "empty-image", "truncated-image",
-        "video", "bad-role", "not-a-list", "image-in-assistant"])
+        "audio", "bad-role", "not-a-list", "image-in-assistant"])
 def test_bad_requests_are_refused(pre, messages, images, message):
     with pytest.raises(InputError, match=message.replace("+", r"\+").replace("{", r"\{")):
         pre.prepare(messages=messages, images=images)

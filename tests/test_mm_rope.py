@@ -58,8 +58,30 @@ def hf_model(ckpt):
 
 
 def _ids(prompts, parts, grids):
-    text, _ = prompts.render([{"role": "user", "content": parts}])
+    text, *_ = prompts.render([{"role": "user", "content": parts}])
     return prompts.tokenize(text, [h * w // 4 for _, h, w in grids])
+
+
+def test_video_rope_index_equals_hf(ckpt, prompts, hf_model):
+    """A video of 3 temporal groups of 6x10 patches between two images: each group is placed
+    as an image of grid (1, h, w) after its timestamp (our video pads are image pads past the
+    tokenizer), as HF's get_rope_index splits video grids."""
+    parts = [IMAGE, {"type": "video"}, TEXT, IMAGE]
+    text, *_ = prompts.render([{"role": "user", "content": parts}])
+    groups = [("<0.2 seconds>", 15), ("<1.2 seconds>", 15), ("<2.0 seconds>", 15)]
+    ids = prompts.tokenize(text, [16, 6], [groups])
+    video = ckpt.token_ids.video
+    as_images = np.where(ids == video, ckpt.token_ids.image, ids)
+    grids = [(1, 8, 8), (1, 6, 10), (1, 6, 10), (1, 6, 10), (1, 4, 6)]
+    ours = rope_index(as_images, grids, image_token_id=ckpt.token_ids.image,
+                      spatial_merge_size=2)
+    ids_t = torch.tensor(ids[None], dtype=torch.long)
+    types = (ids_t == ckpt.token_ids.image).int() + 2 * (ids_t == video).int()
+    hf_pos, hf_delta = hf_model.get_rope_index(
+        ids_t, types, image_grid_thw=torch.tensor([(1, 8, 8), (1, 4, 6)]),
+        video_grid_thw=torch.tensor([(3, 6, 10)]))
+    assert np.array_equal(ours.position_ids, hf_pos[:, 0].numpy())
+    assert ours.delta == int(hf_delta[0, 0])
 
 
 @pytest.mark.parametrize("name", list(PROMPTS))

@@ -58,20 +58,27 @@ def test_capacity_figures_are_consistent(released):
     plan = make_plan(open_checkpoint(released["2b"]), profile)
     assert plan.fits
     lim = profile.limits
-    # Hand-computed: batch 16 x (1 + 3 DeepStack) x 4096 visual tokens; 2B rows are 2048 wide.
-    assert lim.max_visual_tokens_per_request == 4096
-    assert plan.prompt_table_rows == 16 * 4 * 4096 == 262144
-    assert plan.prompt_table_rows_per_request == 4 * 4096
-    assert plan.prompt_table_elements == 262144 * 2048 == 2**29
-    assert plan.prompt_table_bytes == 2**30
+    # Hand-computed: batch 12 x (1 + 3 DeepStack) x 12288 visual tokens; 2B rows are 2048 wide.
+    assert lim.max_visual_tokens_per_request == 12288
+    assert plan.prompt_table_rows == 12 * 4 * 12288 == 589824
+    assert plan.prompt_table_rows_per_request == 4 * 12288
+    assert plan.prompt_table_elements == 589824 * 2048 == 1207959552
+    assert plan.prompt_table_bytes == 2 * 1207959552
     # Every slot at the cap: the whole table crosses the device every step.
-    assert plan.prompt_table_copy_bytes_per_step == 16 * 4 * 4096 * 2048 * 2
+    assert plan.prompt_table_copy_bytes_per_step == 12 * 4 * 12288 * 2048 * 2
     assert plan.mrope_table_bytes_per_request == lim.max_seq_len * 128 * 4
     assert plan.kv_capacity_tokens * plan.kv_bytes_per_token <= plan.kv_cache_bytes
     assert plan.kv_capacity_tokens % lim.tokens_per_block == 0
     # A 1920x1080 image stays 2040 tokens under the 4090d cap.
-    assert plan.typical_request.image_tokens == 2040
+    assert plan.typical_request.visual_tokens == 2040 and not plan.typical_request.refused
     assert plan.concurrent_typical_requests == plan.kv_capacity_tokens // plan.typical_request.kv_tokens
+    # 30 frames of 1280x720 exceed the 25165824-pixel video budget: beta = sqrt(30 x 720 x
+    # 1280 / 25165824) = 1.0486, frames 672x1216 (21 x 38 tokens), 15 pairs of frames.
+    video = plan.typical_video
+    assert video.visual_tokens == 15 * 21 * 38 == 11970 and not video.refused
+    assert video.text_tokens == 64 + 15 * 9 and video.prompt_tokens <= lim.max_input_len
+    assert video.kv_tokens == 12736  # 11970 + 199 + 512 = 12681, in blocks of 64
+    assert plan.concurrent_typical_videos == min(plan.kv_capacity_tokens // 12736, 12) > 1
     assert plan.fixed_bytes + plan.kv_cache_bytes <= plan.gpu_memory_bytes
 
 
@@ -79,7 +86,32 @@ def test_8b_on_a_24gb_card_with_the_2b_limits_fails_with_the_fix(released):
     result = CliRunner().invoke(app, ["plan", "--model", str(released["8b"]), "--gpu", "4090d"])
     assert result.exit_code == 1
     assert "8b checkpoint does not fit profile 4090d" in result.output
-    assert "lower limits.max_batch_size to" in result.output
+    # 12 x 4 x 12288 rows of 4096: the video-sized table of the 2B/4B limits.
+    assert "the prompt table holds 2,415,919,104 elements" in result.output
+    assert "lower limits.max_visual_tokens_per_request or limits.max_batch_size" in result.output
+
+
+def test_a_profile_without_video_refuses_the_typical_clip(released, tmp_path):
+    text = Path(load_profile("4090d").source).read_text()
+    path = tmp_path / "no-video.toml"
+    path.write_text(text.replace("max_videos_per_request = 1", "max_videos_per_request = 0")
+                    .replace("max_visual_tokens_per_request = 12288",
+                             "max_visual_tokens_per_request = 4096"))
+    plan = make_plan(open_checkpoint(released["2b"]), load_profile(str(path)))
+    assert plan.fits and plan.concurrent_typical_videos == 0
+    assert plan.typical_video.refused == "limits.max_videos_per_request is 0"
+    # A budget of 4096 tokens scales the clip's frames down (384x704) rather than refusing it.
+    path.write_text(text.replace("video_max_tokens = 12288", "video_max_tokens = 4096")
+                    .replace("max_visual_tokens_per_request = 12288",
+                             "max_visual_tokens_per_request = 8192"))
+    plan = make_plan(open_checkpoint(released["2b"]), load_profile(str(path)))
+    assert plan.typical_video.visual_tokens == 15 * 12 * 22 and not plan.typical_video.refused
+    # More frames than the profile samples: refused, naming the limit.
+    path.write_text(text.replace("video_max_frames = 64", "video_max_frames = 16"))
+    plan = make_plan(open_checkpoint(released["2b"]), load_profile(str(path)))
+    assert plan.typical_video.refused == "30 frames, above limits.video_max_frames (16)"
+    text_out = CliRunner().invoke(app, ["plan", "-m", str(released["2b"]), "-g", str(path)]).output
+    assert "refused, 30 frames, above" in text_out and "limits.video_max_frames (16)" in text_out
 
 
 def test_a_card_too_small_for_the_weights(released, tmp_path):
@@ -297,11 +329,14 @@ def test_readme_profile_table_lists_every_card_with_the_variants_that_fit(releas
     table = {}
     for line in readme.splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) == 6 and cells[0].strip("`") in profile_names():
-            table[cells[0].strip("`")] = (int(cells[3]), cells[5])
+        if len(cells) == 7 and cells[0].strip("`") in profile_names():
+            table[cells[0].strip("`")] = (int(cells[3]), cells[5], int(cells[6]))
     assert sorted(table) == profile_names()
-    for name, (mib, variants) in table.items():
+    for name, (mib, variants, clip) in table.items():
         profile = load_profile(name)
         fits = [v.upper() for v, c in released.items()
                 if make_plan(open_checkpoint(c), profile).fits]
-        assert (mib, variants) == (profile.gpu.memory_mib, ", ".join(fits)), name
+        video = make_plan(open_checkpoint(released["2b"]), profile).typical_video
+        assert (mib, variants, clip) == (profile.gpu.memory_mib, ", ".join(fits),
+                                         video.visual_tokens), name
+        assert not video.refused, name

@@ -83,7 +83,7 @@ def test_a_build_records_profile_paths_absolute(tmp_path, monkeypatch):
 
 def test_user_file_by_path(tmp_path):
     path = tmp_path / "my.toml"
-    path.write_text(GOOD.replace("max_batch_size = 16", "max_batch_size = 4"))
+    path.write_text(GOOD.replace("max_batch_size = 12", "max_batch_size = 4"))
     p = load_profile(str(path))
     assert p.name == "my" and p.limits.max_batch_size == 4
 
@@ -97,25 +97,36 @@ def _write(tmp_path: Path, text: str) -> str:
 @pytest.mark.parametrize(
     ("old", "new", "message"),
     [
-        ("max_batch_size = 16\n", "", "missing key 'max_batch_size'"),
-        ("max_batch_size = 16", "max_batch_size = 16\nmax_batchsize = 8", "unknown key 'max_batchsize'"),
-        ("max_batch_size = 16", 'max_batch_size = "16"', "max_batch_size: expected an integer, got '16'"),
-        ("max_batch_size = 16", "max_batch_size = true", "max_batch_size: expected an integer"),
-        ("max_batch_size = 16", "max_batch_size = 16.5", "max_batch_size: expected an integer"),
+        ("max_batch_size = 12\n", "", "missing key 'max_batch_size'"),
+        ("max_batch_size = 12", "max_batch_size = 12\nmax_batchsize = 8", "unknown key 'max_batchsize'"),
+        ("max_batch_size = 12", 'max_batch_size = "12"', "max_batch_size: expected an integer, got '12'"),
+        ("max_batch_size = 12", "max_batch_size = true", "max_batch_size: expected an integer"),
+        ("max_batch_size = 12", "max_batch_size = 12.5", "max_batch_size: expected an integer"),
         ('trt_edition = "tensorrt_rtx"', 'trt_edition = "tensorrt-rtx"', "trt_edition: 'tensorrt-rtx' is not one of"),
         ('compute_capability = "8.9"', "compute_capability = 8.9", "compute_capability: expected a string"),
         ('compute_capability = "8.9"', 'compute_capability = "sm89"', 'must look like "8.9"'),
         ("kv_cache_free_gpu_mem_fraction = 0.9", "kv_cache_free_gpu_mem_fraction = 1.5", "between 0 and 1"),
         ("tokens_per_block = 64", "tokens_per_block = 48", "power of two"),
-        ("max_seq_len = 8192", "max_seq_len = 4096", "must exceed limits.max_input_len"),
-        ("max_visual_tokens_per_request = 4096", "max_visual_tokens_per_request = 2047",
-         "limits.max_visual_tokens_per_request (2047) is below the 2048 tokens of one image at "
-         "limits.vision_max_pixels (2097152); raise it to at least 2048"),
-        ("max_visual_tokens_per_request = 4096", "max_visual_tokens_per_request = 4097",
-         "exceeds what 2 images at limits.vision_max_pixels can make (4096)"),
-        ("max_input_len = 6144", "max_input_len = 4096", "(4096) leaves no room for text"),
-        ("max_visual_tokens_per_request = 4096\n", "", "missing key 'max_visual_tokens_per_request'"),
-        ("max_batch_size = 16", "max_batch_size = 0", "max_batch_size must be positive"),
+        ("max_seq_len = 16384", "max_seq_len = 14336", "must exceed limits.max_input_len"),
+        ("video_max_tokens = 12288", "video_max_tokens = 2047",
+         "limits.max_visual_tokens_per_request (12288) exceeds what 2 images at "
+         "limits.vision_max_pixels and 1 videos at limits.video_max_tokens can make (6143)"),
+        ("max_visual_tokens_per_request = 12288", "max_visual_tokens_per_request = 4095",
+         "limits.video_max_tokens (12288) must be positive and at most "
+         "limits.max_visual_tokens_per_request (4095)"),
+        ("max_videos_per_request = 1", "max_videos_per_request = 0",
+         "exceeds what 2 images at limits.vision_max_pixels and 0 videos at "
+         "limits.video_max_tokens can make (4096)"),
+        ("max_input_len = 14336", "max_input_len = 12288", "(12288) leaves no room for text"),
+        ("max_visual_tokens_per_request = 12288\n", "", "missing key 'max_visual_tokens_per_request'"),
+        ("max_batch_size = 12", "max_batch_size = 0", "max_batch_size must be positive"),
+        ("video_max_tokens = 12288\n", "", "missing key 'video_max_tokens'"),
+        ("max_videos_per_request = 1", "max_videos_per_request = -1", "must be 0 (no video) or more"),
+        ("video_max_frames = 64", "video_max_frames = 1", "limits.video_max_frames (1) is below one "
+         "temporal patch of 2 frames"),
+        ("video_max_pixels_per_frame = 2097152", "video_max_pixels_per_frame = 2097153",
+         "limits.video_max_pixels_per_frame (2097153) must be positive and at most "
+         "limits.vision_max_pixels (2097152)"),
         ("[vision_build]", "[vision]", "unknown key 'vision'"),
         # The marketing figure is no longer a key: memory is what the driver reports.
         ("memory_mib = 24564", "memory_gib = 24", "unknown key 'memory_gib'"),

@@ -25,6 +25,7 @@ from qvl_trt.triton.repository import (
     RUNTIME_ZIP,
     BuildInput,
     RepoOptions,
+    default_postprocessing_instances,
     machine_cores,
     write_repo,
 )
@@ -79,6 +80,9 @@ def test_reference_repository_is_valid_and_self_contained(tmp_path, tiny_build) 
     # One preprocessing instance per core of this machine unless told otherwise.
     pre = parse_config((repo / "preprocessing" / CONFIG_FILE).read_text(), "preprocessing")
     assert [g.count for g in pre.instance_group] == [machine_cores()]
+    for model in ("postprocessing", "tensorrt_llm_bls"):
+        assert [g.count for g in read_config(repo / model).instance_group] == [
+            default_postprocessing_instances()]
     # The reference tower normalises the 8-bit pixels with the image processor settings.
     (repo / "vision_encoder" / "1" / "checkpoint" / "preprocessor_config.json").unlink()
     assert any("preprocessor_config.json is missing" in p for p in problems(repo))
@@ -147,6 +151,49 @@ def test_a_parameter_the_model_would_not_read_is_a_problem(tmp_path, tiny_build)
     assert any("postprocessing" in p and "workers: expected an integer, got 'many'" in p
                for p in found), found
     assert any("tensorrt_llm_bls" in p and "missing key 'workers'" in p for p in found), found
+
+
+def test_postprocessing_instances_are_written_planned_and_validated(tmp_path,
+                                                                    tiny_build) -> None:
+    """The token hop's instance count: written to postprocessing and tensorrt_llm_bls, serve
+    sizes the BLS threads for every instance's workers, validate refuses counts the writer
+    would not write (and a tensorrt_llm of several instances)."""
+    from qvl_trt.triton.model_configs import pb_kind
+
+    assert [default_postprocessing_instances(n) for n in (1, 2, 4, 8, 16, 64)] == [
+        1, 1, 1, 2, 4, 4]
+    with pytest.raises(ConfigError, match="postprocessing_instances is 0; give 1 or more"):
+        RepoOptions(postprocessing_instances=0)
+    repo = write_repo([BuildInput(tiny_build)], tmp_path / "repo",
+                      RepoOptions(flavor=Flavor.REFERENCE, postprocessing_instances=3)).path
+    callers = ("postprocessing", "tensorrt_llm_bls")
+    configs = {m: read_config(repo / m) for m in callers}
+    assert all([g.count for g in cfg.instance_group] == [3] for cfg in configs.values())
+    workers = sum(int(cfg.parameters["workers"].string_value) for cfg in configs.values())
+    assert read_serve_plan(repo).bls_callers == 3 * workers
+    assert problems(repo) == []
+    done = run_cli("repo", "--build", str(tiny_build), "--out", str(tmp_path / "cli"),
+                   "--flavor", "reference", "--postprocessing-instances", "2")
+    assert done.returncode == 0, done.stderr
+    assert [g.count for g in read_config(tmp_path / "cli" / "postprocessing").instance_group] \
+        == [2]
+
+    def set_group(count: int, kind: str = "KIND_CPU"):
+        def edit(config) -> None:
+            config.instance_group[0].count = count
+            config.instance_group[0].kind = pb_kind(kind)
+        return edit
+
+    edit_config(repo / "postprocessing", set_group(0))
+    edit_config(repo / "tensorrt_llm_bls", set_group(2, "KIND_GPU"))
+    edit_config(repo / "tensorrt_llm", set_group(2))
+    found = problems(repo)
+    assert any(p.startswith("postprocessing: instance group of count 0, KIND_CPU: write "
+                            "KIND_CPU and a count of 1 or more") for p in found), found
+    assert any(p.startswith("tensorrt_llm_bls: instance group of count 2, KIND_GPU")
+               for p in found), found
+    assert "tensorrt_llm: runs 2 instances, each with its own engine and KV cache (the plan " \
+        "holds one); write an instance count of 1" in found
 
 
 def test_several_builds_get_their_own_model_names(tmp_path, tiny_build) -> None:

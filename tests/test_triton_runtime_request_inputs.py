@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from qvl_trt.errors import InputError
 from qvl_trt.generation_config import SamplingDefaults
 from qvl_trt.mm.request import RequestBounds, RequestLimits
+from qvl_trt.mm.video import VideoLimits
 from qvl_trt.triton.runtime.request_inputs import UrlPolicy, chat_request
 
 LIMITS = RequestLimits(max_images=2, max_input_len=512, max_seq_len=640)
@@ -172,3 +174,88 @@ def test_the_default_bounds_admit_a_full_request() -> None:
     request = _parse(limits, messages=_chat(*["hi"] * 100, parts),
                      stop=np.array([b"\n\n", b"User:", b"###", b"</s>"], object))
     assert len(request.images) == 2 and len(request.settings.stop) == 4
+
+
+# ---- videos ---------------------------------------------------------------------------------
+
+def test_video_parts_and_the_video_tensors_agree() -> None:
+    """Each video form of messages (vLLM's video_url, qwen-vl-utils' video file and frame list,
+    vLLM's video/jpeg frames) and its text_input twin give the same videos."""
+    from qvl_trt.mm.video_input import VideoFile, VideoFrames
+
+    clip, frame = b"\x00\x00\x00\x18ftypisom-a-clip", _png()
+
+    def uri(data: bytes, media: str) -> str:
+        return f"data:{media};base64," + base64.b64encode(data).decode()
+
+    messages = [{"role": "user", "content": [
+        {"type": "video_url", "video_url": {"url": uri(clip, "video/mp4")}, "fps": 1},
+        {"type": "video", "video": [uri(frame, "image/png")] * 3, "sample_fps": 4},
+        {"type": "video", "video": uri(clip, "video/webm")},
+        {"type": "video", "video": [uri(frame, "image/png")] * 2, "timestamps": [0, 0.5]},
+        {"type": "video_url", "video_url": {"url": "data:video/jpeg;base64," + ",".join(
+            [base64.b64encode(frame).decode()] * 2)}},
+        {"type": "text", "text": "What happens?"}]}]
+    limits = RequestLimits(max_images=2, max_input_len=512, max_seq_len=640,
+                           video=VideoLimits(max_videos=5))
+    parsed = _parse(limits, messages=json.dumps(messages).encode())
+    assert parsed.videos == (VideoFile(clip, 1.0), VideoFrames((frame,) * 3, 4.0),
+                             VideoFile(clip), VideoFrames((frame,) * 2, None, (0.0, 0.5)),
+                             VideoFrames((frame,) * 2))
+    plain = _parse(limits, text_input=b"What happens?",
+                   video_bytes=np.array([clip, uri(clip, "video/mp4").encode()], object),
+                   video_frames=np.array([frame] * 5, object),
+                   video_frame_counts=np.array([3, 2], np.int32),
+                   video_fps=np.array([1, 2, 4, 8], np.float32))
+    assert plain.videos == (VideoFile(clip, 1.0), VideoFile(clip, 2.0),
+                            VideoFrames((frame,) * 3, 4.0), VideoFrames((frame,) * 2, 8.0))
+    assert plain.messages[0]["content"] == [{"type": "video"}] * 4 + [
+        {"type": "text", "text": "What happens?"}]
+    one_rate = _parse(limits, text_input=b"x", video_frames=np.array([frame] * 2, object),
+                      video_fps=np.array([3], np.float32))
+    assert one_rate.videos == (VideoFrames((frame,) * 2, 3.0),)
+
+
+@pytest.mark.parametrize("inputs, message", [
+    ({"video_fps": np.array([0], np.float32)}, "video_fps = 0.0 must be a finite number"),
+    ({"video_fps": np.array([np.nan], np.float32)}, "video_fps = nan must be a finite number"),
+    ({"video_fps": np.array([1, 2, 3], np.float32)}, "video_fps holds 3 values for 2 videos"),
+    ({"video_frame_counts": np.array([1, 2], np.int32)}, "do not split the 2 video_frames"),
+    ({"video_bytes": np.array([b"https://example.com/a.mp4"], object)},
+     "remote video URL on host 'example.com' refused"),
+    ({"video_bytes": np.array([b"data:video/mp4;base64,@@"], object)},
+     "a video data URI holds invalid base64"),
+])
+def test_bad_video_tensors_are_refused(inputs, message: str) -> None:
+    base = {"text_input": b"hi", "video_bytes": np.array([b"clip"], object),
+            "video_frames": np.array([_png(), _png()], object)}
+    with pytest.raises(InputError, match=re.escape(message)):
+        _parse(**{**base, **inputs})
+
+
+@pytest.mark.parametrize("part, message", [
+    ({"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}, "fps": 0},
+     "fps = 0 must be a finite number"),
+    ({"type": "video", "video": "data:video/mp4;base64,AAAA", "fps": "fast"},
+     "fps = 'fast' must be a number"),
+    ({"type": "video", "video": ["data:image/png;base64,AAAA"], "fps": 2, "sample_fps": 3},
+     "gives fps 2 and sample_fps 3; send one of them"),
+    ({"type": "video", "video": "data:video/mp4;base64,AAAA", "timestamps": [0, 1]},
+     "timestamps are for a video sent as frames"),
+    ({"type": "video", "video": ["data:image/png;base64,AAAA"], "timestamps": "soon"},
+     "timestamps must be a list of numbers"),
+    ({"type": "video_url", "video_url": {}}, "has no URL or frame list"),
+])
+def test_bad_video_parts_are_refused(part, message: str) -> None:
+    messages = [{"role": "user", "content": [part, {"type": "text", "text": "hi"}]}]
+    with pytest.raises(InputError, match=re.escape(message)):
+        _parse(messages=json.dumps(messages).encode())
+
+
+def test_video_tensors_count_towards_the_request_size() -> None:
+    limits = RequestLimits(max_images=2, max_input_len=512, max_seq_len=640,
+                           bounds=RequestBounds(max_request_bytes=100))
+    with pytest.raises(InputError, match="max_request_bytes"):
+        _parse(limits, text_input=b"hi", video_bytes=np.array([b"v" * 101], object))
+    with pytest.raises(InputError, match="send either messages, or text_input"):
+        _parse(messages=b"[]", video_frames=np.array([b"f"], object))

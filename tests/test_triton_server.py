@@ -64,7 +64,8 @@ class RequestFailed(Exception):
 def grpc_ask(server, *, prompt: str | None = None, images=(), messages=None,
              max_tokens: int = 12, temperature: float | None = 0.0,
              top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-             stream: bool = True, stop=(), model: str = c.ENSEMBLE) -> Answer:
+             stream: bool = True, stop=(), model: str = c.ENSEMBLE, videos=(),
+             video_fps: float | None = None) -> Answer:
     """One request through the ensemble (`model`) over gRPC streaming; a setting that is
     None is left out (the checkpoint's generation defaults apply)."""
     values = {c.MAX_TOKENS: np.array([[max_tokens]], np.int32),
@@ -77,6 +78,10 @@ def grpc_ask(server, *, prompt: str | None = None, images=(), messages=None,
         values[c.TEXT_INPUT] = np.array([[prompt.encode()]], object)
     if images:
         values[c.IMAGE_BYTES] = np.array([list(images)], object)
+    if videos:
+        values[c.VIDEO_BYTES] = np.array([list(videos)], object)
+    if video_fps is not None:
+        values[c.VIDEO_FPS] = np.array([[video_fps]], np.float32)
     if seed is not None:
         values[c.SEED] = np.array([[seed]], np.uint64)
     if top_k is not None:
@@ -138,6 +143,15 @@ def http_ask(server, body: dict) -> Answer:
 
 
 @pytest.fixture(scope="module")
+def video_clip() -> bytes:
+    """An MP4 of 30 frames of 96x64 at 10 fps: 6 frames at 2 fps, 3 temporal groups."""
+    pytest.importorskip("av", reason="video files need PyAV: pip install 'qvl-trt[serve]'")
+    from video_clips import video_file
+
+    return video_file(30, 96, 64, rate=10, seed=7)
+
+
+@pytest.fixture(scope="module")
 def pipeline(tiny_ckpt: Path, tiny_build: Path, triton_profile: Path):
     """The in-process reference pipeline on the build's converted checkpoint, preprocessing
     with the deployment's limits (so both sides resize images alike)."""
@@ -159,6 +173,13 @@ def expected(pipeline, prompt: str, images=(), *, max_tokens: int = 12, **sampli
     return pipeline.ask(prompt, list(images), sampling=params)
 
 
+def counts(pipeline, want) -> tuple[int, int]:
+    """The prompt_tokens and completion_tokens the server reports for the pipeline's answer
+    `want` (the end token is not counted)."""
+    return want.prompt_tokens, len(want.token_ids) - (want.token_ids[-1] in
+                                                       pipeline.stop_token_ids)
+
+
 def metric(server, name: str) -> float:
     text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
     values = [float(m.group(1)) for m in re.finditer(rf"^{name}{{[^}}]*}} (\S+)$", text, re.M)]
@@ -173,9 +194,7 @@ def test_grpc_stream_equals_the_reference_pipeline(triton_server, pipeline) -> N
     got = grpc_ask(triton_server, prompt="What is in the picture?", images=[image])
     assert got.text == want.text
     assert sum(1 for chunk in got.chunks if chunk) >= 3, "the answer should come in pieces"
-    assert got.prompt_tokens == want.prompt_tokens
-    assert got.completion_tokens == len(want.token_ids) - (
-        want.token_ids[-1] in pipeline.stop_token_ids)
+    assert (got.prompt_tokens, got.completion_tokens) == counts(pipeline, want)
 
 
 def test_http_generate_stream_with_chat_messages_gives_the_same_text(triton_server,
@@ -210,12 +229,15 @@ def test_non_streaming_answer_comes_in_one_response(triton_server, pipeline) -> 
 
 
 def test_concurrent_requests_get_their_own_answers(triton_server, pipeline) -> None:
+    """Eight streams at once (postprocessing may merge tokens into fewer responses): each
+    gets its own text and exact token counts."""
     cases = [(f"Question {i}: " + "what do you see? " * (i % 3),
               [png(10 + i, (64 + 32 * (i % 3), 64))] if i % 4 else [], 6 + i)
              for i in range(8)]
-    wanted = [expected(pipeline, p, imgs, max_tokens=n).text for p, imgs, n in cases]
-    assert len(set(wanted)) > 1, "the cases should not all have the same answer"
-    got: dict[int, str] = {}
+    answers = [expected(pipeline, p, imgs, max_tokens=n) for p, imgs, n in cases]
+    wanted = [(a.text, *counts(pipeline, a)) for a in answers]
+    assert len({w[0] for w in wanted}) > 1, "the cases should not all have the same answer"
+    got: dict[int, tuple[str, int, int]] = {}
     failures: list[BaseException] = []
     barrier = threading.Barrier(len(cases))
 
@@ -223,7 +245,8 @@ def test_concurrent_requests_get_their_own_answers(triton_server, pipeline) -> N
         prompt, images, n = cases[i]
         barrier.wait()
         try:
-            got[i] = grpc_ask(triton_server, prompt=prompt, images=images, max_tokens=n).text
+            answer = grpc_ask(triton_server, prompt=prompt, images=images, max_tokens=n)
+            got[i] = (answer.text, answer.prompt_tokens, answer.completion_tokens)
         except BaseException as exc:  # reported below
             failures.append(exc)
 
@@ -234,6 +257,54 @@ def test_concurrent_requests_get_their_own_answers(triton_server, pipeline) -> N
         t.join(timeout=300)
     assert not failures
     assert [got[i] for i in range(len(cases))] == wanted
+
+
+def test_videos_over_grpc_stream_equal_the_reference_pipeline(triton_server, pipeline,
+                                                              video_clip) -> None:
+    """A video file in text_input's video_bytes (to the ensemble and to tensorrt_llm_bls), and
+    in messages a video_url with the file as a data URI beside a frame list (the OpenAI
+    gateway's format): the streamed text is the reference pipeline's."""
+    from video_clips import data_uri as video_uri
+    from video_clips import png_frames
+
+    from qvl_trt.llm.pipeline import sampling_params
+    from qvl_trt.mm.video_input import VideoFile, VideoFrames
+
+    greedy = sampling_params(pipeline.checkpoint.path, max_tokens=12, greedy=True)
+    want = pipeline.ask("What happens?", [png(3)], sampling=greedy,
+                        videos=[VideoFile(video_clip)])
+    got = grpc_ask(triton_server, prompt="What happens?", images=[png(3)], videos=[video_clip])
+    assert got.text == want.text and got.prompt_tokens == want.prompt_tokens
+    bls = grpc_ask(triton_server, prompt="What happens?", images=[png(3)], videos=[video_clip],
+                   model=c.TENSORRT_LLM_BLS)
+    assert bls.text == want.text
+    frames = png_frames(3, 64, 64, seed=4)
+    messages = [{"role": "user", "content": [
+        {"type": "video_url", "video_url": {"url": video_uri(video_clip, "video/mp4")}},
+        {"type": "text", "text": "and"},
+        {"type": "video", "video": [video_uri(f, "image/png") for f in frames], "fps": 1},
+        {"type": "text", "text": "What changes?"}]}]
+    want = pipeline.generate(messages, sampling=greedy,
+                             videos=[VideoFile(video_clip), VideoFrames(frames, fps=1.0)])
+    got = grpc_ask(triton_server, messages=messages)
+    assert got.text == want.text and got.prompt_tokens == want.prompt_tokens
+
+
+def test_a_repeated_clip_hits_the_vision_cache_group_by_group(triton_server,
+                                                              video_clip) -> None:
+    """Sampled at 2.5 fps (not the default, which other tests use): 7 frames, 4 temporal
+    groups: 4 misses, then 4 hits."""
+    def counts():
+        return tuple(metric(triton_server, f"qvl_vision_cache_{k}_total")
+                     for k in ("hits", "misses"))
+
+    hits, misses = counts()
+    grpc_ask(triton_server, prompt="First look.", videos=[video_clip], video_fps=2.5,
+             max_tokens=2)
+    assert counts() == (hits, misses + 4)
+    grpc_ask(triton_server, prompt="Second look.", videos=[video_clip], video_fps=2.5,
+             max_tokens=2)
+    assert counts() == (hits + 4, misses + 4)
 
 
 def test_repeated_image_hits_the_vision_cache(triton_server) -> None:
@@ -270,6 +341,18 @@ BAD_REQUESTS = {
         {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]),
         "remote image URL on host 'example.com' refused"),
 }
+
+
+BAD_REQUESTS.update({
+    "corrupt video": (dict(prompt="Hi", videos=[b"\x00\x00\x00\x18ftypmp42" + b"x" * 99]),
+                      "video 1: video data (111 bytes) could not be read"),
+    "video fps 0": (dict(prompt="Hi", videos=[b"clip"], video_fps=0.0),
+                    "video_fps = 0.0 must be a finite number of frames per second above 0"),
+    "video in an assistant message": (dict(messages=[
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": [{"type": "video_url", "video_url": {"url": "x"}}]}]),
+        "message 2: videos go in user messages, not assistant"),
+})
 
 
 @pytest.mark.parametrize("case", list(BAD_REQUESTS))

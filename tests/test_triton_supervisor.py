@@ -45,7 +45,7 @@ def repo(tmp_path_factory, tiny_build: Path) -> Path:
 class Serve:
     """A `qvl-trt serve` child process with a readiness port."""
 
-    def __init__(self, repo: Path, tmp: Path) -> None:
+    def __init__(self, repo: Path, tmp: Path, *options: str) -> None:
         from qvl_trt.triton.server import free_ports
 
         self.ports, self.health = free_ports(), free_ports().http
@@ -54,7 +54,7 @@ class Serve:
             [sys.executable, "-m", "qvl_trt.cli", "serve", str(repo), "--host", "127.0.0.1",
              "--http-port", str(self.ports.http), "--grpc-port", str(self.ports.grpc),
              "--metrics-port", str(self.ports.metrics), "--health-port", str(self.health),
-             "--log-file", str(self.log)],
+             "--log-file", str(self.log), *options],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.http = f"127.0.0.1:{self.ports.http}"
         self.grpc = f"127.0.0.1:{self.ports.grpc}"
@@ -77,16 +77,24 @@ class Serve:
 
     def tritonserver(self) -> int:
         """The pid of serve's tritonserver (its child, leader of its own process group)."""
+        return self.child(lambda stat, argv: "(tritonserver)" in stat, "tritonserver")
+
+    def gateway(self) -> int:
+        """The pid of serve's gateway (`--openai-port`; leader of its own process group)."""
+        return self.child(lambda stat, argv: b"gateway" in argv, "gateway")
+
+    def child(self, match, what: str) -> int:
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
                 try:
                     stat = (entry / "stat").read_text()
+                    argv = (entry / "cmdline").read_bytes().split(b"\0")
                 except OSError:
                     continue
-                if "(tritonserver)" in stat and \
+                if match(stat, argv) and \
                         int(stat[stat.rindex(")") + 2:].split()[1]) == self.process.pid:
                     return int(entry.name)
-        raise AssertionError("serve runs no tritonserver")
+        raise AssertionError(f"serve runs no {what}")
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")[-3000:] if self.log.is_file() else ""
@@ -170,13 +178,13 @@ class Stream:
         return ("final" if final is not None and final.bool_param else "token"), result
 
     def finish(self, timeout_s: float = 60) -> int:
-        tokens = 0
+        """Read to the final response; the answer's token count (completion_tokens: a
+        response may carry several tokens)."""
         while True:
-            kind, _ = self.next(timeout_s)
-            assert kind != "error", _
+            kind, result = self.next(timeout_s)
+            assert kind != "error", result
             if kind == "final":
-                return tokens
-            tokens += 1
+                return int(result.as_numpy(c.COMPLETION_TOKENS).reshape(-1)[0])
 
     def close(self) -> None:
         self.client.stop_stream()
@@ -256,21 +264,39 @@ def test_sigterm_before_ready_stops_tritonserver(serve: Serve) -> None:
     assert group_gone_within(server, 5), "SIGTERM before ready orphaned tritonserver"
 
 
-def test_sigterm_drains_eight_streams_and_exits_0(serve: Serve) -> None:
+def test_sigterm_drains_eight_streams_stops_the_gateway_and_exits_0(repo: Path,
+                                                                      tmp_path: Path) -> None:
     """The clients keep their gRPC streams open: in Triton 2.51 that holds the ensemble
-    loaded until its exit timeout (see DRAINED_LINE in server.py)."""
-    serve.wait_ready()
-    streams = [Stream(serve, 120) for _ in range(8)]
+    loaded until its exit timeout (see DRAINED_LINE in server.py). With --openai-port the
+    gateway answers once the server is ready and ends before it."""
+    from qvl_trt.triton.server import free_ports, remove_stale_shm
+
+    openai = pytest.importorskip("openai", reason="the gateway's client: pip install openai")
+    port = free_ports().http
+    serve = Serve(repo, tmp_path, "--openai-port", str(port))
     try:
-        for stream in streams:
-            assert stream.next()[0] == "token"
-        serve.process.send_signal(signal.SIGTERM)
-        tokens = [stream.finish() for stream in streams]
-        assert all(n == 119 for n in tokens), tokens  # the first came before SIGTERM
-        code = serve.process.wait(timeout=60)
+        serve.wait_ready()
+        api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
+        answer = api.chat.completions.create(
+            model=c.ENSEMBLE, messages=[{"role": "user", "content": "Count."}], max_tokens=4,
+            temperature=0)
+        assert answer.choices[0].message.content == generate(serve, 4)
+        gateway = serve.gateway()
+        streams = [Stream(serve, 120) for _ in range(8)]
+        try:
+            for stream in streams:
+                assert stream.next()[0] == "token"
+            serve.process.send_signal(signal.SIGTERM)
+            tokens = [stream.finish() for stream in streams]
+            assert all(n == 120 for n in tokens), tokens  # all of them, though SIGTERM came
+            code = serve.process.wait(timeout=60)
+        finally:
+            for stream in streams:
+                stream.close()
     finally:
-        for stream in streams:
-            stream.close()
+        serve.close()
+        remove_stale_shm()
     log = serve.output()
     assert code == 0, log
     assert "Exit timeout expired" not in log
+    assert not group_alive(gateway), "the gateway outlived serve"

@@ -73,11 +73,12 @@ def test_rtx_engine_and_its_config(rtx_engine: Path, tiny_ckpt) -> None:
     assert engine.stat().st_size == config["engine_bytes"] > 100_000
     assert config["edition"] == "tensorrt_rtx" and config["trt_version"] == trt.__version__
     assert config["compute_capabilities"] == ["8.9"] and config["dtype"] == "float16"
-    assert config["patches"] == {"min": 256, "opt": 8160, "max": 8192}
-    assert config["shapes"]["pixel_values"] == [[256, 1536], [8160, 1536], [8192, 1536]]
+    # 8 patches: two merge blocks, the least a video's pair of small frames can make.
+    assert config["patches"] == {"min": 8, "opt": 8160, "max": 8192}
+    assert config["shapes"]["pixel_values"] == [[8, 1536], [8160, 1536], [8192, 1536]]
     assert config["inputs"][0]["name"] == "pixel_values"
     assert config["inputs"][0]["dtype"] == "uint8"  # the 8-bit pixels, normalised in the graph
-    assert config["shapes"]["rope_position_ids"] == [[256, 2], [8160, 2], [8192, 2]]
+    assert config["shapes"]["rope_position_ids"] == [[8, 2], [8160, 2], [8192, 2]]
     assert [t["name"] for t in config["outputs"]] == ["image_embeds", "deepstack_0",
                                                       "deepstack_1", "deepstack_2"]
     assert {t["dtype"] for t in config["outputs"]} == {"float16"}

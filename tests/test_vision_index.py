@@ -8,7 +8,7 @@ import pytest
 
 from qvl_trt.checkpoint import VisionDims
 from qvl_trt.errors import InputError
-from qvl_trt.mm.geometry import smart_resize
+from qvl_trt.mm.geometry import smart_resize, video_pixel_budget, video_smart_resize
 from qvl_trt.mm.vision_index import vision_index_tensors
 from qvl_trt.profiles import load_profile, profile_names
 from qvl_trt.vision.spec import patch_range, vision_graph_spec
@@ -89,6 +89,13 @@ def test_patch_range_covers_every_admitted_image(name: str) -> None:
         rh, rw = smart_resize(h, w, min_pixels=limits.vision_min_pixels,
                               max_pixels=limits.vision_max_pixels)
         assert patches.min <= (rh // 16) * (rw // 16) <= patches.max, (h, w)
+    # So do a video's frames: frame counts from 2 to the profile's maximum, small and large.
+    for frames in (2, 9, 30, limits.video_max_frames):
+        for h, w in [(64, 32), (120, 160), (360, 640), (720, 1280), (2160, 3840)]:
+            budget = video_pixel_budget(frames, max_pixels=limits.video_max_pixels,
+                                        max_pixels_per_frame=limits.video_max_pixels_per_frame)
+            rh, rw = video_smart_resize(frames, h, w, min_pixels=0, max_pixels=budget)
+            assert patches.min <= (rh // 16) * (rw // 16) <= patches.max, (frames, h, w)
     shapes = patches.input_shapes(vision_graph_spec(DIMS_2B, "float16"))
     assert shapes["pos_interp_weights"] == ((patches.min, 4), (patches.opt, 4),
                                             (patches.max, 4))

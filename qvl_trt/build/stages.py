@@ -46,6 +46,7 @@ def _run_plan(ctx: BuildContext, work: Path) -> dict[str, Any]:
     return {
         "kv_capacity_tokens": plan.kv_capacity_tokens,
         "concurrent_typical_requests": plan.concurrent_typical_requests,
+        "concurrent_typical_videos": plan.concurrent_typical_videos,
     }
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ..deps import require
 from ..errors import InputError, RequestError
 from ..triton import contract as c
 from .generate import (
@@ -48,6 +49,7 @@ class BenchSettings:
     warmup: int = 1  # requests sent (and not measured) before the first level
     model: str = "ensemble"
     allow_remote: bool = False  # load a server that is not on this machine
+    videos_per_request: int = 1  # with a video source
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,44 @@ def parse_size(text: str) -> tuple[int, int]:
     return width, height
 
 
+# The rate of synthetic clips: the server samples a file at 2 fps by default (the checkpoint's
+# fps), so a clip of FRAMES frames at this rate reaches the model with every frame.
+SYNTHETIC_VIDEO_FPS = 2
+
+
+def synthetic_videos(spec: str, seed: int | None = None) -> tuple[ImageSource, str]:
+    """`--synthetic-video WIDTHxHEIGHTxFRAMES`: MP4 (H.264) clips of moving colour ramps at
+    SYNTHETIC_VIDEO_FPS, a different one per number (the vision cache cannot answer them), and
+    the report's name for them. Made with PyAV when a request needs one."""
+    try:
+        width, height, frames = (int(v) for v in spec.lower().split("x"))
+    except ValueError:
+        raise InputError(f"--synthetic-video {spec!r}: expected WIDTHxHEIGHTxFRAMES such as "
+                         "1280x720x30") from None
+    if min(width, height) < 16 or frames < 2 or width % 2 or height % 2:
+        raise InputError(f"--synthetic-video {spec}: sides must be even and >= 16, frames >= 2")
+    av = require("av", extra="serve", why="make synthetic videos")
+    run = secrets.randbits(64) if seed is None else seed
+
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+
+    def clip(n: int) -> bytes:
+        slopes = np.random.default_rng([run, n]).uniform(0.05, 0.3, (2, 3)).astype(np.float32)
+        ramps = (x[..., None] * slopes[0] + y[..., None] * slopes[1]).astype(np.uint8)
+        buffer = io.BytesIO()
+        with av.open(buffer, mode="w", format="mp4") as out:
+            stream = out.add_stream("libx264", rate=SYNTHETIC_VIDEO_FPS,
+                                    options={"preset": "ultrafast"})
+            stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+            for i in range(frames):  # uint8 sums wrap: the ramps move and cycle
+                moved = ramps + np.uint8(9 * i % 256)
+                out.mux(stream.encode(av.VideoFrame.from_ndarray(moved, format="rgb24")))
+            out.mux(stream.encode())
+        return buffer.getvalue()
+
+    return clip, f"synthetic video {width}x{height}, {frames} frames at {SYNTHETIC_VIDEO_FPS} fps"
+
+
 def folder_images(folder: Path) -> ImageSource:
     """The images in `folder` (sorted by name, read once), taken in turn."""
     if not folder.is_dir():
@@ -141,14 +181,17 @@ def folder_images(folder: Path) -> ImageSource:
 
 
 def request_maker(settings: BenchSettings, images: ImageSource | None,
-                  first: int = 0) -> Callable[[int], GenerateRequest]:
+                  first: int = 0, videos: ImageSource | None = None) \
+        -> Callable[[int], GenerateRequest]:
     """Request i of a level whose first request is number `first` of the run."""
     per = settings.images_per_request if images else 0
+    per_video = settings.videos_per_request if videos else 0
     base = GenerateRequest(settings.prompt, max_tokens=settings.max_tokens, stream=True)
 
     def make(i: int) -> GenerateRequest:
-        n = (first + i) * per
-        return replace(base, images=tuple(images(n + k) for k in range(per)))
+        n, v = (first + i) * per, (first + i) * per_video
+        return replace(base, images=tuple(images(n + k) for k in range(per)),
+                       videos=tuple(videos(v + k) for k in range(per_video)))
 
     return make
 
@@ -229,7 +272,7 @@ def ask(url: str, req: GenerateRequest, *, model: str = c.ENSEMBLE,
     """`qvl-trt infer`: one request to the deployment at `url`, measured as bench measures
     each of its requests."""
     with GenerateClient(url, model=model) as client:
-        image_tokens = client.image_token_counter()(req) if req.images else 0
+        image_tokens = client.image_token_counter()(req) if req.images or req.videos else 0
         return measure(client, req, image_tokens, on_response=on_response)
 
 
@@ -239,9 +282,11 @@ def run_benchmark(
     *,
     source: str,
     on_done: Callable[[int, RequestRecord], None] | None = None,
+    videos: tuple[ImageSource, str] | None = None,
 ) -> BenchReport:
-    """Warm up, then run every concurrency level of `settings` in turn; `images` None sends
-    text-only requests."""
+    """Warm up, then run every concurrency level of `settings` in turn; `images` None (and no
+    `videos`: a video source and its name) sends text-only requests."""
+    video_source, video_name = videos or (None, "none")
     if settings.requests < 1:
         raise InputError(f"--requests must be >= 1, got {settings.requests}")
     if not settings.allow_remote:
@@ -249,19 +294,20 @@ def run_benchmark(
     with GenerateClient(settings.url, model=settings.model) as client:
         image_tokens = client.image_token_counter()
     if settings.warmup:
-        warm = request_maker(settings, images)
+        warm = request_maker(settings, images, videos=video_source)
         run_level(settings.url, warm, settings.warmup, 1, image_tokens=image_tokens,
                   model=settings.model)
     levels, records = [], {}
     for n, concurrency in enumerate(settings.concurrency):
         first = settings.warmup + n * settings.requests
-        make = request_maker(settings, images, first)
+        make = request_maker(settings, images, first, videos=video_source)
         done = (lambda r, c=concurrency: on_done(c, r)) if on_done else None
         records[concurrency] = run_level(settings.url, make, settings.requests, concurrency,
                                          image_tokens=image_tokens, model=settings.model,
                                          on_done=done)
         levels.append(level_metrics(concurrency, records[concurrency]))
-    return BenchReport({**asdict(settings), "images": source}, environment(), tuple(levels),
+    return BenchReport({**asdict(settings), "images": source, "videos": video_name},
+                       environment(), tuple(levels),
                        records)
 
 

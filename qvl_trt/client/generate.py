@@ -33,7 +33,8 @@ HTTP_PORT = 8000
 
 @dataclass(frozen=True)
 class GenerateRequest:
-    """One question: a prompt, encoded images, and decoding options (greedy by default)."""
+    """One question: a prompt, encoded images and video files, and decoding options (greedy
+    by default)."""
 
     prompt: str
     images: tuple[bytes, ...] = ()
@@ -44,6 +45,8 @@ class GenerateRequest:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stream: bool = True
+    videos: tuple[bytes, ...] = ()  # video files, after the images
+    video_fps: float | None = None  # their sampling rate; None: the checkpoint's
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,39 @@ def image_tokens(data: bytes, *, min_pixels: int, max_pixels: int) -> int:
     return image_token_count(height, width, min_pixels=min_pixels, max_pixels=max_pixels)
 
 
+def video_file_tokens(data: bytes, fps: float | None,
+                      limits: c.PreprocessingParameters) -> int:
+    """Merged visual tokens one video file becomes on a deployment: its sampling and resize
+    rules over the file's header, under the released checkpoints' clip budget (the client
+    does not see the checkpoint's video_preprocessor_config.json) capped as the deployment
+    caps it."""
+    from ..mm.geometry import video_token_count
+    from ..mm.video import (
+        HF_DEFAULT_FPS,
+        HF_DEFAULT_MAX_FRAMES,
+        HF_DEFAULT_MIN_FRAMES,
+        RELEASED_CLIP_PIXELS,
+        VideoLimits,
+        sample_indices,
+    )
+    from ..mm.video_decode import probe_video
+
+    try:
+        header = probe_video(data)
+        frames = len(sample_indices(header.frames, header.fps, fps or HF_DEFAULT_FPS,
+                                    min_frames=HF_DEFAULT_MIN_FRAMES,
+                                    max_frames=min(HF_DEFAULT_MAX_FRAMES,
+                                                   limits.max_video_frames)))
+        budget = VideoLimits(max_video_tokens=limits.max_video_tokens).clip_pixels(
+            RELEASED_CLIP_PIXELS[1])
+        return video_token_count(frames, header.height, header.width,
+                                 min_pixels=RELEASED_CLIP_PIXELS[0], max_pixels=budget,
+                                 max_pixels_per_frame=limits.max_video_frame_pixels
+                                 or limits.max_pixels)
+    except QvlError:  # unreadable here too: the server refuses it, the request counts as failed
+        return 0
+
+
 def request_fields(req: GenerateRequest) -> dict[str, tuple[str, np.ndarray]]:
     """Ensemble input name -> (Triton dtype, value with the batch dimension of 1)."""
     if req.max_tokens <= 0:
@@ -146,6 +182,10 @@ def request_fields(req: GenerateRequest) -> dict[str, tuple[str, np.ndarray]]:
     }
     if req.images:
         values[c.IMAGE_BYTES] = np.array([list(req.images)], dtype=object)
+    if req.videos:
+        values[c.VIDEO_BYTES] = np.array([list(req.videos)], dtype=object)
+    if req.video_fps is not None:
+        values[c.VIDEO_FPS] = np.array([[req.video_fps]], dtype=np.float32)
     if req.top_p is not None:
         values[c.TOP_P] = np.array([[req.top_p]], dtype=np.float32)
     if req.top_k is not None:
@@ -165,6 +205,11 @@ def http_body(req: GenerateRequest) -> dict:
         row = value[0]
         if name == c.IMAGE_BYTES:
             body[name] = [image_data_uri(bytes(v)) for v in row]
+        elif name == c.VIDEO_BYTES:  # the server reads the bytes; the type only labels them
+            body[name] = ["data:video/mp4;base64," + base64.b64encode(bytes(v)).decode()
+                          for v in row]
+        elif name == c.VIDEO_FPS:
+            body[name] = row.tolist()
         elif name == c.STOP:
             body[name] = [bytes(v).decode() for v in row]
         elif row.dtype == object:
@@ -232,11 +277,13 @@ class GenerateClient:
                 from None
 
     def image_token_counter(self) -> Callable[[GenerateRequest], int]:
-        """Visual tokens a request's images become on this deployment: its pixel bounds
-        applied to each image's size (read from the file header)."""
+        """Visual tokens a request's images and videos become on this deployment: its pixel
+        bounds applied to each image's size, its video rules to each video's header."""
         limits = self.request_limits()
         return lambda req: sum(image_tokens(data, min_pixels=limits.min_pixels,
-                                            max_pixels=limits.max_pixels) for data in req.images)
+                                            max_pixels=limits.max_pixels)
+                               for data in req.images) + sum(
+            video_file_tokens(data, req.video_fps, limits) for data in req.videos)
 
     def generate(self, req: GenerateRequest) -> Generation:
         """Send `req` and wait for its last response."""

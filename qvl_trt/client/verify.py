@@ -35,10 +35,14 @@ class Case:
     images: tuple[Path, ...] = ()
     max_tokens: int = 16
     must_match: int | None = None  # leading tokens that must agree; None: all of them
+    videos: tuple[Path, ...] = ()  # video files, after the images
+    video_fps: float | None = None
 
     def request(self) -> GenerateRequest:
         return GenerateRequest(self.prompt, tuple(p.read_bytes() for p in self.images),
-                               max_tokens=self.max_tokens, temperature=0.0, stream=True)
+                               max_tokens=self.max_tokens, temperature=0.0, stream=True,
+                               videos=tuple(p.read_bytes() for p in self.videos),
+                               video_fps=self.video_fps)
 
 
 @dataclass(frozen=True)
@@ -54,12 +58,13 @@ class CaseResult:
         return self.first_divergence is None or self.first_divergence >= self.must_match
 
 
-_CASE_KEYS = {"name", "prompt", "images", "max_tokens", "must_match"}
+_CASE_KEYS = {"name", "prompt", "images", "videos", "video_fps", "max_tokens", "must_match"}
 
 
 def load_cases(path: Path) -> list[Case]:
-    """A JSON list of cases (or `{"cases": [...]}`), or JSON lines; image paths are relative
-    to the file. Each case: name, prompt, images (list), max_tokens, must_match."""
+    """A JSON list of cases (or `{"cases": [...]}`), or JSON lines; image and video paths are
+    relative to the file. Each case: name, prompt, images (list), videos (list), video_fps,
+    max_tokens, must_match."""
     try:
         text = path.read_text()
     except OSError as exc:
@@ -86,16 +91,24 @@ def load_cases(path: Path) -> list[Case]:
             raise InputError(f"{where}: unknown keys {sorted(unknown)}; allowed: "
                              f"{sorted(_CASE_KEYS)}")
         images = tuple(path.parent / p for p in raw.get("images", []))
-        missing = [str(p) for p in images if not p.is_file()]
-        if missing:
-            raise InputError(f"{where}: image {missing[0]} does not exist")
+        videos = tuple(path.parent / p for p in raw.get("videos", []))
+        for kind, files in (("image", images), ("video", videos)):
+            missing = [str(p) for p in files if not p.is_file()]
+            if missing:
+                raise InputError(f"{where}: {kind} {missing[0]} does not exist")
+        video_fps = raw.get("video_fps")
+        if video_fps is not None and (isinstance(video_fps, bool) or
+                                      not isinstance(video_fps, (int, float)) or
+                                      not 0 < video_fps < float("inf")):
+            raise InputError(f"{where}: video_fps must be a number above 0")
         max_tokens, must_match = raw.get("max_tokens", 16), raw.get("must_match")
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise InputError(f"{where}: max_tokens must be an integer >= 1")
         if must_match is not None and (not isinstance(must_match, int) or must_match < 0):
             raise InputError(f"{where}: must_match must be an integer >= 0")
         cases.append(Case(str(raw.get("name", f"case {n}")), raw["prompt"], images,
-                          max_tokens, must_match))
+                          max_tokens, must_match, videos,
+                          None if video_fps is None else float(video_fps)))
     return cases
 
 
@@ -282,8 +295,10 @@ class InProcessReference:
 
     def __call__(self, req: GenerateRequest) -> list[int]:
         from ..llm.sampling import SamplingParams
+        from ..mm.video_input import VideoFile
 
         out = self.pipeline.ask(req.prompt, list(req.images),
-                                sampling=SamplingParams(max_tokens=req.max_tokens, greedy=True))
+                                sampling=SamplingParams(max_tokens=req.max_tokens, greedy=True),
+                                videos=[VideoFile(v, req.video_fps) for v in req.videos])
         ids = list(out.token_ids)
         return ids[: ids.index(self.end_id)] if self.end_id in ids else ids

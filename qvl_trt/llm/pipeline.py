@@ -25,6 +25,7 @@ from ..mm.chat import user_message
 from ..mm.detokenizer import StreamDecoder, TokenBytes
 from ..mm.prompt_table import assemble_prompt_table
 from ..mm.request import ImageInput, PreparedRequest, RequestLimits, RequestPreprocessor
+from ..mm.video_input import VideoInput
 from ..mm.vision_index import vision_index_tensors
 from .layout import DTYPES, LlmConfig, read_llm_config
 from .sampling import DecodeRequest, FinishReason, SamplingParams
@@ -114,10 +115,10 @@ class ReferencePipeline:
 
     def prepare(self, messages: Sequence[Mapping[str, Any]],
                 images: Sequence[ImageInput] = (), *,
-                sampling: SamplingParams | None = None) -> tuple[PreparedRequest,
-                                                                      DecodeRequest]:
+                sampling: SamplingParams | None = None,
+                videos: Sequence[VideoInput] = ()) -> tuple[PreparedRequest, DecodeRequest]:
         """The engine inputs of one request: preprocessing, then the vision tower."""
-        prepared = self.preprocessor.prepare(messages=messages, images=images)
+        prepared = self.preprocessor.prepare(messages=messages, images=images, videos=videos)
         sampling = sampling or SamplingParams()
         if not sampling.stop_token_ids:
             sampling = dataclasses.replace(sampling, stop_token_ids=self.stop_token_ids)
@@ -130,9 +131,10 @@ class ReferencePipeline:
     def generate(self, messages: Sequence[Mapping[str, Any]],
                  images: Sequence[ImageInput] = (), *,
                  sampling: SamplingParams | None = None,
-                 on_text: Callable[[TextDelta], None] | None = None) -> GenerationOutput:
+                 on_text: Callable[[TextDelta], None] | None = None,
+                 videos: Sequence[VideoInput] = ()) -> GenerationOutput:
         """Run one request; `on_text` sees each token with the text it adds."""
-        prepared, request = self.prepare(messages, images, sampling=sampling)
+        prepared, request = self.prepare(messages, images, sampling=sampling, videos=videos)
         stream = StreamDecoder(self.token_bytes)
         pieces: list[str] = []
 
@@ -151,13 +153,15 @@ class ReferencePipeline:
 
     def ask(self, prompt: str, images: Sequence[ImageInput] = (), *,
             sampling: SamplingParams | None = None,
-            on_text: Callable[[TextDelta], None] | None = None) -> GenerationOutput:
-        """One user turn: the images, then the text."""
-        return self.generate(user_message(prompt, len(images)), images, sampling=sampling,
-                             on_text=on_text)
+            on_text: Callable[[TextDelta], None] | None = None,
+            videos: Sequence[VideoInput] = ()) -> GenerationOutput:
+        """One user turn: the images, the videos, then the text."""
+        return self.generate(user_message(prompt, len(images), len(videos)), images,
+                             sampling=sampling, on_text=on_text, videos=videos)
 
     def _prompt_table(self, prepared: PreparedRequest) -> np.ndarray | None:
-        """The (1+K)-row prompt table of the request's images, one tower call per image."""
+        """The (1+K)-row prompt table of the request's vision items, one tower call per image
+        or temporal group of a video."""
         if not prepared.images:
             return None
         torch = require("torch", extra="export", why="run the vision tower")

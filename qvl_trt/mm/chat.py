@@ -1,16 +1,22 @@
 """Chat messages -> prompt token ids through the checkpoint's tokenizer and chat template.
 
 Messages are OpenAI-style: `{"role": ..., "content": str | [part, ...]}` with parts
-`{"type": "text", "text": ...}` and `{"type": "image"}` / `{"type": "image_url", ...}`; the
-images themselves travel separately, in order of appearance. The template writes
+`{"type": "text", "text": ...}`, `{"type": "image"}` / `{"type": "image_url", ...}` and
+`{"type": "video"}` / `{"type": "video_url", ...}`; the images and videos themselves travel
+separately, in order of appearance. The template writes
 `<|vision_start|><|image_pad|><|vision_end|>` per image; each pad becomes as many pad tokens
 as the image has merged patches, as the HF processor does (it expands the text before
-tokenising; special tokens split the text, so expanding the ids after is the same).
+tokenising; special tokens split the text, so expanding the ids after is the same). A video's
+`<|video_pad|>` becomes, per temporal group, `<t.t seconds><|vision_start|><|video_pad|>
+<|vision_end|>` (transformers >= 5.10 keeps the template's outer vision_start/vision_end around
+them: `ProcessorMixin.get_text_with_replacements` replaces the pad alone), and each group's pad
+then as many pads as the group has merged patches.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,11 +29,13 @@ from ..errors import CheckpointError, InputError
 
 ROLES = ("system", "user", "assistant", "tool")
 IMAGE_PART_TYPES = ("image", "image_url")
+VIDEO_PART_TYPES = ("video", "video_url")
 
 
-def user_message(prompt: str, image_count: int) -> list[dict[str, Any]]:
-    """One user turn: the images first, then the text (Qwen's own examples' order)."""
+def user_message(prompt: str, image_count: int, video_count: int = 0) -> list[dict[str, Any]]:
+    """One user turn: the images, the videos, then the text (Qwen's own examples' order)."""
     parts: list[dict[str, Any]] = [{"type": "image"} for _ in range(image_count)]
+    parts += [{"type": "video"} for _ in range(video_count)]
     return [{"role": "user", "content": [*parts, {"type": "text", "text": prompt}]}]
 
 
@@ -57,28 +65,53 @@ class PromptBuilder:
                                   "the checkpoint")
         return cls(tokenizer, token_ids)
 
-    def render(self, messages: Sequence[Mapping[str, Any]]) -> tuple[str, int]:
-        """The prompt text with the generation prompt appended, and its image count."""
-        clean, images = _template_messages(messages)
+    def render(self, messages: Sequence[Mapping[str, Any]]) -> tuple[str, int, int]:
+        """The prompt text with the generation prompt appended, its image and video counts."""
+        clean, images, videos = _template_messages(messages)
         text = self.tokenizer.apply_chat_template(clean, tokenize=False,
                                                   add_generation_prompt=True)
-        return text, images
+        return text, images, videos
 
-    def tokenize(self, text: str, image_token_counts: Sequence[int]) -> np.ndarray:
-        """Tokenise rendered text and expand image pad i to image_token_counts[i] pads."""
+    def placeholders(self, text: str, images: int, videos: int) -> list[bool]:
+        """For each image or video placeholder of rendered text, in order: is it a video's?
+        Refuses counts other than `images` and `videos` (a pad typed into a message's text)."""
+        image_pad, video_pad = self.tokenizer.convert_ids_to_tokens(
+            [self.token_ids.image, self.token_ids.video])
+        found = [m.group() == video_pad for m in
+                 re.finditer(f"{re.escape(image_pad)}|{re.escape(video_pad)}", text)]
+        for kind, pad, sent, held in (("image", image_pad, images, found.count(False)),
+                                      ("video", video_pad, videos, found.count(True))):
+            if held != sent:
+                raise InputError(
+                    f"the prompt holds {held} {kind} placeholders for {sent} {kind}s; put each "
+                    f"{kind} as an {kind} part of a user message and keep {pad} out of the text")
+        return found
+
+    def tokenize(self, text: str, image_token_counts: Sequence[int],
+                 videos: Sequence[Sequence[tuple[str, int]]] = ()) -> np.ndarray:
+        """Tokenise rendered text: image pad i becomes image_token_counts[i] pads; video pad v
+        becomes, per temporal group of videos[v] = [(timestamp text, merged tokens), ...], the
+        timestamp and the group's pads between vision_start and vision_end."""
+        self.placeholders(text, len(image_token_counts), len(videos))
+        if videos:
+            start, end, video_pad = self.tokenizer.convert_ids_to_tokens(
+                [self.token_ids.vision_start, self.token_ids.vision_end, self.token_ids.video])
+            pieces = text.split(video_pad)
+            text = pieces[0] + "".join(
+                "".join(f"{stamp}{start}{video_pad}{end}" for stamp, _ in groups) + piece
+                for groups, piece in zip(videos, pieces[1:], strict=True))
         ids = np.asarray(self.tokenizer(text)["input_ids"], dtype=np.int32)
-        pads = np.flatnonzero(ids == self.token_ids.image)
-        if np.any(ids == self.token_ids.video):
-            raise InputError("the prompt holds a video placeholder; video input is not "
-                             "supported, send frames as images")
-        if len(pads) != len(image_token_counts):
-            raise InputError(
-                f"the prompt holds {len(pads)} image placeholders for "
-                f"{len(image_token_counts)} images; put each image as an image part of a user "
-                "message and keep <|image_pad|> out of the text")
         repeats = np.ones(ids.size, np.int64)
-        repeats[pads] = image_token_counts
+        repeats[ids == self.token_ids.image] = image_token_counts
+        repeats[ids == self.token_ids.video] = [tokens for groups in videos
+                                                for _, tokens in groups]
         return np.repeat(ids, repeats)
+
+
+def validate_messages(messages: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse malformed messages (roles, parts, images or videos outside user turns) before
+    any of their images or videos is fetched or decoded."""
+    _template_messages(messages)
 
 
 def _template_file(path: Path) -> str | None:
@@ -93,11 +126,12 @@ def _template_file(path: Path) -> str | None:
 
 
 def _template_messages(messages: Sequence[Mapping[str, Any]]) \
-        -> tuple[list[dict[str, Any]], int]:
-    """Messages reduced to what the template reads (image data stays out of it), validated."""
+        -> tuple[list[dict[str, Any]], int, int]:
+    """Messages reduced to what the template reads (image and video data stay out of it),
+    validated; with the counts of images and videos."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
         raise InputError("messages must be a non-empty list of {role, content} objects")
-    clean, images = [], 0
+    clean, images, videos = [], 0, 0
     for n, message in enumerate(messages, 1):
         if not isinstance(message, Mapping):
             raise InputError(f"message {n} is a {type(message).__name__}, not an object "
@@ -120,8 +154,14 @@ def _template_messages(messages: Sequence[Mapping[str, Any]]) \
                     raise InputError(f"message {n}: images go in user messages, not {role}")
                 parts.append({"type": "image"})
                 images += 1
+            elif kind in VIDEO_PART_TYPES:
+                if role != "user":
+                    raise InputError(f"message {n}: videos go in user messages, not {role}; "
+                                     "move the video to a user turn")
+                parts.append({"type": "video"})
+                videos += 1
             else:
                 raise InputError(f"message {n}: content part {repr(part)[:60]} is neither "
-                                 "{type: text, text: ...} nor {type: image}")
+                                 "{type: text, text: ...}, {type: image} nor {type: video}")
         clean.append({"role": role, "content": parts})
-    return clean, images
+    return clean, images, videos

@@ -6,6 +6,11 @@ Qwen's byte-level BPE maps every token to fixed bytes; a character may be split 
 delta on its own would turn such splits into replacement characters. Here each stream keeps
 the bytes of an incomplete character until the next tokens complete it: the concatenated
 deltas equal `tokenizer.decode(all_ids, skip_special_tokens=True)`.
+
+Not the `tokenizers` library's own incremental decoder (`decoders.DecodeStream`): it has no
+flush, so a stream ending inside a character never gets the replacement character the
+one-shot decode ends with, and it holds back a lone continuation byte or a literal U+FFFD
+until a later token where this emits it at once (tests/test_mm_detokenizer.py compares them).
 """
 
 from __future__ import annotations

@@ -22,11 +22,11 @@ _EXIF_ORIENTATION = 0x0112
 _ACCEPTED = "JPEG, PNG, WebP, GIF or BMP"
 
 
-def read_image_files(paths: Sequence[Path]) -> list[bytes]:
-    """The bytes of each `--image` file, refusing a missing one by name."""
+def read_image_files(paths: Sequence[Path], *, option: str = "--image") -> list[bytes]:
+    """The bytes of each `--image` (or `option`) file, refusing a missing one by name."""
     for path in paths:
         if not Path(path).is_file():
-            raise InputError(f"--image {path}: no such file")
+            raise InputError(f"{option} {path}: no such file")
     return [Path(path).read_bytes() for path in paths]
 
 

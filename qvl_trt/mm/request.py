@@ -7,9 +7,10 @@ preprocessing model runs it per request.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +21,19 @@ from ..atomic import staged_file
 from ..checkpoint import Checkpoint, VisionDims, open_checkpoint
 from ..errors import ConfigError, InputError
 from ..profiles import GpuProfile, load_profile
-from .chat import IMAGE_PART_TYPES, PromptBuilder, user_message
+from . import video as vid
+from .chat import IMAGE_PART_TYPES, VIDEO_PART_TYPES, PromptBuilder, user_message
 from .image_input import DEFAULT_MAX_DECODED_PIXELS, load_rgb, read_image_files
 from .pixels import ImagePatches, PixelConfig, image_patches, patch_count
 from .prompt_table import fake_token_ids, prompt_table_extra_ids, rows_per_visual_token
 from .rope import MropeTable, rope_index
+from .video import VideoConfig, VideoLimits, VideoPatches
+from .video_input import VideoInput, load_clip
 from .vision_index import vision_index_tensors
 
 ImageInput = bytes | bytearray | memoryview | Image.Image
+# In every RequestBounds refusal: the gateway answers those with 413 (too large).
+BOUND_REFUSAL = "(the preprocessing model's "
 
 
 @dataclass(frozen=True)
@@ -55,8 +61,8 @@ class RequestBounds:
         """Refuse `size` above the bound `limit_name`, in one line naming both and the fix."""
         limit = getattr(self, limit_name)
         if size > limit:
-            raise InputError(f"{field} is {size}, above the limit of {limit} (the preprocessing "
-                             f"model's {limit_name} parameter); {fix}")
+            raise InputError(f"{field} is {size}, above the limit of {limit} "
+                             f"{BOUND_REFUSAL}{limit_name} parameter); {fix}")
 
 
 @dataclass(frozen=True)
@@ -70,10 +76,11 @@ class RequestLimits:
     min_pixels: int | None = None
     max_pixels: int | None = None
     max_decoded_pixels: int = DEFAULT_MAX_DECODED_PIXELS
-    # Visual tokens of all images together: the engine's prompt table holds (1+K) rows per
-    # token for this many (limits.max_visual_tokens_per_request); None: no cap.
+    # Visual tokens of all images and videos together: the engine's prompt table holds (1+K)
+    # rows per token for this many (limits.max_visual_tokens_per_request); None: no cap.
     max_visual_tokens: int | None = None
     bounds: RequestBounds = RequestBounds()
+    video: VideoLimits = VideoLimits()
 
     def check_image_count(self, count: int) -> None:
         if count > self.max_images:
@@ -82,10 +89,10 @@ class RequestLimits:
 
     def check_messages(self, messages: Sequence[Any]) -> None:
         """The bounds on chat messages: how many, their content parts, each text's bytes, and
-        the number of image parts."""
+        the number of image and video parts."""
         b = self.bounds
         b.check("the number of messages", len(messages), "max_messages", "send fewer turns")
-        parts = images = 0
+        parts = images = videos = 0
         for message in messages:
             content = message.get("content") if isinstance(message, Mapping) else None
             items = content if isinstance(content, list) else [content]
@@ -95,37 +102,47 @@ class RequestLimits:
                 if isinstance(text, str):
                     b.check("the UTF-8 size of a message text", len(text.encode()),
                             "max_text_bytes", "shorten the text")
-                if isinstance(item, Mapping) and item.get("type") in IMAGE_PART_TYPES:
-                    images += 1
+                kind = item.get("type") if isinstance(item, Mapping) else None
+                images += kind in IMAGE_PART_TYPES
+                videos += kind in VIDEO_PART_TYPES
         b.check("the number of content parts of all messages", parts, "max_content_parts",
                 "send fewer parts")
         self.check_image_count(images)
+        self.video.check_video_count(videos)
 
     @classmethod
     def from_profile(cls, profile: GpuProfile) -> RequestLimits:
         lim = profile.limits
+        video = VideoLimits(max_videos=lim.max_videos_per_request,
+                            max_video_frames=lim.video_max_frames,
+                            max_video_frame_pixels=lim.video_max_pixels_per_frame,
+                            max_video_tokens=lim.video_max_tokens)
         return cls(max_images=lim.max_images_per_request, max_input_len=lim.max_input_len,
                    max_seq_len=lim.max_seq_len, min_pixels=lim.vision_min_pixels,
                    max_pixels=lim.vision_max_pixels,
-                   max_visual_tokens=lim.max_visual_tokens_per_request)
+                   max_visual_tokens=lim.max_visual_tokens_per_request, video=video)
 
     @classmethod
     def of_checkpoint(cls, checkpoint: Checkpoint) -> RequestLimits:
-        """No deployment caps: the model's own context length, any number of images."""
+        """No deployment caps: the model's own context length, any number of images and
+        videos, each within the checkpoint's sampling limits."""
         positions = checkpoint.text.max_position_embeddings
-        return cls(max_images=2**31 - 1, max_input_len=positions, max_seq_len=positions)
+        return cls(max_images=2**31 - 1, max_input_len=positions, max_seq_len=positions,
+                   video=VideoLimits(max_videos=2**31 - 1, max_video_seconds=math.inf))
 
 
 @dataclass(frozen=True)
 class PreparedRequest:
     """Every tensor of one request; `tensors()` names them as the README documents."""
 
-    text: str  # the rendered prompt, one pad per image
-    # Each image's pixel_values is a view of `pixel_values`, so no step concatenates them.
+    text: str  # the rendered prompt, one pad per image and per video
+    # The vision items in prompt order: each image, and each temporal group of each video
+    # (grid (1, h, w) each: the tower runs and caches item by item). Each item's pixel_values
+    # is a view of `pixel_values`, so no step concatenates them.
     images: tuple[ImagePatches, ...]
-    pixel_values: np.ndarray  # [patches of all images, patch_dim] uint8, prompt order
-    image_token_counts: tuple[int, ...]  # merged visual tokens per image
-    input_ids: np.ndarray  # [seq] int32, visual tokens = the image pad id
+    pixel_values: np.ndarray  # [patches of all items, patch_dim] uint8, prompt order
+    image_token_counts: tuple[int, ...]  # merged visual tokens per item
+    input_ids: np.ndarray  # [seq] int32, visual tokens = the image or video pad id
     engine_input_ids: np.ndarray  # [seq] int32, visual token i = vocab_size + (1+K)i
     position_ids: np.ndarray  # [3, seq] int64
     mrope_position_delta: int
@@ -133,6 +150,7 @@ class PreparedRequest:
     prompt_table_extra_ids: np.ndarray  # [seq] uint64
     prompt_vocab_size: int  # prompt-table rows: (1+K) * visual tokens
     vision: VisionDims  # the tower the images are for
+    videos: tuple[VideoPatches, ...] = ()  # each video (its groups are among `images`)
 
     @property
     def num_tokens(self) -> int:
@@ -185,14 +203,16 @@ class PreparedRequest:
 
 
 class RequestPreprocessor:
-    """Loads the tokenizer and image processor settings once; `prepare` runs per request."""
+    """Loads the tokenizer and the image and video processor settings once; `prepare` runs per
+    request."""
 
     def __init__(self, checkpoint: Checkpoint, prompts: PromptBuilder, pixels: PixelConfig,
-                 limits: RequestLimits) -> None:
+                 limits: RequestLimits, videos: VideoConfig) -> None:
         self.checkpoint = checkpoint
         self.prompts = prompts
         self.pixels = pixels
         self.limits = limits
+        self.videos = videos
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, limits: RequestLimits | None = None) \
@@ -214,78 +234,131 @@ class RequestPreprocessor:
                 vision.patch_size, vision.spatial_merge_size, vision.temporal_patch_size):
             raise ConfigError(f"{checkpoint.path}: preprocessor_config.json patch/merge/temporal "
                               "sizes disagree with config.json's vision_config")
+        videos = VideoConfig.of_checkpoint(checkpoint)
+        videos.check_matches(pixels)
+        clip = videos.pixels
+        videos = replace(videos, pixels=clip.with_bounds(
+            clip.min_pixels, limits.video.clip_pixels(clip.max_pixels)))
         prompts = PromptBuilder.from_checkpoint(checkpoint.path, checkpoint.token_ids)
-        return cls(checkpoint, prompts, pixels.with_bounds(min_pixels, max_pixels), limits)
+        return cls(checkpoint, prompts, pixels.with_bounds(min_pixels, max_pixels), limits,
+                   videos)
+
+    @property
+    def video_frame_cap(self) -> int:
+        """Pixels of one resized video frame at most: the deployment's, else its per-image
+        maximum (which the vision engine's optimisation profile covers)."""
+        return self.limits.video.max_video_frame_pixels or self.pixels.max_pixels
 
     def prepare(self, *, messages: Sequence[Mapping[str, Any]],
-                images: Sequence[ImageInput] = ()) -> PreparedRequest:
-        """Images are the messages' image parts, in order of appearance."""
+                images: Sequence[ImageInput] = (),
+                videos: Sequence[VideoInput] = ()) -> PreparedRequest:
+        """Images and videos are the messages' image and video parts, each in order of
+        appearance."""
         lim, ckpt = self.limits, self.checkpoint
         lim.check_messages(messages)
         lim.check_image_count(len(images))
-        text, placeholders = self.prompts.render(messages)
-        if placeholders != len(images):
-            raise InputError(f"messages hold {placeholders} image parts but {len(images)} images "
+        lim.video.check_video_count(len(videos))
+        text, image_parts, video_parts = self.prompts.render(messages)
+        if image_parts != len(images):
+            raise InputError(f"messages hold {image_parts} image parts but {len(images)} images "
                              "were sent; send one image per image part")
-        pixel_values, prepared = self._images(images)
+        if video_parts != len(videos):
+            raise InputError(f"messages hold {video_parts} video parts but {len(videos)} videos "
+                             "were sent; send one video per video part")
+        order = self.prompts.placeholders(text, len(images), len(videos))
+        pixel_values, pictures, clips, items = self._vision_items(order, images, videos)
         merge = ckpt.vision.spatial_merge_size ** 2
-        counts = tuple(image.num_patches // merge for image in prepared)
+        counts = tuple(item.num_patches // merge for item in items)
+        media = f"{len(images)} images" + (f" and {len(videos)} videos" if videos else "")
+        fewer = "images or videos" if videos else "images"
         if lim.max_visual_tokens is not None and sum(counts) > lim.max_visual_tokens:
             raise InputError(
-                f"request has {sum(counts)} visual tokens in {len(images)} images, the engine's "
-                f"prompt table holds {lim.max_visual_tokens} per request: send fewer or smaller "
-                "images, or rebuild with a larger limits.max_visual_tokens_per_request")
-        input_ids = self.prompts.tokenize(text, counts)
+                f"request has {sum(counts)} visual tokens in {media}, the engine's prompt "
+                f"table holds {lim.max_visual_tokens} per request: send fewer or smaller "
+                f"{fewer}, or rebuild with a larger limits.max_visual_tokens_per_request")
+        input_ids = self.prompts.tokenize(
+            text, [picture.num_patches // merge for picture in pictures],
+            [[(vid.timestamp_text(t), group.num_patches // merge)
+              for t, group in zip(clip.timestamps, clip.groups, strict=True)] for clip in clips])
         if input_ids.size > lim.max_input_len:
             raise InputError(
-                f"prompt has {input_ids.size} tokens ({sum(counts)} of them for "
-                f"{len(images)} images), the engine allows {lim.max_input_len}: shorten the "
-                "text or send fewer or smaller images")
+                f"prompt has {input_ids.size} tokens ({sum(counts)} of them for {media}), the "
+                f"engine allows {lim.max_input_len}: shorten the text or send fewer or smaller "
+                f"{fewer}")
         image_id, deepstack = ckpt.token_ids.image, ckpt.vision.deepstack_count
-        rope = rope_index(input_ids, [image.grid_thw for image in prepared],
+        # Each temporal group of a video is a vision item of grid (1, h, w), placed and
+        # embedded as an image is (HF get_rope_index splits video grids into such rows): past
+        # the tokenizer, video pads are image pads.
+        visual_ids = np.where(input_ids == ckpt.token_ids.video, image_id, input_ids)
+        rope = rope_index(visual_ids, [item.grid_thw for item in items],
                           image_token_id=image_id,
                           spatial_merge_size=ckpt.vision.spatial_merge_size)
         return PreparedRequest(
-            text=text, images=prepared, pixel_values=pixel_values, image_token_counts=counts,
+            text=text, images=items, pixel_values=pixel_values, image_token_counts=counts,
             input_ids=input_ids,
-            engine_input_ids=fake_token_ids(input_ids, image_token_id=image_id,
+            engine_input_ids=fake_token_ids(visual_ids, image_token_id=image_id,
                                             vocab_size=ckpt.text.vocab_size,
                                             deepstack_count=deepstack),
             position_ids=rope.position_ids, mrope_position_delta=rope.delta,
             mrope=MropeTable(ckpt.text, lim.max_seq_len),
             prompt_table_extra_ids=prompt_table_extra_ids(
-                input_ids, image_token_id=image_id,
-                image_hashes=[image.hash64 for image in prepared],
-                image_token_counts=counts),
+                visual_ids, image_token_id=image_id,
+                image_hashes=[item.hash64 for item in items], image_token_counts=counts),
             prompt_vocab_size=rows_per_visual_token(deepstack) * sum(counts),
-            vision=ckpt.vision,
+            vision=ckpt.vision, videos=clips,
         )
 
-    def _images(self, images: Sequence[ImageInput]) \
-            -> tuple[np.ndarray, tuple[ImagePatches, ...]]:
-        """Decode every image, then cut each into its slice of one uint8 buffer."""
-        decoded, counts = [], []
+
+    def _vision_items(self, order: Sequence[bool], images: Sequence[ImageInput],
+                      videos: Sequence[VideoInput]) -> tuple[
+            np.ndarray, tuple[ImagePatches, ...], tuple[VideoPatches, ...],
+            tuple[ImagePatches, ...]]:
+        """Decode every image and video, then cut each into its slice of one uint8 buffer, in
+        prompt order (`order`: is the next placeholder a video's?). Returns the buffer, the
+        images, the videos and the vision items (images and temporal groups) in prompt
+        order."""
+        decoded_images, decoded_videos = [], []
         for number, image in enumerate(images, 1):
-            with _numbered(number):
+            with _numbered("image", number):
                 rgb = load_rgb(image, max_decoded_pixels=self.limits.max_decoded_pixels)
-                counts.append(patch_count(rgb, self.pixels))
-                decoded.append(rgb)
-        buffer = np.empty((sum(counts), self.pixels.patch_dim), np.uint8)
-        patches, start = [], 0
-        for number, (rgb, count) in enumerate(zip(decoded, counts, strict=True), 1):
-            with _numbered(number):
-                patches.append(image_patches(rgb, self.pixels, out=buffer[start:start + count]))
+                decoded_images.append((rgb, patch_count(rgb, self.pixels)))
+        cap = self.video_frame_cap
+        for number, video in enumerate(videos, 1):
+            with _numbered("video", number):
+                frames, times = load_clip(video, self.videos, self.limits.video,
+                                          max_decoded_pixels=self.limits.max_decoded_pixels)
+                decoded_videos.append((frames, times,
+                                       vid.patch_count(frames, self.videos.pixels, cap)))
+        total = sum(count for *_, count in decoded_images + decoded_videos)
+        buffer = np.empty((total, self.pixels.patch_dim), np.uint8)
+        pending_images = enumerate(decoded_images, 1)
+        pending_videos = enumerate(decoded_videos, 1)
+        pictures, clips, items, start = [], [], [], 0
+        for is_video in order:
+            if not is_video:
+                number, (rgb, count) = next(pending_images)
+                with _numbered("image", number):
+                    picture = image_patches(rgb, self.pixels, out=buffer[start:start + count])
+                pictures.append(picture)
+                items.append(picture)
+            else:
+                number, (frames, times, count) = next(pending_videos)
+                with _numbered("video", number):
+                    clip = vid.video_patches(frames, times, self.videos.pixels, cap,
+                                             out=buffer[start:start + count])
+                clips.append(clip)
+                items.extend(clip.groups)
             start += count
-        return buffer, tuple(patches)
+        return buffer, tuple(pictures), tuple(clips), tuple(items)
 
 
 @contextmanager
-def _numbered(number: int) -> Iterator[None]:
-    """Prefix an InputError about one image with its number."""
+def _numbered(kind: str, number: int) -> Iterator[None]:
+    """Prefix an InputError about one image or video with its number."""
     try:
         yield
     except InputError as exc:
-        raise InputError(f"image {number}: {exc}") from None
+        raise InputError(f"{kind} {number}: {exc}") from None
 
 
 def prepare_files(model: str | Path, images: Sequence[Path], prompt: str, *,

@@ -110,7 +110,13 @@ class PreprocessingParameters(ModelParameters):
     max_stop_words: int
     max_stop_bytes: int
     max_stop_tokens: int
-    image_url_allow_list: str = ""  # comma-separated hosts remote image URLs may name
+    # mm.video.VideoLimits, field for field.
+    max_videos: int
+    max_video_frames: int
+    max_video_seconds: float
+    max_video_frame_pixels: int
+    max_video_tokens: int
+    image_url_allow_list: str = ""  # comma-separated hosts remote image and video URLs may name
 
 
 @dataclass(frozen=True)
@@ -187,9 +193,18 @@ def _scalar(name: str, data_type: str, *, optional: bool = False,
 
 # ---- the ensemble's public I/O ------------------------------------------------------------
 
-MESSAGES = "messages"  # JSON chat (OpenAI-style content parts), UTF-8
-TEXT_INPUT = "text_input"  # a plain question (with image_bytes: one user turn)
+MESSAGES = "messages"  # JSON chat (OpenAI-style content parts, video parts too), UTF-8
+TEXT_INPUT = "text_input"  # a plain question (with image_bytes and videos: one user turn)
 IMAGE_BYTES = "image_bytes"  # encoded images (JPEG/PNG/WebP/...) or data: URIs, one per element
+# With text_input. Video files (MP4, WebM, MKV, ...) or their data: URIs, one per element.
+VIDEO_BYTES = "video_bytes"
+# With text_input. Videos sent as frames: the encoded frames of every such video one after
+# another, and how many belong to each (absent: all of them to one video).
+VIDEO_FRAMES = "video_frames"
+VIDEO_FRAME_COUNTS = "video_frame_counts"
+# One rate for every video, or one per video (files first, then frame lists): a file is
+# sampled at this many frames per second; a frame list was taken at this rate.
+VIDEO_FPS = "video_fps"
 MAX_TOKENS = "max_tokens"
 TEMPERATURE = "temperature"  # 0 means greedy
 TOP_P = "top_p"
@@ -205,6 +220,10 @@ ENSEMBLE_INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec(MESSAGES, "BYTES", (1,), optional=True),
     TensorSpec(TEXT_INPUT, "BYTES", (1,), optional=True),
     TensorSpec(IMAGE_BYTES, "BYTES", (-1,), optional=True),
+    TensorSpec(VIDEO_BYTES, "BYTES", (-1,), optional=True),
+    TensorSpec(VIDEO_FRAMES, "BYTES", (-1,), optional=True),
+    TensorSpec(VIDEO_FRAME_COUNTS, "INT32", (-1,), optional=True),
+    TensorSpec(VIDEO_FPS, "FP32", (-1,), optional=True),
     _scalar(MAX_TOKENS, "INT32", optional=True),
     _scalar(TEMPERATURE, "FP32", optional=True),
     _scalar(TOP_P, "FP32", optional=True),
@@ -244,11 +263,13 @@ STOP_REQUEST = "stop"
 OUTPUT_IDS = "output_ids"
 SEQUENCE_LENGTH = "sequence_length"
 # preprocessing -> vision_encoder
-# uint8 patch rows (channel, temporal frame, y, x) of every image of the request, in prompt
+# One vision item is an image or one temporal group (two consecutive frames) of a video: the
+# tower attends within an item, so vision_encoder runs and caches item by item.
+# uint8 patch rows (channel, temporal frame, y, x) of every item of the request, in prompt
 # order; the vision tower rescales and normalises them itself (qvl_trt/mm/pixels.py)
 PIXEL_VALUES = "pixel_values"
-IMAGE_GRID_THW = "image_grid_thw"  # (t, h, w) patches per image; 0 rows for text-only
-IMAGE_HASHES = "image_hashes"  # 64-bit content hash per image: cache key and KV-reuse id
+IMAGE_GRID_THW = "image_grid_thw"  # (1, h, w) patches per item; 0 rows for text-only
+IMAGE_HASHES = "image_hashes"  # 64-bit content hash per item: cache key and KV-reuse id
 # preprocessing -> the step that calls tensorrt_llm (postprocessing, tensorrt_llm_bls): the
 # prompt's T/H/W positions [3, seq], from which that step builds mrope_rotary_cos_sin right
 # before the call (runtime/llm_inputs.py). The table is max_seq_len x head_dim float32 (4 MiB

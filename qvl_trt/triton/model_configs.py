@@ -39,6 +39,9 @@ class StepSettings:
     # tensorrt_llm_bls's come from the names and the batch
     parameters: Mapping[str, c.ModelParameters] = field(default_factory=dict)
     preprocessing_instances: int = 2
+    # postprocessing and tensorrt_llm_bls: each instance reads and sends tokens on its own
+    # stub (RepoOptions.postprocessing_instances says why several).
+    postprocessing_instances: int = 1
 
 
 def step_configs(s: StepSettings) -> dict[str, Any]:
@@ -144,9 +147,10 @@ def trtllm_parameters(s: StepSettings) -> dict[str, str | int | float | bool]:
 
 
 def postprocessing_config(s: StepSettings) -> Any:
-    # Decoupled: it streams text as tensorrt_llm (which it calls) streams tokens. One
-    # instance; each request runs in a worker thread of it.
-    config = _python_model(s, s.names.postprocessing, c.POSTPROCESSING, decoupled=True)
+    # Decoupled: it streams text as tensorrt_llm (which it calls) streams tokens. Each request
+    # runs in a worker thread of one of its instances.
+    config = _python_model(s, s.names.postprocessing, c.POSTPROCESSING,
+                           instances=s.postprocessing_instances, decoupled=True)
     set_parameters(config, PostprocessingParameters(
         tensorrt_llm_model=s.names.tensorrt_llm, max_seq_len=s.max_seq_len,
         workers=_workers(s)).to_parameters())
@@ -159,7 +163,8 @@ def tensorrt_llm_bls_config(s: StepSettings) -> Any:
     """The ensemble's I/O in one decoupled model that runs the steps by BLS (bls.py), so that
     a client's cancel reaches it."""
     n = s.names
-    config = _python_model(s, n.tensorrt_llm_bls, c.TENSORRT_LLM_BLS, decoupled=True)
+    config = _python_model(s, n.tensorrt_llm_bls, c.TENSORRT_LLM_BLS,
+                           instances=s.postprocessing_instances, decoupled=True)
     set_parameters(config, TensorrtLlmBlsParameters(
         tensorrt_llm_model=n.tensorrt_llm, max_seq_len=s.max_seq_len, workers=_workers(s),
         preprocessing_model=n.preprocessing,

@@ -91,6 +91,13 @@ def parameters(config: Any) -> dict[str, str]:
     return {key: value.string_value for key, value in config.parameters.items()}
 
 
+def instance_count(config: Any) -> int:
+    """The instances Triton runs of a model with KIND_CPU groups: a group's count below 1
+    means Triton's default, 1 for the python backend (core model_config_utils.cc
+    SetDefaultInstanceCount); no group at all, one instance."""
+    return sum(max(1, group.count) for group in config.instance_group) or 1
+
+
 def to_text(config: Any) -> str:
     from google.protobuf import text_format
 

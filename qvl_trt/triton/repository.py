@@ -34,7 +34,7 @@ from ..dtypes import NUMPY_DTYPES, Dtype
 from ..errors import BuildError, ConfigError
 from ..llm.engine import ENGINE_DTYPE
 from ..manifest import VISION_CONFIG_NAME, VISION_ENGINE_NAME, BuildFolder, Manifest, Stage
-from ..mm.request import RequestBounds
+from ..mm.request import RequestBounds, RequestLimits
 from ..plan import Plan, make_plan, repository_kv_budgets
 from ..profiles import GpuProfile, TrtEdition
 from ..resources import data_dir
@@ -76,6 +76,16 @@ def machine_cores() -> int:
         else os.cpu_count() or 1
 
 
+def default_postprocessing_instances(cores: int | None = None) -> int:
+    """One instance per four cores, 1 to 4. Each instance is a stub process of its own: its
+    own GIL, and its own thread through which the python backend hands it every tensorrt_llm
+    response (python_backend pb_stub.cc ParentToStubMQMonitor), so instances spread the
+    token hop over cores. The per-token work is mostly those hand-offs, a fraction of a core
+    per few thousand tokens/s (scripts/bench_pipeline_overhead.py prints it): four cover
+    a large GPU's token rate, and each instance costs a process and its worker threads."""
+    return max(1, min(4, (cores or machine_cores()) // 4))
+
+
 @dataclass(frozen=True)
 class RepoOptions:
     flavor: Flavor = Flavor.TRT
@@ -88,12 +98,19 @@ class RepoOptions:
     # One per CPU core of the machine the repository is generated on (preprocessing is CPU
     # work, one request at a time per instance); the serving machine is usually that one.
     preprocessing_instances: int = field(default_factory=lambda: machine_cores())
+    # Instances of postprocessing and tensorrt_llm_bls (the token hop).
+    postprocessing_instances: int = field(default_factory=default_postprocessing_instances)
     # Python models running PyTorch (reference flavor): "auto" = cuda when present.
     device: str = "auto"
     # The reference flavor's precision for the vision tower, the prompt table and the
     # decoder: float32 by default (it is the accuracy oracle, and what the in-process
     # reference pipeline computes on a CPU).
     reference_dtype: Dtype = Dtype.FLOAT32
+
+    def __post_init__(self) -> None:
+        for name in ("preprocessing_instances", "postprocessing_instances"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} is {getattr(self, name)}; give 1 or more")
 
 
 @dataclass(frozen=True)
@@ -272,6 +289,7 @@ def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOpt
         kv_cache_free_gpu_mem_fraction=lim.kv_cache_free_gpu_mem_fraction,
         max_tokens_in_paged_kv_cache=kv_tokens,
         preprocessing_instances=options.preprocessing_instances,
+        postprocessing_instances=options.postprocessing_instances,
         parameters=_python_parameters(build, options),
     )
     for name, config in step_configs(settings).items():
@@ -291,7 +309,7 @@ def preprocessing_parameters(profile: GpuProfile,
         max_pixels=lim.vision_max_pixels, max_visual_tokens=lim.max_visual_tokens_per_request,
         default_max_tokens=options.default_max_tokens,
         image_url_allow_list=",".join(options.image_url_allow_list),
-        **asdict(RequestBounds()))
+        **asdict(RequestBounds()), **asdict(RequestLimits.from_profile(profile).video))
 
 
 def _python_parameters(build: _Build, options: RepoOptions) -> dict[str, c.ModelParameters]:

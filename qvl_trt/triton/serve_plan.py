@@ -21,6 +21,7 @@ from .contract import llm_caller_parameters
 from .pbconfig import (
     CONFIG_FILE,
     get_parameter,
+    instance_count,
     parameters,
     parse_config,
     read_config,
@@ -41,7 +42,7 @@ class ServePlan:
     repo: Path
     llm_models: tuple[str, ...]  # tensorrtllm-backend models
     engine_world_sizes: dict[str, int]  # LLM model -> its engine's mapping.world_size
-    bls_callers: int  # concurrent BLS callers of every python model (their worker threads)
+    bls_callers: int  # concurrent BLS callers: every instance's worker threads
     shm_bytes: int  # shared memory the builds' largest requests need in flight
     vision_editions: dict[str, TrtEdition]  # vision_encoder model -> its engine's edition
     ensembles: tuple[str, ...] = ()  # the models clients call (serve's end-to-end probe)
@@ -68,7 +69,7 @@ def read_serve_plan(repo: Path) -> ServePlan:
             llm.append(name)
             worlds[name] = _engine_world_size(version / ENGINE_DIR)
         caller = llm_caller_parameters(parameters(config), str(path))
-        callers += caller.workers if caller else 0
+        callers += caller.workers * instance_count(config) if caller else 0
         vision = version / ENGINE_DIR / "config.json"
         if config.backend == "python" and vision.is_file() and \
                 (version / ENGINE_DIR / "model.engine").is_file():

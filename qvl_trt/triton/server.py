@@ -90,6 +90,12 @@ def free_ports(host: str = "127.0.0.1") -> Ports:
             s.close()
 
 
+def client_host(listen: str) -> str:
+    """Where a client on this machine reaches a server listening on `listen`: a server on
+    every interface through the loopback one."""
+    return "127.0.0.1" if listen in ("0.0.0.0", "") else listen
+
+
 def require_tritonserver() -> TritonInstall:
     install = find_tritonserver()
     if install is None:
@@ -227,8 +233,7 @@ class TritonServer:
 
     @property
     def client_host(self) -> str:
-        # A server listening on every interface is reached through the loopback one.
-        return "127.0.0.1" if self.opts.host in ("0.0.0.0", "") else self.opts.host
+        return client_host(self.opts.host)
 
     @property
     def http_url(self) -> str:

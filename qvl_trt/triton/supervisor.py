@@ -60,7 +60,7 @@ class Supervisor:
                  health_port: int | None = None, watch_interval_s: float = 0.5,
                  probe_interval_s: float = 5.0, probe_timeout_s: float = 20.0,
                  probe_failures: int = 2, start_attempts: int = 3,
-                 on_ready=None) -> None:
+                 on_ready=None, on_stop=None) -> None:
         self.server = server
         self.ensembles = ensembles
         self.health_port = health_port
@@ -70,6 +70,9 @@ class Supervisor:
         self.probe_failures = probe_failures
         self.start_attempts = start_attempts
         self.on_ready = on_ready  # called once, when the server first became ready
+        # called before the server is stopped (the gateway goes first, its answers finish),
+        # and again, harmlessly, on the way out of run()
+        self.on_stop = on_stop
         self.restarts = 0
         self._lock = threading.Lock()
         self._generation = 0  # bumped by each (re)start: older probe results are void
@@ -132,7 +135,11 @@ class Supervisor:
             self._start_health()
             self._start()
             if self.on_ready is not None:
-                self.on_ready()
+                try:
+                    self.on_ready()
+                except BaseException:
+                    self.server.stop()
+                    raise
             for s in previous:
                 signal.signal(s, self._on_signal)
             threading.Thread(target=self._probe_loop, name="probe", daemon=True).start()
@@ -143,11 +150,15 @@ class Supervisor:
                 self._stopping.wait(self.watch_interval_s)
             with self._lock:
                 self._reason = "stopping"
+            if self.on_stop is not None:
+                self.on_stop()
             log.info("stopping tritonserver")
             return self.server.stop() or 0
         finally:
             self._stopping.set()
             self._probe_now.set()
+            if self.on_stop is not None:
+                self.on_stop()
             if self._health is not None:
                 self._health.shutdown()
                 self._health.server_close()

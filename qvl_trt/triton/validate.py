@@ -4,9 +4,10 @@ Every config parses as a Triton ModelConfig and holds no "${...}" placeholder; e
 ensemble step's map matches the producing and consuming models (name, dtype, dims), no step
 mixes tensors that came through different decoupled models (Triton refuses that), the BLS
 calls (postprocessing -> tensorrt_llm; tensorrt_llm_bls -> preprocessing, vision_encoder,
-tensorrt_llm) match the called models' inputs, and the engines and weights each model reads
-exist and agree with the GPU profile and TensorRT edition the repository
-was built for (`<ensemble>/1/build.json`).
+tensorrt_llm) match the called models' inputs and run as many instances as serve plans for
+(the callers KIND_CPU with a count of 1 or more, tensorrt_llm one), and the engines and
+weights each model reads exist and agree with the GPU profile and TensorRT edition the
+repository was built for (`<ensemble>/1/build.json`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,15 @@ from ..typed_config import to_jsonable
 from ..vision.spec import PIXEL_DTYPE
 from . import contract as c
 from .model_configs import Flavor
-from .pbconfig import CONFIG_FILE, data_type_name, get_parameter, parameters, parse_config
+from .pbconfig import (
+    CONFIG_FILE,
+    data_type_name,
+    get_parameter,
+    instance_count,
+    parameters,
+    parse_config,
+    pb2,
+)
 from .repository import (
     BUILD_INFO,
     CHECKPOINT_DIR,
@@ -84,6 +93,7 @@ def validate_repo(repo: Path) -> ValidationReport:
     configs = _read_configs(repo, report)
     report.models = sorted(configs)
     report.check(bool(configs), str(repo), "holds no model")
+    llms: set[str] = set()  # the tensorrt_llm models the others call
     for name, config in configs.items():
         if config.platform == "ensemble":
             _check_ensemble(name, config, configs, report)
@@ -95,6 +105,13 @@ def validate_repo(repo: Path) -> ValidationReport:
         if caller is not None:
             _check_llm_call(name, _llm_inputs_sent(name, caller, config, configs, report),
                             caller.tensorrt_llm_model, configs, report)
+            _check_caller_instances(name, config, report)
+            llms.add(caller.tensorrt_llm_model)
+    for llm in sorted(llms & configs.keys()):
+        # Each instance would load its own executor: engine and KV cache (the plan has one).
+        report.check(instance_count(configs[llm]) == 1, llm,
+                     f"runs {instance_count(configs[llm])} instances, each with its own engine "
+                     "and KV cache (the plan holds one); write an instance count of 1")
     for name, config in configs.items():
         if config.platform == "ensemble":
             _check_artifacts(repo, name, configs, report)
@@ -284,6 +301,19 @@ def _check_llm_call(name: str, ours: dict[str, _Tensor], llm: str, configs: dict
                      f"{llm} needs it on every request; regenerate with `qvl-trt repo`")
     report.check(bool(target.model_transaction_policy.decoupled), where,
                  f"{llm} must be decoupled (it is called for a token stream)")
+
+
+def _check_caller_instances(name: str, config: Any, report: ValidationReport) -> None:
+    """A model that runs tensorrt_llm has the instances the writer makes (KIND_CPU, a count
+    of 1 or more), which serve sizes the BLS threads by."""
+    kind_cpu = pb2().ModelInstanceGroup.Kind.Value("KIND_CPU")
+    for group in config.instance_group:
+        report.check(group.count >= 1 and group.kind == kind_cpu, name,
+                     f"instance group of count {group.count}, "
+                     f"{pb2().ModelInstanceGroup.Kind.Name(group.kind)}: write KIND_CPU and a "
+                     "count of 1 or more (`qvl-trt repo --postprocessing-instances N`); serve "
+                     "sizes the BLS threads by it, and Triton would multiply a KIND_GPU count "
+                     "by the GPUs")
 
 
 def _check_tensorrtllm_parameters(name: str, config: Any, report: ValidationReport) -> None:

@@ -25,10 +25,11 @@ from ..deps import require
 from ..dtypes import Dtype
 from ..errors import BuildError
 from ..hashing import fingerprint
+from ..mm.geometry import MIN_BLOCKS
 from ..mm.pixels import PixelConfig
 from ..profiles import TrtEdition
 from ..typed_config import to_jsonable
-from .spec import MERGE_BLOCKS, MIN_BLOCKS, PATCHES, GraphSpec, vision_graph_spec
+from .spec import MERGE_BLOCKS, PATCHES, GraphSpec, vision_graph_spec
 
 log = logging.getLogger(__name__)
 

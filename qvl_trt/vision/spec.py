@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..checkpoint import VisionDims
 from ..dtypes import Dtype, pick
-from ..mm.geometry import smart_resize
+from ..mm.geometry import MIN_BLOCKS, smart_resize
 from ..profiles import BuildLimits
 
 # Precisions the vision graph can be exported in. The engine takes float16 (default) or
@@ -25,8 +25,6 @@ PIXEL_DTYPE = "uint8"
 PATCHES = "num_patches"
 TOKENS = "num_tokens"  # merged tokens: num_patches / spatial_merge_size^2
 MERGE_BLOCKS = "num_blocks"  # = num_tokens; the export's free variable
-# The graph takes at least 2 merge blocks (torch.export specialises size-1 axes).
-MIN_BLOCKS = 2
 
 # The image size the optimisation profile is tuned for (the planner's typical request).
 OPT_IMAGE = (1080, 1920)  # height, width
@@ -96,11 +94,15 @@ def vision_graph_spec(vision: VisionDims, dtype: Dtype | str) -> GraphSpec:
 
 
 def patch_range(vision: VisionDims, limits: BuildLimits) -> PatchRange:
-    """Patch counts an image admitted by the profile's pixel limits can have."""
+    """Patch counts an image, or a video's pair of frames, admitted by the profile's pixel
+    limits can have. A video's frames have no floor of their own (the video budget bounds
+    frames x pixels, so a long small clip keeps small frames): with video on, the engine
+    takes down to the graph's MIN_BLOCKS."""
     block_pixels = (vision.patch_size * vision.spatial_merge_size) ** 2
     block = vision.spatial_merge_size ** 2
     hi_blocks = limits.vision_max_pixels // block_pixels
-    lo_blocks = min(max(MIN_BLOCKS, -(-limits.vision_min_pixels // block_pixels)), hi_blocks)
+    lo_pixels = 0 if limits.max_videos_per_request else limits.vision_min_pixels
+    lo_blocks = min(max(MIN_BLOCKS, -(-lo_pixels // block_pixels)), hi_blocks)
     h, w = smart_resize(*OPT_IMAGE, min_pixels=limits.vision_min_pixels,
                         max_pixels=limits.vision_max_pixels,
                         factor=vision.patch_size * vision.spatial_merge_size)

@@ -17,6 +17,8 @@ from ..contract import TensorSpec, config_parameters
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
+# How an error response that is a bug (not the client's to fix) begins.
+INTERNAL_ERROR = "internal error in "
 
 
 def pb():
@@ -37,7 +39,7 @@ def error_message(exc: Exception, model: str) -> str:
     if isinstance(exc, QvlError):
         return str(exc)
     log.error("internal error in %s", model, exc_info=exc)
-    return f"internal error in {model}: {type(exc).__name__}"
+    return f"{INTERNAL_ERROR}{model}: {type(exc).__name__}"
 
 
 def guarded(model: str, fail: Callable[[str], R], handle: Callable[..., R], *args: Any) -> R:

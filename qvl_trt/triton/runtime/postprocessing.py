@@ -3,10 +3,13 @@ responses into text.
 
 It receives every tensorrt_llm input the earlier steps made and forwards them as a BLS
 request (decoupled: tokens arrive as the engine makes them), the MRoPE table built from the
-position ids first (llm_inputs.py). Each request is handled in its
-own worker thread with its own `StreamDecoder`, so a character whose bytes are split across
-streamed responses comes out whole and concurrent requests share nothing. When tensorrt_llm
-signals the end, an unfinished character is flushed and the final response sent.
+position ids first (llm_inputs.py). Each request is read in its own
+worker thread with its own `StreamDecoder`, so a character whose bytes are split across
+streamed responses comes out whole and concurrent requests share nothing. Streamed text is
+sent by the instance's sender thread through each request's `Outbox`: tokens that arrive
+while a response is on its way ride in the next one, so when sending falls behind the
+engine, responses grow instead of a backlog. When tensorrt_llm signals the end, an
+unfinished character is flushed and the final response sent.
 
 `Postprocessor.generate` is that loop; the client-facing tensorrt_llm_bls model (bls.py) runs
 it too. It stops tensorrt_llm whenever it leaves before the end (an error response, an
@@ -18,9 +21,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +41,16 @@ log = logging.getLogger(__name__)
 # "... tensor must be present in list of output tensors").
 LLM_REQUESTED_OUTPUTS = (c.OUTPUT_IDS, c.SEQUENCE_LENGTH)
 UNLOADING = "the model is unloading; send the request again once the server is back"
+CANCELLED = object()  # why generate's loop left: the client cancelled
+# How often a streaming request asks whether its client cancelled: each ask is a round trip
+# to Triton (python_backend pb_cancel.cc), which, asked once a token, cost about 7 of the 44
+# context switches per token at 16 streams (scripts/bench_pipeline_overhead.py). The stock
+# backend polls its own requests every cancellation_check_period_ms (100 in our configs).
+CANCEL_CHECK_S = 0.05
+# Threads per instance sending streamed responses, each send a round trip to Triton. One
+# serves every request in turn and woke the fewest threads per token (9 context switches per
+# token in the stub against 12-16 with 2-16 senders, at 16 streams); instances add more.
+SENDERS = 1
 
 # run(request, sender): handle one request, sending its responses (the last one final).
 Run = Callable[[Any, Any], None]
@@ -52,6 +66,8 @@ class Postprocessor:
         self.llm_model = llm_model
         self.model_name = model_name
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="postprocess")
+        # Streamed responses are sent from here while each request's worker reads on.
+        self.senders = ThreadPoolExecutor(max_workers=SENDERS, thread_name_prefix="send")
         self._closing = threading.Event()
 
     def submit(self, request: Any, run: Run | None = None) -> None:
@@ -65,6 +81,7 @@ class Postprocessor:
         get a final error response (a decoupled request without one hangs its client)."""
         self._closing.set()
         self.pool.shutdown(wait=True)
+        self.senders.shutdown(wait=True)  # idle by now: a request waits for its sends
 
     def _guarded(self, run: Run, request: Any, sender: Any) -> None:
         final = pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -82,9 +99,12 @@ class Postprocessor:
     def generate(self, tensors: Mapping[str, Any], sender: Any,
                  is_cancelled: Callable[[], bool]) -> None:
         """Run tensorrt_llm on `tensors` (its inputs by name as `llm_inputs` makes them, absent
-        optional ones None) and send the text to `sender`, the last response final.
-        `is_cancelled` (the client's request) is asked between responses; a cancelled request
-        gets an empty final response and tensorrt_llm is stopped."""
+        optional ones None) and send the text to `sender`, the last response final. Streamed
+        text goes through an `Outbox`: tokens that arrive while a response is being sent ride
+        in the next one. `is_cancelled` (the client's request) is asked before a streamed
+        response, at most every CANCEL_CHECK_S (not streaming: after each tensorrt_llm
+        response); a cancelled request gets an empty final response and tensorrt_llm is
+        stopped."""
         final = pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
         row = row_of(tensors, c.POSTPROCESSING_INPUTS)
         streaming = bool(row[c.STREAMING])
@@ -97,35 +117,65 @@ class Postprocessor:
             inputs=[t for t in tensors.values() if t is not None],
             requested_output_names=list(LLM_REQUESTED_OUTPUTS))
         stream = StreamDecoder(self.token_bytes)
-        text = ""
+        outbox = Outbox(self._streamer(stream, sender, counts, is_cancelled) if streaming
+                        else None, self.senders)
         responses = llm_request.exec(decoupled=True)
-        finished = False
+        early, finished = None, False
         try:
-            for llm_response in responses:
-                if llm_response.has_error():
-                    sender.send(error_response(f"{self.llm_model}: "
-                                               f"{llm_response.error().message()}"),
-                                flags=final)
-                    return
-                if self._closing.is_set():
-                    sender.send(error_response(UNLOADING), flags=final)
-                    return
-                if is_cancelled():
-                    sender.send(flags=final)  # nobody reads it: only the stream's end
-                    return
-                ids = _new_tokens(llm_response, end_id)
-                if ids is None:
-                    continue  # the empty response that closes a decoupled stream
-                text += stream.push(ids)
-                if streaming and text:
-                    sender.send(self._chunk(text, stream, counts))
-                    text = ""
-            finished = True
+            early = self._read(responses, outbox, end_id,
+                               (lambda: outbox.stopped) if streaming else is_cancelled)
+            finished = early is None
         finally:
+            rest = outbox.close()  # no response may follow the final one
             if not finished:
                 self._stop(responses, request_id)
-        text += stream.push([], final=True)
-        sender.send(self._chunk(text, stream, counts), flags=final)
+        if outbox.error is not None:
+            raise outbox.error
+        if early is CANCELLED:
+            sender.send(flags=final)  # nobody reads it: only the stream's end
+        elif early is not None:
+            sender.send(error_response(early), flags=final)
+        else:
+            sender.send(self._chunk(stream.push(rest, final=True), stream, counts), flags=final)
+
+    def _read(self, responses: Any, outbox: Outbox, end_id: int,
+              cancelled: Callable[[], bool]) -> object | None:
+        """Put tensorrt_llm's tokens into `outbox` until its stream ends (None), or why it
+        left before: an error message, UNLOADING or CANCELLED."""
+        for llm_response in responses:
+            if llm_response.has_error():
+                return f"{self.llm_model}: {llm_response.error().message()}"
+            if self._closing.is_set():
+                return UNLOADING
+            if cancelled():
+                return CANCELLED
+            if outbox.error is not None:
+                raise outbox.error
+            ids = _new_tokens(llm_response, end_id)
+            if ids is not None:  # None: the empty response that closes a decoupled stream
+                outbox.put(ids)
+        return None
+
+    def _streamer(self, stream: StreamDecoder, sender: Any, counts: dict[str, np.ndarray],
+                  is_cancelled: Callable[[], bool]) -> Callable[[list[int]], bool]:
+        """The outbox's `send` of a streaming request: one response with the text of the
+        tokens read since the last; False once the client has cancelled (asked at most every
+        CANCEL_CHECK_S)."""
+        next_check = 0.0
+
+        def send(ids: list[int]) -> bool:
+            nonlocal next_check
+            now = time.monotonic()
+            if now >= next_check:
+                if is_cancelled():
+                    return False
+                next_check = now + CANCEL_CHECK_S
+            text = stream.push(ids)
+            if text:
+                sender.send(self._chunk(text, stream, counts))
+            return True
+
+        return send
 
     def _stop(self, responses: Any, request_id: str) -> None:
         """Stop tensorrt_llm's generation of a request we leave early, then read the stream
@@ -157,6 +207,71 @@ class Postprocessor:
                          c.COMPLETION_TOKENS: np.array([stream.tokens], np.int32)})
 
 
+class Outbox:
+    """One request's tokens on their way to its client. Streaming, tokens read from
+    tensorrt_llm wait here while a response is being sent, and the next response carries all
+    of them: a client (or a server) slower than the engine gets fewer, larger responses
+    instead of a growing backlog, and a token costs one read rather than one send (measured
+    by scripts/bench_pipeline_overhead.py). At most one `send` runs at a time, on `pool`;
+    `close` waits for it, so nothing is sent after the final response."""
+
+    def __init__(self, send: Callable[[list[int]], bool] | None, pool: Executor) -> None:
+        """`send(ids)`: send one response for `ids`, False if the client has cancelled (the
+        outbox then stops sending); None: hold every token for the final response."""
+        self._send = send
+        self._pool = pool
+        self._lock = threading.Condition()
+        self._ids: list[int] = []
+        self._busy = False  # a drain is scheduled or running
+        self._closed = False
+        self.stopped = False  # a send answered False
+        self.error: Exception | None = None  # a send raised it
+
+    def put(self, ids: list[int]) -> None:
+        with self._lock:
+            self._ids += ids
+            if self._busy or self._closed or self._send is None:
+                return
+            self._busy = True
+        self._schedule()
+
+    def close(self) -> list[int]:
+        """No more sends: wait for the one in flight, then hand over the tokens not sent."""
+        with self._lock:
+            self._closed = True
+            while self._busy:
+                self._lock.wait()
+            ids, self._ids = self._ids, []
+        return ids
+
+    def _drain(self) -> None:
+        """One response with every token waiting, then back in the pool's queue if more
+        came meanwhile: a few sender threads serve every request in turn."""
+        with self._lock:  # once closing, the tokens are the final response's
+            ids, self._ids = ([], self._ids) if self._closed else (self._ids, [])
+        try:
+            if ids and not self._send(ids):
+                self.stopped = True
+        except Exception as exc:  # the request's worker raises it
+            self.error = exc
+        with self._lock:
+            if self._ids and not (self._closed or self.stopped or self.error):
+                self._schedule()
+                return
+            self._busy = False
+            self._lock.notify_all()
+
+    def _schedule(self) -> None:
+        """Queue a drain (`_busy` is set). A pool already shut down refuses it: then nothing
+        is in flight and the tokens wait for close()."""
+        try:
+            self._pool.submit(self._drain)
+        except RuntimeError:
+            with self._lock:  # reentrant: _drain holds it
+                self._busy = False
+                self._lock.notify_all()
+
+
 def _stop_request_inputs() -> list[Any]:
     one = np.ones((1, 1), np.int32)
     values = {c.INPUT_IDS: one, c.INPUT_LENGTHS: one, c.REQUEST_OUTPUT_LEN: one,
@@ -171,5 +286,5 @@ def _new_tokens(llm_response: Any, end_id: int) -> list[int] | None:
     if tensor is None:
         return None
     beams = tensor.as_numpy()
-    ids = [int(t) for t in beams[(0,) * (beams.ndim - 1)]]
+    ids = beams[(0,) * (beams.ndim - 1)].tolist()
     return ids[: ids.index(end_id)] if end_id in ids else ids

@@ -13,17 +13,20 @@ import numpy as np
 
 from ...errors import InputError
 from ...mm.request import RequestBounds, RequestLimits, RequestPreprocessor
+from ...mm.video import VideoLimits
 from .. import contract as c
 from .request_inputs import UrlPolicy, chat_request
 
 
 def request_limits(params: c.PreprocessingParameters) -> RequestLimits:
     """What the deployment admits per request, from its preprocessing model's parameters."""
+    def fields(cls):
+        return cls(**{f.name: getattr(params, f.name) for f in dataclasses.fields(cls)})
+
     return RequestLimits(max_images=params.max_images, max_input_len=params.max_input_len,
                          max_seq_len=params.max_seq_len, min_pixels=params.min_pixels,
                          max_pixels=params.max_pixels, max_visual_tokens=params.max_visual_tokens,
-                         bounds=RequestBounds(**{f.name: getattr(params, f.name)
-                                                 for f in dataclasses.fields(RequestBounds)}))
+                         bounds=fields(RequestBounds), video=fields(VideoLimits))
 
 
 class Preprocessor:
@@ -48,7 +51,8 @@ class Preprocessor:
         stops = [tokenizer.encode(text, add_special_tokens=False) for text in s.stop]
         limits.bounds.check("the number of tokens of all stop strings", sum(map(len, stops)),
                             "max_stop_tokens", "send fewer or shorter stop strings")
-        prepared = self.requests.prepare(messages=request.messages, images=request.images)
+        prepared = self.requests.prepare(messages=request.messages, images=request.images,
+                                         videos=request.videos)
         prompt_tokens = prepared.num_tokens
         room = self.limits.max_seq_len - prompt_tokens
         max_tokens = min(self.limits.default_max_tokens, room) if s.max_tokens is None \

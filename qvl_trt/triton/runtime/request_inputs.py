@@ -1,9 +1,11 @@
-"""The ensemble's public inputs -> a chat request: messages, image bytes, generation settings.
+"""The ensemble's public inputs -> a chat request: messages, image and video data, generation
+settings.
 
-Two request forms: `messages` (OpenAI-style chat JSON whose image parts carry the image as a
-base64 data URI of any supported format) or `text_input` with zero or more `image_bytes`
-(encoded files, or data URIs). Remote image URLs are fetched only from hosts on the
-deployment's allow-list; by default the server fetches nothing.
+Two request forms: `messages` (OpenAI-style chat JSON whose image and video parts carry the
+data as base64 data URIs; video parts as vLLM's and qwen-vl-utils', README "Ensemble API") or
+`text_input` with zero or more `image_bytes`, `video_bytes` and `video_frames` (encoded files,
+or data URIs). Remote image and video URLs are fetched only from hosts on the deployment's
+allow-list; by default the server fetches nothing.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from typing import Any
 
 from ...errors import InputError
 from ...generation_config import SamplingDefaults
-from ...mm.chat import IMAGE_PART_TYPES, user_message
+from ...mm.chat import IMAGE_PART_TYPES, VIDEO_PART_TYPES, user_message, validate_messages
 from ...mm.request import RequestBounds, RequestLimits
+from ...mm.video import check_fps
+from ...mm.video_input import VideoFile, VideoFrames, VideoInput
 
 
 @dataclass(frozen=True)
@@ -55,36 +59,55 @@ class ChatRequest:
     messages: list[dict[str, Any]]
     images: tuple[bytes, ...]  # in order of the image parts
     settings: GenerationSettings
+    videos: tuple[VideoInput, ...] = ()  # in order of the video parts
 
 
 def chat_request(inputs: Mapping[str, Any], *, urls: UrlPolicy, defaults: SamplingDefaults,
                  limits: RequestLimits) -> ChatRequest:
     """`inputs`: public input name -> value (one batch row, scalars unwrapped; absent inputs
     missing); `defaults`: the checkpoint's (Checkpoint.generation.sampling_defaults()).
-    The request's size and structure are checked (limits.bounds, the image count) before
-    any image is fetched or decoded. Raises InputError naming the input and the fix."""
+    The request's size and structure are checked (limits.bounds, the image and video counts)
+    before any image or video is fetched or decoded. Raises InputError naming the input and
+    the fix."""
     bounds = limits.bounds
     messages_raw = inputs.get("messages")
     text = inputs.get("text_input")
     image_list = _items(inputs.get("image_bytes"))
-    sent = sum(_size(v) for v in (messages_raw, text, *image_list, *_items(inputs.get("stop"))))
-    bounds.check("the request's size in bytes (messages, text_input, image_bytes, stop)", sent,
-                 "max_request_bytes", "send smaller or fewer images")
+    video_list = _items(inputs.get("video_bytes"))
+    frame_list = _items(inputs.get("video_frames"))
+    sent = sum(_size(v) for v in (messages_raw, text, *image_list, *video_list, *frame_list,
+                                  *_items(inputs.get("stop"))))
+    bounds.check("the request's size in bytes (messages, text_input, image_bytes, video_bytes, "
+                 "video_frames, stop)", sent, "max_request_bytes",
+                 "send smaller or fewer images and videos")
     if messages_raw is not None:
-        if text is not None or image_list:
-            raise InputError("send either messages, or text_input with image_bytes, not both")
+        if text is not None or image_list or video_list or frame_list:
+            raise InputError("send either messages, or text_input with image_bytes and videos, "
+                             "not both")
         messages = _parse_messages(messages_raw)
         limits.check_messages(messages)
-        images = tuple(_image_from_part(part, urls) for part in _image_parts(messages))
+        validate_messages(messages)
+        images = tuple(_image_from_part(part, urls)
+                       for part in _parts(messages, IMAGE_PART_TYPES))
+        videos = tuple(_video_from_part(part, urls)
+                       for part in _parts(messages, VIDEO_PART_TYPES))
     elif text is not None:
         prompt = _utf8(text, "text_input")
-        messages = user_message(prompt, len(image_list))
+        frame_lists = _frame_lists(frame_list, inputs.get("video_frame_counts"))
+        rates = _video_rates(inputs.get("video_fps"), len(video_list) + len(frame_lists))
+        messages = user_message(prompt, len(image_list), len(video_list) + len(frame_lists))
         limits.check_messages(messages)
         images = tuple(_image_from_element(item, n, urls) for n, item in
                        enumerate(image_list, 1))
+        videos = tuple(
+            [VideoFile(_media_from_element(item, f"video_bytes[{n}]", urls, "video"), fps)
+             for n, (item, fps) in enumerate(zip(video_list, rates, strict=False), 1)] +
+            [VideoFrames(tuple(_media_from_element(f, f"video_frames[{n}]", urls, "image")
+                               for n, f in frames), fps)
+             for frames, fps in zip(frame_lists, rates[len(video_list):], strict=True)])
     else:
         raise InputError("the request has neither messages nor text_input; send one of them")
-    return ChatRequest(messages, images, _settings(inputs, defaults, bounds))
+    return ChatRequest(messages, images, _settings(inputs, defaults, bounds), videos)
 
 
 def _size(value: Any) -> int:
@@ -122,13 +145,13 @@ def _parse_messages(raw: Any) -> list[dict[str, Any]]:
     return messages
 
 
-def _image_parts(messages: Sequence[Any]) -> list[Mapping[str, Any]]:
+def _parts(messages: Sequence[Any], types: Sequence[str]) -> list[Mapping[str, Any]]:
+    """The content parts of these types, in order."""
     parts = []
     for message in messages:
         content = message.get("content") if isinstance(message, Mapping) else None
         if isinstance(content, list):
-            parts += [p for p in content
-                      if isinstance(p, Mapping) and p.get("type") in IMAGE_PART_TYPES]
+            parts += [p for p in content if isinstance(p, Mapping) and p.get("type") in types]
     return parts
 
 
@@ -144,43 +167,132 @@ def _image_from_part(part: Mapping[str, Any], urls: UrlPolicy) -> bytes:
     return _image_from_url(source, urls)
 
 
+def _video_from_part(part: Mapping[str, Any], urls: UrlPolicy) -> VideoInput:
+    """{type: video_url, video_url: {url} | url} | {type: video, video: url | [frame urls]},
+    each with an optional fps (sample_fps); a frame list may give timestamps instead."""
+    source = part.get("video_url", part.get("video"))
+    if isinstance(source, Mapping):
+        source = source.get("url")
+    fps = _part_fps(part)
+    timestamps = part.get("timestamps")
+    if isinstance(source, list) and source and all(isinstance(f, str) for f in source):
+        return VideoFrames(tuple(_image_from_url(f, urls) for f in source), fps,
+                           None if timestamps is None else _timestamps(timestamps))
+    if not isinstance(source, str) or not source:
+        raise InputError(f"video part {repr(dict(part))[:80]} has no URL or frame list; put the "
+                         "video in it as a data URI (data:video/mp4;base64,...)")
+    if timestamps is not None:
+        raise InputError("timestamps are for a video sent as frames; a video file's frames are "
+                         "timed by the file: leave timestamps out")
+    header = source[:64].lower()
+    if header.startswith("data:video/jpeg;base64,"):  # vLLM: base64 JPEG frames, comma-separated
+        payloads = source.partition(",")[2].split(",")
+        return VideoFrames(tuple(_decode_base64(p, "video") for p in payloads), fps)
+    return VideoFile(_media_from_url(source, urls, "video"), fps)
+
+
+def _part_fps(part: Mapping[str, Any]) -> float | None:
+    rates = {key: part[key] for key in ("fps", "sample_fps") if part.get(key) is not None}
+    if len(set(map(repr, rates.values()))) > 1:
+        raise InputError(f"the video part gives fps {rates['fps']} and sample_fps "
+                         f"{rates['sample_fps']}; send one of them")
+    for key, value in rates.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InputError(f"{key} = {value!r} must be a number of frames per second; send "
+                             "e.g. 2")
+        return check_fps(value, key)
+    return None
+
+
+def _timestamps(value: Any) -> tuple[float, ...]:
+    if not isinstance(value, list) or not all(
+            isinstance(t, (int, float)) and not isinstance(t, bool) for t in value):
+        raise InputError("timestamps must be a list of numbers (seconds), one per frame")
+    return tuple(float(t) for t in value)
+
+
+def _frame_lists(frames: list[Any], counts: Any) -> list[list[tuple[int, Any]]]:
+    """video_frames split by video_frame_counts: each video's (element number, frame)."""
+    numbered = list(enumerate(frames, 1))
+    if counts is None:
+        return [numbered] if numbered else []
+    counts = [int(c) for c in _items(counts)]
+    if any(c < 0 for c in counts) or sum(counts) != len(frames):
+        raise InputError(f"video_frame_counts {counts} do not split the {len(frames)} "
+                         "video_frames; send one count per video, adding up to the frames sent")
+    starts = [sum(counts[:i]) for i in range(len(counts))]
+    return [numbered[a:a + c] for a, c in zip(starts, counts, strict=True)]
+
+
+def _video_rates(value: Any, videos: int) -> list[float | None]:
+    """video_fps: none, one for every video, or one per video."""
+    rates = [check_fps(v, "video_fps") for v in _items(value)]
+    if not rates:
+        return [None] * videos
+    if len(rates) == 1:
+        return rates * videos
+    if len(rates) != videos:
+        raise InputError(f"video_fps holds {len(rates)} values for {videos} videos; send one "
+                         "value, or one per video (files first, then frame lists)")
+    return rates
+
+
 def _image_from_element(item: Any, number: int, urls: UrlPolicy) -> bytes:
+    return _media_from_element(item, f"image_bytes[{number}]", urls, "image")
+
+
+def _media_from_element(item: Any, name: str, urls: UrlPolicy, kind: str) -> bytes:
+    """One BYTES element: the file itself, or its data URI or URL."""
     data = bytes(item)
     if data[:8].lower().startswith((b"data:", b"https://", b"http://")):
-        return _image_from_url(_utf8(data, f"image_bytes[{number}]"), urls)
+        return _media_from_url(_utf8(data, name), urls, kind)
     return data
 
 
 def _image_from_url(url: str, urls: UrlPolicy) -> bytes:
+    return _media_from_url(url, urls, "image")
+
+
+def _media_from_url(url: str, urls: UrlPolicy, kind: str) -> bytes:
+    """A data URI's bytes, or a remote file from an allowed host; `kind`: image or video."""
     if url[:5].lower() == "data:":
         header, sep, payload = url.partition(",")
         if not sep or not header.lower().endswith(";base64"):
-            raise InputError("an image data URI must be base64: data:image/<format>;base64,...")
-        try:
-            return base64.b64decode(payload, validate=True)
-        except (binascii.Error, ValueError):
-            raise InputError("an image data URI holds invalid base64; encode the file again") \
-                from None
+            raise InputError(f"{_a(kind)} data URI must be base64: "
+                             f"data:{kind}/<format>;base64,...")
+        return _decode_base64(payload, kind)
     parsed = urllib.parse.urlsplit(url)
     if parsed.scheme not in ("http", "https"):
-        raise InputError(f"image URL scheme {parsed.scheme or '(none)'!r} is not supported; "
+        raise InputError(f"{kind} URL scheme {parsed.scheme or '(none)'!r} is not supported; "
                          "send a data URI or an https URL")
     host = (parsed.hostname or "").lower()
     if host not in urls.allowed_hosts:
-        raise InputError(f"remote image URL on host {host!r} refused: this server fetches no "
-                         "remote images unless its host is on the image_url_allow_list "
-                         "parameter; send the image as a data URI instead")
-    return _fetch(url, urls)
+        raise InputError(f"remote {kind} URL on host {host!r} refused: this server fetches no "
+                         f"remote {kind}s unless its host is on the image_url_allow_list "
+                         f"parameter; send the {kind} as a data URI instead")
+    return _fetch(url, urls, kind)
 
 
-def _fetch(url: str, urls: UrlPolicy) -> bytes:
+def _decode_base64(payload: str, kind: str) -> bytes:
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise InputError(f"{_a(kind)} data URI holds invalid base64; encode the file "
+                         "again") from None
+
+
+def _a(kind: str) -> str:
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
+
+
+def _fetch(url: str, urls: UrlPolicy, kind: str) -> bytes:
     try:
         with urllib.request.urlopen(url, timeout=urls.timeout_s) as response:
             data = response.read(urls.max_bytes + 1)
     except OSError as exc:
-        raise InputError(f"fetching image {url} failed ({exc}); check the URL") from None
+        raise InputError(f"fetching {kind} {url} failed ({exc}); check the URL") from None
     if len(data) > urls.max_bytes:
-        raise InputError(f"image at {url} exceeds {urls.max_bytes} bytes; send a smaller one")
+        raise InputError(f"{kind} at {url} exceeds {urls.max_bytes} bytes; send a smaller one")
     return data
 
 

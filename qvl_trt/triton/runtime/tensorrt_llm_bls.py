@@ -5,8 +5,8 @@ It runs preprocessing and vision_encoder by BLS and then postprocessing's loop
 Why it exists: Triton's ensemble scheduler passes a client's cancel only to steps not yet
 started (core ensemble_scheduler.cc; server issue #6739), so a cancelled ensemble request
 keeps its postprocessing step, and tensorrt_llm, generating to max_tokens. Here the request
-the client cancels is this model's own: `request.is_cancelled()` turns true and tensorrt_llm
-is stopped within a response or two.
+the client cancels is this model's own: `request.is_cancelled()` turns true (the loop asks
+it before a streamed response, at most every CANCEL_CHECK_S) and tensorrt_llm is stopped.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The vision_encoder step: a request's images -> its prompt table, image by image, through
-the row cache. The tower itself (TensorRT engine or PyTorch) is passed in as a function."""
+"""The vision_encoder step: a request's vision items -> its prompt table, item by item (an
+image, or a video's temporal group: the tower attends within one), through the row cache. The
+tower itself (TensorRT engine or PyTorch) is passed in as a function."""
 
 from __future__ import annotations
 

@@ -1,0 +1,377 @@
+"""The gateway's web server (aiohttp): routes, limits, streaming, shutdown.
+
+    GET  /                      the chat page (static HTML + JS, no external assets)
+    GET  /v1/models             one model per build, by its ensemble's name
+    GET  /v1/models/{model}
+    POST /v1/chat/completions   OpenAI chat completions, streamed as server-sent events
+    GET  /ready                 200 while Triton and every model of every build is ready
+    GET  /live                  200 while the gateway runs
+    GET  /metrics               Prometheus
+
+Limits: a request body above `max_body_bytes` is refused with 413 before it is read (default:
+the largest `max_request_bytes` of the builds' preprocessing models plus room for the other
+fields); more than `max_concurrency` chat requests in flight get 429 with Retry-After.
+A client that goes away (a closed connection) cancels its handler (aiohttp's
+handler_cancellation), which cancels its Triton call and so the generation.
+SIGTERM (or Ctrl-C) stops accepting connections, lets the answers in flight finish for up to
+`shutdown_timeout_s`, cancels the rest, and exits; a second signal cancels at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.resources
+import logging
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..deps import require
+from ..errors import ConfigError
+from ..mm.request import RequestBounds
+from .metrics import CLIENT_CLOSED, GatewayMetrics
+from .openai_api import (
+    DONE,
+    ApiError,
+    ChatCompletionRequest,
+    ChunkWriter,
+    StopTrimmer,
+    completion,
+    completion_id,
+    finish_reason,
+    model_card,
+    models_list,
+    parse_chat_request,
+    sse,
+    usage,
+)
+from .upstream import Piece, ServedModel, Upstream
+
+log = logging.getLogger(__name__)
+
+# Room in a request body beside its messages (settings, JSON punctuation).
+BODY_SLACK_BYTES = 64 * 2**10
+DEFAULT_PORT = 9000
+PAGE = "static/chat.html"
+
+
+@dataclass(frozen=True)
+class GatewayOptions:
+    triton_url: str  # HOST:PORT of Triton's gRPC endpoint (client.generate.parse_url)
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    max_concurrency: int = 256
+    max_body_bytes: int | None = None  # None: from the deployment (see the module doc)
+    shutdown_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ConfigError(f"--port {self.port} is not a TCP port; use 1-65535")
+        if self.max_concurrency < 1:
+            raise ConfigError(f"--max-concurrency {self.max_concurrency} must be at least 1")
+        if self.max_body_bytes is not None and self.max_body_bytes < 1024:
+            raise ConfigError(f"--max-body-bytes {self.max_body_bytes} is below 1024; a chat "
+                              "request does not fit")
+        if self.shutdown_timeout_s < 0:
+            raise ConfigError(f"--shutdown-timeout {self.shutdown_timeout_s} must be >= 0")
+
+
+def chat_page() -> bytes:
+    return importlib.resources.files(__package__).joinpath(PAGE).read_bytes()
+
+
+class Gateway:
+    """The application's state: the Triton channel, the builds it serves, the metrics."""
+
+    def __init__(self, opts: GatewayOptions) -> None:
+        self.web = require("aiohttp.web", extra="gateway", why="run the gateway")
+        self.opts = opts
+        self.metrics = GatewayMetrics()
+        self.served: dict[str, ServedModel] = {}
+        self.upstream: Upstream | None = None
+        self.in_flight = 0
+        self.created = int(time.time())
+        self._discovery: asyncio.Task | None = None
+        self._discovery_error = "looking for the builds Triton serves"
+        self._page = chat_page()
+
+    def app(self):
+        web = self.web
+        app = web.Application(middlewares=[self._error_middleware()])
+        app.add_routes([
+            web.get("/", self.page),
+            web.get("/v1/models", self.models),
+            web.get("/v1/models/{model}", self.model),
+            web.post("/v1/chat/completions", self.chat),
+            web.get("/ready", self.ready),
+            web.get("/live", self.live),
+            web.get("/metrics", self.metrics_page),
+        ])
+        app.on_startup.append(self._startup)
+        app.on_cleanup.append(self._cleanup)
+        return app
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    async def _startup(self, app) -> None:
+        self.upstream = Upstream(self.opts.triton_url)
+        self._discovery = asyncio.create_task(self._discover())
+
+    async def _discover(self) -> None:
+        """Find the builds Triton serves, trying again each second until it answers (a
+        gateway may start before its Triton)."""
+        while True:
+            try:
+                served = await self.upstream.discover()
+            except Exception as exc:  # Triton not up yet (or a repository it cannot describe)
+                reason = f"Triton at {self.opts.triton_url}: {' '.join(str(exc).split())}"
+                if reason != self._discovery_error:
+                    log.warning("%s; trying again each second", reason)
+                self._discovery_error = reason
+            else:
+                if served:
+                    self.served = served
+                    log.info("serving %s from Triton at %s", ", ".join(served),
+                             self.opts.triton_url)
+                    return
+                self._discovery_error = (f"Triton at {self.opts.triton_url} serves no build "
+                                         "with a tensorrt_llm_bls model")
+            await asyncio.sleep(1.0)
+
+    async def _cleanup(self, app) -> None:
+        if self._discovery is not None:
+            self._discovery.cancel()
+        if self.upstream is not None:
+            await self.upstream.close()
+
+    # ---- errors ---------------------------------------------------------------------------
+
+    def _error_middleware(self):
+        web = self.web
+
+        @web.middleware
+        async def errors(request, handler):
+            try:
+                return await handler(request)
+            except ApiError as exc:
+                return self._json(exc.body(), exc.status, _retry_after(exc))
+            except web.HTTPException as exc:
+                if exc.status < 400:
+                    raise
+                # The router's 404 and 405, in OpenAI's shape.
+                return self._json(ApiError(exc.status, f"{request.method} {request.path}: "
+                                      f"{exc.reason}; see GET /v1/models and POST "
+                                      "/v1/chat/completions").body(), exc.status)
+
+        return errors
+
+    # ---- small routes ---------------------------------------------------------------------
+
+    def _json(self, body, status: int = 200, headers: dict[str, str] | None = None):
+        return self.web.json_response(body, status=status, headers=headers)
+
+    async def page(self, request):
+        return self.web.Response(body=self._page, content_type="text/html", charset="utf-8")
+
+    async def models(self, request):
+        return self._json(models_list(sorted(self.served), self.created))
+
+    async def model(self, request):
+        name = self._model(request.match_info["model"]).name
+        return self._json(model_card(name, self.created))
+
+    async def ready(self, request):
+        if self.served:
+            ok, reason = await self.upstream.readiness(self.served)
+        else:
+            ok, reason = False, self._discovery_error
+        return self._json({"ready": ok, "reason": reason}, 200 if ok else 503)
+
+    async def live(self, request):
+        return self._json({"live": True})
+
+    async def metrics_page(self, request):
+        body, content_type = self.metrics.exposition()
+        response = self.web.Response(body=body)
+        response.headers["Content-Type"] = content_type
+        return response
+
+    def _model(self, name: str) -> ServedModel:
+        if name in self.served:
+            return self.served[name]
+        if not self.served:
+            raise ApiError(503, f"not ready: {self._discovery_error}", type="server_error",
+                           code="unavailable")
+        raise ApiError(404, f"the model {name!r} does not exist; this server has "
+                       f"{', '.join(sorted(self.served))} (GET /v1/models)", param="model",
+                       code="model_not_found")
+
+    # ---- chat completions -----------------------------------------------------------------
+
+    @property
+    def body_limit(self) -> int:
+        if self.opts.max_body_bytes is not None:
+            return self.opts.max_body_bytes
+        sizes = [m.limits.max_request_bytes for m in self.served.values()]
+        return max(sizes, default=RequestBounds().max_request_bytes) + BODY_SLACK_BYTES
+
+    async def _body(self, request) -> bytes:
+        """The body, refused with 413 as soon as it is known to exceed the limit."""
+        limit = self.body_limit
+        too_large = ApiError(413, f"the request body is above this server's limit of {limit} "
+                             "bytes (--max-body-bytes); send smaller or fewer images",
+                             code="request_too_large")
+        if request.content_length is not None and request.content_length > limit:
+            raise too_large
+        body = bytearray()
+        async for chunk in request.content.iter_any():
+            body += chunk
+            if len(body) > limit:
+                raise too_large
+        return bytes(body)
+
+    async def chat(self, request):
+        received = time.perf_counter()
+        if self.in_flight >= self.opts.max_concurrency:
+            self.metrics.requests.labels("-", "-", 429).inc()
+            raise ApiError(429, f"{self.in_flight} requests are being answered, the limit of "
+                           "this gateway (--max-concurrency); retry shortly",
+                           type="rate_limit_exceeded", code="rate_limit_exceeded")
+        self.in_flight += 1
+        self.metrics.in_flight.inc()
+        labels, status = ["-", "-"], 500
+        try:
+            req = parse_chat_request(await self._body(request))
+            labels[1] = "true" if req.stream else "false"
+            model = self._model(req.model)
+            labels[0] = model.name
+            answer = self._stream if req.stream else self._complete
+            response, status = await answer(request, model, req, received)
+            return response
+        except ApiError as exc:
+            status = exc.status
+            raise
+        except (asyncio.CancelledError, ConnectionResetError):
+            status = CLIENT_CLOSED  # the client went away: its Triton call is cancelled
+            raise
+        finally:
+            self.in_flight -= 1
+            self.metrics.in_flight.dec()
+            self.metrics.requests.labels(*labels, status).inc()
+
+    def _answered(self, model: ServedModel, stream: bool, received: float,
+                  last: Piece) -> None:
+        m = self.metrics
+        m.latency.labels(model.name, "true" if stream else "false").observe(
+            time.perf_counter() - received)
+        m.prompt_tokens.labels(model.name).inc(last.prompt_tokens)
+        m.completion_tokens.labels(model.name).inc(last.completion_tokens)
+
+    def _first_token(self, model: ServedModel, received: float) -> None:
+        self.metrics.ttft.labels(model.name).observe(time.perf_counter() - received)
+
+    async def _complete(self, request, model: ServedModel, req: ChatCompletionRequest,
+                        received: float):
+        texts: list[str] = []
+        last = None
+        pieces = self.upstream.generate(model, req)
+        async with contextlib.aclosing(pieces):
+            async for piece in pieces:
+                if last is None:
+                    self._first_token(model, received)
+                texts.append(piece.text)
+                last = piece
+        trimmer = StopTrimmer(req.stop)
+        text = trimmer.push("".join(texts))
+        rest, stopped = trimmer.finish()
+        finish = finish_reason(stopped_by_string=stopped,
+                               completion_tokens=last.completion_tokens,
+                               max_tokens=model.max_tokens(req.max_tokens, last.prompt_tokens))
+        self._answered(model, False, received, last)
+        body = completion(completion_id(), int(time.time()), model.name, text + rest, finish,
+                          usage(last.prompt_tokens, last.completion_tokens))
+        return self._json(body), 200
+
+    async def _stream(self, request, model: ServedModel, req: ChatCompletionRequest,
+                      received: float):
+        """Server-sent events. The first piece is awaited before the headers go out, so a
+        refused request (a bad image, a prompt too long) gets its HTTP status; an error after
+        that comes as an error event before [DONE]."""
+        pieces = self.upstream.generate(model, req)
+        async with contextlib.aclosing(pieces):
+            piece = await anext(pieces)
+            self._first_token(model, received)
+            response = self.web.StreamResponse(headers={
+                "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no"})  # nginx: do not buffer the stream
+            await response.prepare(request)
+            writer = ChunkWriter(model.name, include_usage=req.include_usage)
+            await response.write(writer.event({"role": "assistant", "content": ""}))
+            trimmer = StopTrimmer(req.stop)
+            try:
+                while piece is not None:
+                    last = piece
+                    text = trimmer.push(piece.text)
+                    if text:
+                        await response.write(writer.event({"content": text}))
+                    piece = await anext(pieces, None)
+            except ApiError as exc:
+                await response.write(sse(exc.body()) + DONE)
+                return response, exc.status
+        rest, stopped = trimmer.finish()
+        finish = finish_reason(stopped_by_string=stopped,
+                               completion_tokens=last.completion_tokens,
+                               max_tokens=model.max_tokens(req.max_tokens, last.prompt_tokens))
+        tail = (writer.event({"content": rest}) if rest else b"") + writer.event({}, finish)
+        if req.include_usage:
+            tail += writer.usage_event(usage(last.prompt_tokens, last.completion_tokens))
+        await response.write(tail + DONE)
+        await response.write_eof()
+        self._answered(model, True, received, last)
+        return response, 200
+
+
+def _retry_after(exc: ApiError) -> dict[str, str] | None:
+    return {"Retry-After": "1"} if exc.status in (429, 503) else None
+
+
+# ---- running it -------------------------------------------------------------------------------
+
+def run_gateway(opts: GatewayOptions, on_ready: Callable[[], None] | None = None) -> None:
+    """Serve until SIGTERM or Ctrl-C (see the module doc); `on_ready` is called once the port
+    is open."""
+    with contextlib.suppress(asyncio.CancelledError):  # a second signal
+        asyncio.run(_serve(opts, on_ready))
+
+
+async def _serve(opts: GatewayOptions, on_ready: Callable[[], None] | None) -> None:
+    web = require("aiohttp.web", extra="gateway", why="run the gateway")
+    runner = web.AppRunner(Gateway(opts).app(), handler_cancellation=True,
+                           shutdown_timeout=opts.shutdown_timeout_s, access_log=None)
+    await runner.setup()
+    try:
+        try:
+            await web.TCPSite(runner, opts.host, opts.port).start()
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {opts.host}:{opts.port} ({exc.strerror}); "
+                              "pick another --port") from None
+        stop = asyncio.Event()
+        main = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:
+            if stop.is_set():
+                main.cancel()  # a second signal: do not wait for the answers in flight
+            stop.set()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal)
+        if on_ready is not None:
+            on_ready()
+        await stop.wait()
+        log.info("stopping: finishing the answers in flight (up to %.0f s)",
+                 opts.shutdown_timeout_s)
+    finally:
+        await runner.cleanup()

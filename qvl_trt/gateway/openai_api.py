@@ -1,0 +1,306 @@
+"""The OpenAI chat-completions API as the gateway speaks it: the request body checked at the edge
+(`parse_chat_request`), the error object (`ApiError`), the response and stream-chunk objects,
+and the two things the ensemble leaves to its caller: cutting a stop string off the end of the
+answer (`StopTrimmer`) and the finish reason (`finish_reason`).
+
+Pure functions over JSON-shaped values: no web server, no Triton.
+
+What is refused rather than ignored: every field the deployment cannot honour (n > 1, tools,
+logprobs, penalties, response formats other than text, ...) unless it carries the value that
+asks for the default behaviour (n = 1, logprobs false, penalties 0, ...), and any field this
+API does not know. `messages` travels to the ensemble as sent (its `messages` input):
+preprocessing checks the roles and content parts, resolves `image_url` data URIs and
+allow-listed hosts, and refuses other part types (e.g. `video_url` until video input exists)
+with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import QvlError
+
+INT32_MAX = 2**31 - 1
+UINT64_MAX = 2**64 - 1
+
+
+class ApiError(QvlError):
+    """An answer with an HTTP error status and OpenAI's error object."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+def bad_request(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param)
+
+
+@dataclass(frozen=True)
+class ChatCompletionRequest:
+    """A checked chat-completions body: what the ensemble's inputs are made of."""
+
+    model: str
+    messages: list[Any]  # as sent; preprocessing checks roles and content parts
+    max_tokens: int | None = None  # None: the deployment's default
+    temperature: float | None = None  # None: the checkpoint's generation default
+    top_p: float | None = None
+    top_k: int | None = None  # not OpenAI's; vLLM's extension, -1 or 0 = off
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage
+
+
+# Fields the deployment cannot honour, with the values that ask for nothing more than what
+# it does anyway (the request's JSON; null always counts as absent). The refusal names the
+# field: a client that relies on it learns so at once instead of getting a silently
+# different answer.
+_DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
+    "n": (1,),
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0),
+    "repetition_penalty": (1, 1.0),
+    "logit_bias": ({},),
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "parallel_tool_calls": (True, False),  # only means something with tools
+    "functions": ([],),
+    "function_call": ("none",),
+    "response_format": ({"type": "text"},),
+    "modalities": (["text"],),
+    "store": (False,),
+    "audio": (),
+    "prediction": (),
+    "reasoning_effort": (),
+    "web_search_options": (),
+}
+# Accepted and without effect on the answer.
+_IGNORED = ("user", "metadata", "service_tier")
+_KNOWN = ("model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
+          "top_k", "seed", "stop", "stream", "stream_options", *_IGNORED, *_DEFAULT_ONLY)
+
+
+def parse_chat_request(body: bytes) -> ChatCompletionRequest:
+    """The request body -> a checked request, or ApiError (400) naming the field and the
+    fix."""
+    data = _json_object(body)
+    unknown = sorted(set(data) - set(_KNOWN))
+    if unknown:
+        raise bad_request(f"unsupported parameter {unknown[0]!r}: this server does not know "
+                          "it; leave it out", unknown[0])
+    for name, allowed in _DEFAULT_ONLY.items():
+        value = data.get(name)
+        if value is not None and _canonical(value) not in {_canonical(a) for a in allowed}:
+            fix = f"leave it out or send {json.dumps(allowed[0])}" if allowed else "leave it out"
+            raise bad_request(f"{name} = {json.dumps(value)[:60]} is not supported by this "
+                              f"server; {fix}", name)
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("model is required: the name of a served model (GET /v1/models)",
+                          "model")
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages must be a non-empty list of {role, content} objects",
+                          "messages")
+    stream = _optional(data, "stream", bool, "true or false") or False
+    options = data.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not stream:
+            raise bad_request("stream_options is only allowed when stream is true",
+                              "stream_options")
+        if not isinstance(options, Mapping) or set(options) - {"include_usage"}:
+            raise bad_request("stream_options supports only include_usage", "stream_options")
+        include_usage = _optional(options, "include_usage", bool, "true or false",
+                                  "stream_options.include_usage") or False
+    return ChatCompletionRequest(
+        model=model, messages=messages, max_tokens=_max_tokens(data),
+        temperature=_number(data, "temperature"), top_p=_number(data, "top_p"),
+        top_k=_top_k(data), seed=_seed(data), stop=_stop(data), stream=stream,
+        include_usage=include_usage)
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    def no_constant(name: str) -> Any:  # NaN, Infinity: not JSON
+        raise ValueError(f"{name} is not a JSON number")
+
+    try:
+        data = json.loads(body, parse_constant=no_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad_request(f"the request body is not valid JSON ({exc}); send a JSON object") \
+            from None
+    if not isinstance(data, dict):
+        raise bad_request("the request body must be a JSON object")
+    return data
+
+
+def _canonical(value: Any) -> str:
+    """A JSON value's spelling, so that true is not 1 (Python's True == 1)."""
+    return json.dumps(value, sort_keys=True)
+
+
+def _optional(data: Mapping[str, Any], name: str, kind: type, what: str,
+              param: str | None = None) -> Any:
+    value = data.get(name)
+    if value is None:
+        return None
+    # bool is an int in Python; a JSON true is no number here.
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise bad_request(f"{param or name} must be {what}, got {json.dumps(value)[:40]}",
+                          param or name)
+    return value
+
+
+def _integer(data: Mapping[str, Any], name: str, low: int, high: int) -> int | None:
+    value = _optional(data, name, int, f"an integer from {low} to {high}")
+    if value is not None and not low <= value <= high:
+        raise bad_request(f"{name} = {value} must be from {low} to {high}", name)
+    return value
+
+
+def _max_tokens(data: Mapping[str, Any]) -> int | None:
+    values = {name: _integer(data, name, 1, INT32_MAX)
+              for name in ("max_completion_tokens", "max_tokens")}
+    given = {v for v in values.values() if v is not None}
+    if len(given) > 1:
+        raise bad_request("max_tokens and max_completion_tokens differ; send one of them",
+                          "max_tokens")
+    return given.pop() if given else None
+
+
+def _number(data: Mapping[str, Any], name: str) -> float | None:
+    value = _optional(data, name, (int, float), "a number")
+    if value is not None and not math.isfinite(value):
+        raise bad_request(f"{name} must be a finite number", name)
+    return None if value is None else float(value)
+
+
+def _top_k(data: Mapping[str, Any]) -> int | None:
+    value = _integer(data, "top_k", -1, INT32_MAX)
+    return 0 if value == -1 else value  # vLLM spells "off" -1, the ensemble 0
+
+
+def _seed(data: Mapping[str, Any]) -> int | None:
+    return _integer(data, "seed", 0, UINT64_MAX)
+
+
+def _stop(data: Mapping[str, Any]) -> tuple[str, ...]:
+    stop = data.get("stop")
+    if stop is None:
+        return ()
+    words = [stop] if isinstance(stop, str) else stop
+    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+        raise bad_request("stop must be a string or a list of strings", "stop")
+    return tuple(words)
+
+
+# ---- responses ------------------------------------------------------------------------------
+
+def completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion(ident: str, created: int, model: str, text: str, finish: str,
+               counts: dict[str, int]) -> dict[str, Any]:
+    """The `chat.completion` object of a non-streamed answer."""
+    return {"id": ident, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "logprobs": None, "finish_reason": finish}],
+            "usage": counts}
+
+
+class ChunkWriter:
+    """The `chat.completion.chunk` events of one streamed answer, as SSE `data:` lines."""
+
+    def __init__(self, model: str, *, include_usage: bool) -> None:
+        self.head = {"id": completion_id(), "object": "chat.completion.chunk",
+                     "created": int(time.time()), "model": model}
+        self.include_usage = include_usage
+
+    def event(self, delta: dict[str, str], finish: str | None = None) -> bytes:
+        chunk = {**self.head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                           "finish_reason": finish}]}
+        if self.include_usage:
+            chunk["usage"] = None  # OpenAI: every chunk but the last carries a null usage
+        return sse(chunk)
+
+    def usage_event(self, counts: dict[str, int]) -> bytes:
+        return sse({**self.head, "choices": [], "usage": counts})
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(data: Mapping[str, Any]) -> bytes:
+    return b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() \
+        + b"\n\n"
+
+
+def models_list(names: Sequence[str], created: int) -> dict[str, Any]:
+    return {"object": "list", "data": [model_card(n, created) for n in names]}
+
+
+def model_card(name: str, created: int) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": created, "owned_by": "qvl-trt"}
+
+
+# ---- what the ensemble leaves to its caller ---------------------------------------------------
+
+class StopTrimmer:
+    """OpenAI leaves the stop string out of the answer; the ensemble keeps it at the end (as
+    TensorRT-LLM does). While streaming, the last characters that could still belong to a stop
+    string are held back until more text shows they do not, or the answer ends."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(stops)
+        self.hold = max(map(len, self.stops), default=0)
+        self.pending = ""
+
+    def push(self, text: str) -> str:
+        """The text that can be sent now."""
+        if not self.hold:
+            return text
+        self.pending += text
+        cut = max(0, len(self.pending) - self.hold)
+        ready, self.pending = self.pending[:cut], self.pending[cut:]
+        return ready
+
+    def finish(self) -> tuple[str, bool]:
+        """The held-back rest without a final stop string, and whether one was cut."""
+        rest, self.pending = self.pending, ""
+        for stop in self.stops:
+            if rest.endswith(stop):
+                return rest[: len(rest) - len(stop)], True
+        return rest, False
+
+
+def finish_reason(*, stopped_by_string: bool, completion_tokens: int,
+                  max_tokens: int) -> str:
+    """"length" when the answer used every token it was allowed (the ensemble counts
+    generated tokens without the end token), else "stop" (end token or stop string)."""
+    if stopped_by_string or completion_tokens < max_tokens:
+        return "stop"
+    return "length"

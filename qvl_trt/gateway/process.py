@@ -1,0 +1,119 @@
+"""The gateway as a child process (`qvl-trt serve --openai-port`, the demo, the benchmark):
+`qvl-trt gateway` started in its own process group with PR_SET_PDEATHSIG, so it never outlives
+the process that started it (kill -9 included); `stop()` sends SIGTERM (the answers in flight
+finish, up to the shutdown timeout) and kills the group if it does not end in time."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from ..child import die_with_parent, kill_group
+from ..errors import ServerError
+from ..triton.server import client_host
+from .app import GatewayOptions
+
+# Beyond the gateway's own shutdown timeout, before its group is killed.
+STOP_GRACE_S = 5.0
+
+
+def gateway_command(opts: GatewayOptions) -> list[str]:
+    """`qvl-trt gateway` with these options, run by this interpreter."""
+    cmd = [sys.executable, "-m", "qvl_trt.cli", "gateway", "--url", f"grpc://{opts.triton_url}",
+           "--host", opts.host, "--port", str(opts.port),
+           "--max-concurrency", str(opts.max_concurrency),
+           "--shutdown-timeout", str(opts.shutdown_timeout_s)]
+    if opts.max_body_bytes is not None:
+        cmd += ["--max-body-bytes", str(opts.max_body_bytes)]
+    return cmd
+
+
+class GatewayProcess:
+    def __init__(self, opts: GatewayOptions, *, log_file: Path | None = None) -> None:
+        self.opts = opts
+        self.log_file = log_file
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        """Where clients on this machine reach it."""
+        return f"http://{client_host(self.opts.host)}:{self.opts.port}"
+
+    def start(self, timeout_s: float = 60.0) -> GatewayProcess:
+        """Start it and wait until it listens."""
+        out = open(self.log_file, "ab") if self.log_file else None  # noqa: SIM115 (the child's)
+        try:
+            self.process = subprocess.Popen(
+                gateway_command(self.opts), stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT if out else None, start_new_session=True,
+                preexec_fn=functools.partial(die_with_parent, os.getpid()))
+        finally:
+            if out is not None:
+                out.close()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServerError(f"the gateway exited with code {self.process.returncode} "
+                                  f"while starting{self._log_hint()}")
+            if self.readiness() is not None:
+                return self
+            time.sleep(0.1)
+        self.stop()
+        raise ServerError(f"the gateway did not listen on {self.url} within {timeout_s:.0f} s"
+                          f"{self._log_hint()}")
+
+    def readiness(self) -> tuple[bool, str] | None:
+        """GET /ready: (ready, reason), or None while it does not answer."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/ready", timeout=10) as reply:
+                body = json.loads(reply.read())
+        except urllib.error.HTTPError as exc:
+            body = json.loads(exc.read())
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+        return bool(body["ready"]), body["reason"]
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        state = None
+        while time.monotonic() < deadline:
+            state = self.readiness()
+            if state is not None and state[0]:
+                return
+            time.sleep(0.2)
+        raise ServerError(f"the gateway at {self.url} was not ready within {timeout_s:.0f} s "
+                          f"({state[1] if state else 'no answer'})")
+
+    def stop(self) -> int | None:
+        """SIGTERM, then the group killed after the shutdown timeout; the exit code (None when
+        it was never started or is already stopped)."""
+        if self.process is None:
+            return None
+        code = None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                code = self.process.wait(timeout=self.opts.shutdown_timeout_s + STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
+        kill_group(self.process.pid)
+        waited = self.process.wait()
+        self.process = None
+        return waited if code is None else code
+
+    def _log_hint(self) -> str:
+        return f"; see {self.log_file}" if self.log_file else ""
+
+    def __enter__(self) -> GatewayProcess:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,214 @@
+"""The gateway's side of Triton: which builds it serves (`discover`), whether they are ready
+(`readiness`), and one chat request as a stream of text pieces (`generate`), over
+tritonclient's asyncio gRPC client.
+
+Every request goes to the build's `tensorrt_llm_bls` model, not its `ensemble`: the same
+inputs, outputs and answers, but the request a client cancels is that model's own, so it stops
+tensorrt_llm (Triton's ensemble scheduler does not pass a cancel to a step already running:
+README, "Cancelling a request"). A client that goes away cancels the gRPC call, and with it
+the generation. Triton is always asked to stream, also for a non-streamed answer: the model
+looks for the cancel between tokens, and the streamed pieces add up to the one-shot text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..deps import require
+from ..mm.request import BOUND_REFUSAL
+from ..triton import contract as c
+from ..triton.runtime.backend import INTERNAL_ERROR
+from ..triton.runtime.postprocessing import UNLOADING
+from .openai_api import ApiError, ChatCompletionRequest
+
+log = logging.getLogger(__name__)
+
+# Error responses that mean "not now" rather than "not this request": a model unloading, a
+# python stub that died (serve restarts the server), a model gone while Triton reloads.
+_UNAVAILABLE = (UNLOADING, "is not healthy", "is not ready", "Request for unknown model")
+_TYPES = {s.name: s.data_type for s in c.ENSEMBLE_INPUTS}
+# What a readiness or discovery call may take before Triton counts as not answering.
+PROBE_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """One build of the repository, by its ensemble's name (the OpenAI model id)."""
+
+    name: str
+    models: c.ModelNames
+    limits: c.PreprocessingParameters  # its preprocessing model's parameters
+
+    def max_tokens(self, requested: int | None, prompt_tokens: int) -> int:
+        """The tokens a request may generate: what it asked for, else the deployment's
+        default capped by the room left in the sequence (as preprocessing decides)."""
+        if requested is not None:
+            return requested
+        return min(self.limits.default_max_tokens, self.limits.max_seq_len - prompt_tokens)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One response of the model: new text and the token counts so far."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def refusal(message: str) -> ApiError:
+    """An error response of the deployment -> the HTTP answer: size bounds 413, bugs 500,
+    a model that is not there right now 503, the rest (the request's to fix) 400."""
+    message = " ".join(message.split())
+    if BOUND_REFUSAL in message:
+        return ApiError(413, message, code="request_too_large")
+    if INTERNAL_ERROR in message:
+        return ApiError(500, message, type="server_error")
+    if any(marker in message for marker in _UNAVAILABLE):
+        return ApiError(503, message, type="server_error", code="unavailable")
+    return ApiError(400, message)
+
+
+def _piece(response: Any) -> Piece | None:
+    """The text and counts of one ModelInferResponse, read from its raw output contents, or
+    None for a response without text. Once per token, so straight from the bytes rather than
+    through numpy: Triton's gRPC endpoint sends every output as raw contents, little-endian,
+    a BYTES element as a 4-byte length and the bytes (what tritonclient's
+    grpc/_infer_result.py as_numpy decodes)."""
+    raw = dict(zip((o.name for o in response.outputs), response.raw_output_contents,
+                   strict=True))
+    text = raw.get(c.TEXT_OUTPUT)
+    if text is None:
+        return None
+    size = int.from_bytes(text[:4], "little")
+    return Piece(text[4:4 + size].decode("utf-8", "replace"),
+                 int.from_bytes(raw[c.PROMPT_TOKENS], "little", signed=True),
+                 int.from_bytes(raw[c.COMPLETION_TOKENS], "little", signed=True))
+
+
+class Upstream:
+    """One gRPC channel to Triton, shared by every request (create it inside the event loop
+    that uses it)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._grpc = require("tritonclient.grpc", extra="gateway", why="talk to Triton")
+        aio = require("tritonclient.grpc.aio", extra="gateway", why="talk to Triton")
+        # What a broken stream raises (tritonclient's stream iterator does not wrap it).
+        self._rpc_error = require("grpc", extra="gateway", why="talk to Triton").aio.AioRpcError
+        self.client = aio.InferenceServerClient(url)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    def unreachable(self, exc: BaseException) -> ApiError:
+        detail = " ".join(str(exc.details() if hasattr(exc, "details") else exc).split())
+        return ApiError(503, f"Triton at {self.url} is not reachable ({detail}); retry once it "
+                        "is back", type="server_error", code="unavailable")
+
+    async def discover(self) -> dict[str, ServedModel]:
+        """The builds Triton serves: every ensemble that has its tensorrt_llm_bls model."""
+        index = await self.client.get_model_repository_index(
+            as_json=True, client_timeout=PROBE_TIMEOUT_S)
+        names = {m["name"] for m in index.get("models", [])}
+        served = {}
+        for name in sorted(names):
+            models = c.ModelNames.for_build(None if name == c.ENSEMBLE else name)
+            if models.tensorrt_llm_bls not in names or models.preprocessing not in names:
+                continue
+            if (await self._config(name)).get("platform") != "ensemble":
+                continue
+            params = c.config_parameters(await self._config(models.preprocessing))
+            limits = c.PreprocessingParameters.from_parameters(
+                params, f"{models.preprocessing} on {self.url}")
+            served[name] = ServedModel(name, models, limits)
+        return served
+
+    async def _config(self, model: str) -> dict[str, Any]:
+        reply = await self.client.get_model_config(model, as_json=True,
+                                                   client_timeout=PROBE_TIMEOUT_S)
+        return reply["config"]
+
+    async def readiness(self, served: dict[str, ServedModel]) -> tuple[bool, str]:
+        """(ready, reason): Triton answers ready and so does every model of every build."""
+        try:
+            if not await self.client.is_server_ready(client_timeout=PROBE_TIMEOUT_S):
+                return False, f"Triton at {self.url} is not ready"
+            if not served:
+                return False, f"Triton at {self.url} serves no build with tensorrt_llm_bls"
+            for model in served.values():
+                for name in model.models.all():
+                    if not await self.client.is_model_ready(name,
+                                                            client_timeout=PROBE_TIMEOUT_S):
+                        return False, f"model {name} is not ready"
+        except self._grpc.InferenceServerException as exc:
+            return False, self.unreachable(exc).message
+        return True, "ready"
+
+    async def generate(self, model: ServedModel,
+                       request: ChatCompletionRequest) -> AsyncIterator[Piece]:
+        """The model's responses as they arrive, at least one. Raises ApiError for an error
+        response or a lost connection. Leaving early (the caller stops iterating, or is
+        cancelled) cancels the call: the model sees its request cancelled and stops
+        generating."""
+        closed = asyncio.Event()
+
+        async def requests():
+            yield {"model_name": model.models.tensorrt_llm_bls,
+                   "inputs": self._inputs(request)}
+            await closed.wait()  # the stream stays open until the answer is complete
+
+        call = self.client.stream_infer(requests())
+        finished = answered = False
+        try:
+            async for result, error in call:
+                if error is not None:
+                    raise refusal(error.message())
+                response = result.get_response()
+                piece = _piece(response)
+                if piece is not None:
+                    answered = True
+                    yield piece
+                if response.parameters["triton_final_response"].bool_param:
+                    finished = True
+                    break
+            if not (finished and answered):
+                raise ApiError(502, f"{model.models.tensorrt_llm_bls} on {self.url} ended "
+                               "the stream without a complete answer", type="server_error")
+        except self._rpc_error as exc:
+            raise self.unreachable(exc) from None
+        finally:
+            closed.set()
+            if not finished:
+                call.cancel()
+
+    def _inputs(self, request: ChatCompletionRequest) -> list[Any]:
+        """The ensemble's inputs (one batch row) for a chat request; absent settings are left
+        to the deployment's defaults."""
+        values: dict[str, np.ndarray] = {
+            c.MESSAGES: np.array([[json.dumps(request.messages,
+                                              ensure_ascii=False).encode()]], object),
+            c.STREAM: np.array([[True]]),
+        }
+        settings = ((c.MAX_TOKENS, request.max_tokens, np.int32),
+                    (c.TEMPERATURE, request.temperature, np.float32),
+                    (c.TOP_P, request.top_p, np.float32), (c.TOP_K, request.top_k, np.int32),
+                    (c.SEED, request.seed, np.uint64))
+        for name, value, dtype in settings:
+            if value is not None:
+                values[name] = np.array([[value]], dtype)
+        if request.stop:
+            values[c.STOP] = np.array([[s.encode() for s in request.stop]], object)
+        inputs = []
+        for name, value in values.items():
+            tensor = self._grpc.InferInput(name, list(value.shape), _TYPES[name])
+            tensor.set_data_from_numpy(value)
+            inputs.append(tensor)
+        return inputs

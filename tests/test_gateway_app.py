@@ -1,0 +1,326 @@
+"""The OpenAI-compatible gateway over the session's real tritonserver (the reference flavor of
+the tiny checkpoint), with the real `openai` package as the client: its answers are the
+ensemble's, streamed or not, with the ensemble's token counts; 64 concurrent streams each get
+their solo answer; bad requests get OpenAI-style errors with fitting status codes and the
+gateway keeps serving; a client that goes away stops the generation; readiness, limits and
+metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import http.client
+import json
+import re
+import socket
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from test_triton_server import data_uri, grpc_ask, metric, png
+
+from qvl_trt.triton import contract as c
+
+openai = pytest.importorskip("openai", reason="the acceptance tests use the openai package as "
+                             "the client: pip install openai")
+
+MODEL = c.ENSEMBLE  # the unnamed build's ensemble: its OpenAI model id
+LLM_TOKENS = "qvl_reference_llm_tokens_total"
+
+
+def image_question(seed: int, question: str = "What is in the picture?",
+                   size: tuple[int, int] = (64, 64)) -> list[dict]:
+    return [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": data_uri(png(seed, size))}},
+        {"type": "text", "text": question}]}]
+
+
+def client(gateway) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+
+
+def streamed(stream) -> tuple[str, list[str], list, object]:
+    """(text, content deltas, finish reasons, usage) of a chat-completions stream."""
+    deltas, finishes, counts = [], [], None
+    for chunk in stream:
+        if chunk.usage is not None:
+            counts = chunk.usage
+        for choice in chunk.choices:
+            if choice.delta.content:
+                deltas.append(choice.delta.content)
+            if choice.finish_reason:
+                finishes.append(choice.finish_reason)
+    return "".join(deltas), deltas, finishes, counts
+
+
+def gateway_metric(gateway, name: str, **labels: str) -> float:
+    text = urllib.request.urlopen(f"{gateway.url}/metrics", timeout=10).read().decode()
+    total = 0.0
+    for m in re.finditer(rf"^{name}(?:{{([^}}]*)}})? (\S+)$", text, re.M):
+        found = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
+        if all(found.get(k) == v for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
+
+
+def post(gateway, body: bytes, path: str = "/v1/chat/completions") -> tuple[int, dict]:
+    request = urllib.request.Request(f"{gateway.url}{path}", data=body,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+# ---- answers --------------------------------------------------------------------------------
+
+def test_answers_and_usage_equal_the_ensembles(gateway, triton_server) -> None:
+    messages = image_question(0)
+    want = grpc_ask(triton_server, messages=messages, max_tokens=12)
+    assert want.text == grpc_ask(triton_server, messages=messages, max_tokens=12,
+                                 stream=False).text
+    finish = "length" if want.completion_tokens == 12 else "stop"
+    api = client(gateway)
+
+    whole = api.chat.completions.create(model=MODEL, messages=messages, max_tokens=12,
+                                        temperature=0)
+    assert whole.object == "chat.completion" and whole.model == MODEL
+    assert whole.id.startswith("chatcmpl-") and whole.created > 0
+    assert whole.choices[0].message.role == "assistant"
+    assert whole.choices[0].message.content == want.text
+    assert whole.choices[0].finish_reason == finish
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens, whole.usage.total_tokens) \
+        == (want.prompt_tokens, want.completion_tokens,
+            want.prompt_tokens + want.completion_tokens)
+
+    text, deltas, finishes, counts = streamed(api.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=12, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    assert text == want.text and len(deltas) >= 3, deltas  # streamed in pieces
+    assert finishes == [finish]
+    assert (counts.prompt_tokens, counts.completion_tokens) == (want.prompt_tokens,
+                                                               want.completion_tokens)
+    # The checkpoint's sampling defaults when temperature is left out, as the ensemble does.
+    seeded = api.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, seed=5)
+    assert seeded.choices[0].message.content == grpc_ask(
+        triton_server, messages=messages, max_tokens=12, temperature=None, seed=5).text
+
+
+def test_the_stop_string_is_cut_and_the_finish_reason_follows(gateway, triton_server) -> None:
+    messages = image_question(0)
+    full = grpc_ask(triton_server, messages=messages, max_tokens=12)
+    stop = full.chunks[1]  # one token's text
+    cut = grpc_ask(triton_server, messages=messages, max_tokens=12, stop=[stop])
+    assert cut.text.endswith(stop) and len(cut.text) < len(full.text), "no stop to test"
+    api = client(gateway)
+    whole = api.chat.completions.create(model=MODEL, messages=messages, max_tokens=12,
+                                        temperature=0, stop=stop)
+    assert whole.choices[0].message.content == cut.text[: -len(stop)]  # OpenAI leaves it out
+    assert whole.choices[0].finish_reason == "stop"
+    assert whole.usage.completion_tokens == cut.completion_tokens
+    text, _, finishes, _ = streamed(api.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=12, temperature=0, stop=[stop, "zzz"],
+        stream=True))
+    assert (text, finishes) == (cut.text[: -len(stop)], ["stop"])
+
+
+def test_64_concurrent_streams_each_get_their_solo_answer(gateway) -> None:
+    cases = [(image_question(20 + i, f"Question {i}: what do you see?",
+                             (64 + 32 * (i % 3), 64)) if i % 2 else
+              [{"role": "user", "content": f"Question {i}: tell me something."}], 5 + i)
+             for i in range(8)]
+    api = client(gateway)
+    solo = [api.chat.completions.create(model=MODEL, messages=m, max_tokens=n, temperature=0)
+            .choices[0].message.content for m, n in cases]
+    assert len(set(solo)) > 1, "the cases should not all have the same answer"
+
+    async def ask_all() -> list:
+        async with openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="unused",
+                                      max_retries=0, timeout=600) as aio:
+            async def one(i: int) -> str:
+                messages, n = cases[i % len(cases)]
+                stream = await aio.chat.completions.create(
+                    model=MODEL, messages=messages, max_tokens=n, temperature=0, stream=True)
+                return "".join([chunk.choices[0].delta.content or ""
+                                async for chunk in stream if chunk.choices])
+
+            return await asyncio.gather(*(one(i) for i in range(64)), return_exceptions=True)
+
+    answers = asyncio.run(ask_all())
+    errors = [a for a in answers if isinstance(a, BaseException)]
+    assert not errors, errors[:3]
+    assert answers == [solo[i % len(cases)] for i in range(64)]
+
+
+# ---- bad requests ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fields, error, status, param, words", [
+    ({"model": "no-such-model"}, "NotFoundError", 404, "model", "does not exist"),
+    ({"n": 2}, "BadRequestError", 400, "n", "n = 2 is not supported"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+     "BadRequestError", 400, "tools", "is not supported"),
+    ({"max_tokens": 0}, "BadRequestError", 400, "max_tokens", "from 1 to"),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": data_uri(png(1)[:60])}},  # cut short
+        {"type": "text", "text": "Hi"}]}]}, "BadRequestError", 400, None, "image 1:"),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "video_url", "video_url": {"url": "https://example.com/clip.mp4"}},
+        {"type": "text", "text": "Hi"}]}]}, "BadRequestError", 400, None, "video_url"),
+    ({"stop": [f"s{i}" for i in range(17)]}, "APIStatusError", 413, None, "max_stop_words"),
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_bad_request_gets_an_openai_error(gateway, fields, error, status, param, words,
+                                            stream) -> None:
+    request = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+               "max_tokens": 4, **fields}
+    with pytest.raises(getattr(openai, error)) as caught:
+        client(gateway).chat.completions.create(stream=stream, **request)
+    assert caught.value.status_code == status
+    body = caught.value.body
+    assert words in body["message"], body
+    assert body["param"] == param and body["type"] == "invalid_request_error"
+
+
+def test_invalid_json_and_an_oversized_body_are_refused_and_service_goes_on(gateway) -> None:
+    status, body = post(gateway, b'{"model": "ensemble", "messages": [')
+    assert status == 400 and "not valid JSON" in body["error"]["message"]
+    assert body["error"]["type"] == "invalid_request_error"
+    # Refused on its Content-Length, before a byte of it is read.
+    conn = http.client.HTTPConnection("127.0.0.1", int(gateway.url.rsplit(":", 1)[1]),
+                                      timeout=30)
+    conn.putrequest("POST", "/v1/chat/completions")
+    conn.putheader("Content-Type", "application/json")
+    conn.putheader("Content-Length", str(40 * 2**20))
+    conn.endheaders()
+    reply = conn.getresponse()
+    body = json.loads(reply.read())
+    conn.close()
+    assert reply.status == 413 and body["error"]["code"] == "request_too_large"
+    assert "limit of" in body["error"]["message"]
+    status, body = post(gateway, b"{}", "/v1/no-such-route")
+    assert status == 404 and "error" in body
+    answer = client(gateway).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Still there?"}], max_tokens=3)
+    assert answer.usage.completion_tokens >= 1  # the gateway keeps serving
+
+
+def test_models_list_the_builds_by_ensemble_name(gateway) -> None:
+    api = client(gateway)
+    assert [m.id for m in api.models.list()] == [MODEL]
+    assert api.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        api.models.retrieve("tensorrt_llm")
+
+
+# ---- cancellation ---------------------------------------------------------------------------
+
+def test_a_client_that_goes_away_stops_the_generation(gateway, triton_server) -> None:
+    max_tokens = 400
+    before = metric(triton_server, LLM_TOKENS)
+    closed_before = gateway_metric(gateway, "qvl_gateway_requests_total", status="499")
+    received = 0
+    with client(gateway).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Tell me a long story."}],
+            max_tokens=max_tokens, temperature=0, stream=True) as stream:
+        for chunk in stream:
+            received += bool(chunk.choices and chunk.choices[0].delta.content)
+            if received == 3:
+                break  # leaving the block closes the connection
+    # The server keeps serving; a second after that answer the reference tensorrt_llm makes
+    # no more tokens (it would still be at it, about 70 a second here, had the cancel not
+    # reached it: e.g. through the ensemble, whose scheduler does not pass it on).
+    follow = client(gateway).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Still there?"}], max_tokens=4,
+        temperature=0)
+    made = metric(triton_server, LLM_TOKENS) - before - follow.usage.completion_tokens
+    time.sleep(1.0)
+    later = metric(triton_server, LLM_TOKENS) - before - follow.usage.completion_tokens
+    print(f"the client left after {received} pieces; tensorrt_llm made {made:.0f} tokens for "
+          f"it, {later - made:.0f} in the second after (max_tokens {max_tokens})")
+    assert later == made and received <= made < max_tokens // 4, \
+        "the generation was not stopped"
+    assert gateway_metric(gateway, "qvl_gateway_requests_total", status="499") == \
+        closed_before + 1
+
+
+# ---- readiness, limits, metrics -------------------------------------------------------------
+
+def test_metrics_count_requests_tokens_and_latency(gateway) -> None:
+    watched = (("qvl_gateway_requests_total", {"model": MODEL, "stream": "true",
+                                               "status": "200"}),
+               ("qvl_gateway_requests_total", {"status": "404"}),
+               ("qvl_gateway_completion_tokens_total", {"model": MODEL}),
+               ("qvl_gateway_time_to_first_token_seconds_count", {"model": MODEL}),
+               ("qvl_gateway_request_duration_seconds_count", {"model": MODEL, "stream": "true"}))
+    before = [gateway_metric(gateway, name, **labels) for name, labels in watched]
+    _, _, _, counts = streamed(client(gateway).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Count."}], max_tokens=5,
+        stream=True, stream_options={"include_usage": True}))
+    with pytest.raises(openai.NotFoundError):
+        client(gateway).chat.completions.create(model="nope", messages=[
+            {"role": "user", "content": "Hi"}])
+    after = [gateway_metric(gateway, name, **labels) for name, labels in watched]
+    grown = [a - b for a, b in zip(after, before, strict=True)]
+    assert grown == [1, 1, counts.completion_tokens, 1, 1]
+    assert gateway_metric(gateway, "qvl_gateway_requests_in_flight") == 0
+
+
+def test_readiness_fails_for_a_model_that_is_not_ready(gateway, triton_server) -> None:
+    """The gateway's check against the real server, with one build whose models the server
+    does not have."""
+    from qvl_trt.gateway.upstream import Upstream
+
+    assert json.loads(urllib.request.urlopen(f"{gateway.url}/ready").read()) == \
+        {"ready": True, "reason": "ready"}
+
+    async def check() -> list[tuple[bool, str]]:
+        upstream = Upstream(triton_server.grpc_url)
+        try:
+            served = await upstream.discover()
+            ghost = dataclasses.replace(served[MODEL], name="ghost",
+                                        models=c.ModelNames.for_build("ghost"))
+            return [await upstream.readiness(served),
+                    await upstream.readiness({**served, "ghost": ghost}),
+                    await upstream.readiness({})]
+        finally:
+            await upstream.close()
+
+    ok, ghost, none = asyncio.run(check())
+    assert ok == (True, "ready")
+    assert ghost == (False, "model ghost is not ready")
+    assert none[0] is False and "serves no build" in none[1]
+
+
+def test_without_triton_readiness_fails_and_limits_answer_429_and_413(tmp_path) -> None:
+    """A gateway whose Triton is not there (a free port): it runs and says why it is not
+    ready; its concurrency and body limits answer before anything reaches Triton."""
+    from qvl_trt.gateway.app import GatewayOptions
+    from qvl_trt.gateway.process import GatewayProcess
+    from qvl_trt.triton.server import free_ports
+
+    ports = free_ports()
+    opts = GatewayOptions(f"127.0.0.1:{ports.grpc}", port=ports.http, max_concurrency=1,
+                          max_body_bytes=4096)
+    with GatewayProcess(opts, log_file=tmp_path / "gateway.log") as gateway:
+        assert urllib.request.urlopen(f"{gateway.url}/live").status == 200
+        ready, reason = gateway.readiness()
+        assert not ready and f"127.0.0.1:{ports.grpc}" in reason
+        with pytest.raises(openai.InternalServerError) as caught:
+            client(gateway).chat.completions.create(model=MODEL, messages=[
+                {"role": "user", "content": "Hi"}])
+        assert caught.value.status_code == 503 and "not ready" in caught.value.body["message"]
+        assert [m.id for m in client(gateway).models.list()] == []
+        status, body = post(gateway, b" " * 5000)
+        assert status == 413 and "4096" in body["error"]["message"]
+        # One request in flight (its body still coming), so the next one is over the limit.
+        slow = socket.create_connection(("127.0.0.1", ports.http))
+        slow.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Length: 100\r\n\r\n{")
+        time.sleep(0.5)
+        with pytest.raises(openai.RateLimitError) as caught:
+            client(gateway).chat.completions.create(model=MODEL, messages=[
+                {"role": "user", "content": "Hi"}])
+        assert caught.value.response.headers["retry-after"] == "1"
+        slow.close()

@@ -1,0 +1,107 @@
+"""The gateway as a process: it never outlives the process that started it (kill -9 included),
+SIGTERM lets the answers in flight finish, refuses new connections and exits 0, and bad
+options are one-line errors."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from cli_harness import run_cli
+from test_triton_supervisor import group_alive, group_gone_within
+
+from qvl_trt.triton import contract as c
+
+openai = pytest.importorskip("openai", reason="the tests use the openai package as the client: "
+                             "pip install openai")
+pytest.importorskip("aiohttp", reason="the gateway needs aiohttp: pip install 'qvl-trt[gateway]'")
+
+PARENT = """
+import sys, time
+from qvl_trt.gateway.app import GatewayOptions
+from qvl_trt.gateway.process import GatewayProcess
+
+gateway = GatewayProcess(GatewayOptions(sys.argv[1], port=int(sys.argv[2]))).start()
+print("PID", gateway.process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_gateway_dies_with_the_process_that_started_it() -> None:
+    from qvl_trt.triton.server import free_ports
+
+    ports = free_ports()
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, f"127.0.0.1:{ports.grpc}",
+                               str(ports.http)], stdout=subprocess.PIPE, text=True)
+    try:
+        pid = next(int(line.split()[1]) for line in parent.stdout if line.startswith("PID "))
+        assert group_alive(pid)
+    finally:
+        parent.kill()
+        parent.wait()
+    assert group_gone_within(pid, 5), "the gateway outlived its parent by 5 s"
+
+
+def test_sigterm_finishes_the_answer_in_flight_then_exits_0(triton_server, tmp_path) -> None:
+    from qvl_trt.gateway.app import GatewayOptions
+    from qvl_trt.gateway.process import GatewayProcess
+    from qvl_trt.triton.server import free_ports
+
+    port = free_ports().http
+    log = tmp_path / "gateway.log"
+    gateway = GatewayProcess(GatewayOptions(triton_server.grpc_url, port=port), log_file=log)
+    gateway.start()
+    gateway.wait_ready()
+    api = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+    process = gateway.process
+    stopped: list[int | None] = []
+    try:
+        stream = api.chat.completions.create(
+            model=c.ENSEMBLE, messages=[{"role": "user", "content": "Tell me a story."}],
+            max_tokens=60, temperature=0, stream=True, stream_options={"include_usage": True})
+        chunks = iter(stream)
+        first = next(chunks)
+        stopper = threading.Thread(target=lambda: stopped.append(gateway.stop()))
+        stopper.start()
+        deadline = time.monotonic() + 10
+        while True:  # the listening socket closes at once
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            except ConnectionRefusedError:
+                break
+            assert time.monotonic() < deadline, "still accepting connections after SIGTERM"
+            time.sleep(0.05)
+        rest = list(chunks)
+        stopper.join(timeout=60)
+    finally:
+        if gateway.process is not None:
+            gateway.process.send_signal(signal.SIGKILL)
+    finishes = [ch.finish_reason for chunk in [first, *rest] for ch in chunk.choices
+                if ch.finish_reason]
+    # The whole answer: its finish reason and its usage chunk came after SIGTERM.
+    assert len(finishes) == 1 and rest[-1].usage is not None
+    assert rest[-1].usage.completion_tokens > 1
+    assert stopped == [0], log.read_text()
+    assert process.poll() == 0
+
+
+@pytest.mark.parametrize("options, words", [
+    (("--url", "http://127.0.0.1:8000"), "talks to Triton over gRPC"),
+    (("--port", "0"), "not a TCP port"),
+    (("--max-concurrency", "0"), "must be at least 1"),
+    (("--port", "BUSY"), "cannot listen on 127.0.0.1:"),
+])
+def test_bad_options_are_refused_in_one_line(options, words) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        result = run_cli("gateway", "--host", "127.0.0.1",
+                         *(port if o == "BUSY" else o for o in options), timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert words in result.stderr and "Traceback" not in result.stderr
