@@ -9,8 +9,8 @@ model's tensors are present with their shapes (the build refuses a checkpoint wi
 but as zeros in a sparse file, which the vision stage never reads. The build runs in a child
 process (`run_build(only=(Stage.VISION,))`), the export with its validation and the engine
 build each in their own child of it: this script polls /proc for the summed RSS of that whole
-tree (a shared page counts once per process, so the figure is an upper bound). Other work on the machine skews wall times: CPU
-times and the load average before and after are printed.
+tree (a shared page counts once per process, so the figure is an upper bound). Other work on
+the machine skews wall times: CPU times and the load average before and after are printed.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ import pytest
 from PIL import Image
 
 from qvl_trt.errors import InputError
-from qvl_trt.mm.image_input import load_rgb
 from qvl_trt.mm import pixels
+from qvl_trt.mm.image_input import load_rgb
 from qvl_trt.mm.pixels import PixelConfig, image_patches
 
 

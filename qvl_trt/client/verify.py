@@ -185,6 +185,9 @@ class StepwiseDeployment:
         self.steps = scheduling["step"]
         names = c.ModelNames() if model == c.ENSEMBLE else c.ModelNames.for_build(model)
         self.llm_model = names.tensorrt_llm
+        # The MRoPE table postprocessing builds before each call, built the same way here.
+        self.mrope = c.PostprocessingParameters.from_parameters(c.config_parameters(
+            self.client.model_config(names.postprocessing)), names.postprocessing).mrope_table()
 
     def close(self) -> None:
         self.client.close()
@@ -198,6 +201,9 @@ class StepwiseDeployment:
                 # The step that feeds the LLM (the LLM itself, or a model driving it): the
                 # LLM model gets those tensors directly.
                 wiring = {k: v for k, v in step["input_map"].items() if k in llm_inputs}
+                positions = tensors[step["input_map"][c.MROPE_POSITION_IDS]]
+                tensors[c.MROPE_ROTARY_COS_SIN] = self.mrope(positions[0])[None]
+                wiring[c.MROPE_ROTARY_COS_SIN] = c.MROPE_ROTARY_COS_SIN
                 ids = self._generate(self.llm_model, self._inputs(wiring, tensors))
                 end = tensors.get(wiring.get(c.END_ID, ""))
                 if end is not None and int(end.reshape(-1)[0]) in ids:
