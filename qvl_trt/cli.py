@@ -582,8 +582,7 @@ def verify(
                                          show_default=False)],
     url: UrlOpt = "grpc://127.0.0.1:8001",
     model: Annotated[Path | None, typer.Option(
-        "--model", "-m", help="HF checkpoint of the deployment: the reference for --against "
-        "reference, and the text config of the MRoPE table the LLM step takes.")]
+        "--model", "-m", help="HF checkpoint of the deployment (for --against reference).")]
     = None,
     llm_checkpoint: Annotated[Path | None, typer.Option(
         help="Converted TensorRT-LLM checkpoint for the reference (a build's "

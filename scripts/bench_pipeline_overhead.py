@@ -36,13 +36,12 @@ from pathlib import Path
 import numpy as np
 from tiny_reference_repo import build_tiny_reference_repo
 
-from qvl_trt.checkpoint import open_checkpoint
-from qvl_trt.client.generate import GenerateRequest, request_fields
+from qvl_trt.client.generate import GenerateClient, GenerateRequest, request_fields
 from qvl_trt.deps import require
 from qvl_trt.mm.rope import MropeTable
 from qvl_trt.testing.token_generator import install_token_generator
 from qvl_trt.triton import contract as c
-from qvl_trt.triton.repository import CHECKPOINT_DIR, VERSION
+from qvl_trt.triton.repository import VERSION
 from qvl_trt.triton.server import ServerOptions, TritonServer, free_ports
 
 PROMPT = "Describe the benchmark in a few words."
@@ -254,17 +253,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="qvl-bench-pipe-") as tmp:
         root = args.work_dir or Path(tmp)
         # Room for the most streams in one in-flight batch, and for the tokens asked.
-        max_seq_len = 1024 + args.tokens
         repo = build_tiny_reference_repo(
             root, max_batch_size=max(args.streams),
-            max_seq_len=max_seq_len, max_num_tokens=max_seq_len)
+            max_seq_len=1024 + args.tokens, max_num_tokens=1024 + args.tokens)
         install_token_generator(repo.path / c.TENSORRT_LLM / VERSION, args.rate)
         with TritonServer(ServerOptions(repo.path, free_ports()), log_file=root / "server.log",
                           startup_timeout_s=300) as server:
             url = server.grpc_url
-            text = open_checkpoint(repo.path / c.POSTPROCESSING / VERSION / CHECKPOINT_DIR,
-                                   validate=False).text
-            llm = llm_inputs(grpc, url, args.tokens, MropeTable(text, max_seq_len))
+            with GenerateClient(url) as client:  # postprocessing's MRoPE settings
+                post = c.config_parameters(client.model_config(c.POSTPROCESSING))
+            mrope = c.PostprocessingParameters.from_parameters(post).mrope_table()
+            llm = llm_inputs(grpc, url, args.tokens, mrope)
             paths = (DIRECT, *args.paths)
             for path in paths:  # warm-up
                 run_streams(grpc, url, path, 1, llm, 8)

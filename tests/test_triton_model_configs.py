@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 
 from qvl_trt.errors import ConfigError
+from qvl_trt.mm.rope import MropeTable
 from qvl_trt.triton import contract as c
+
+MROPE = MropeTable(head_dim=128, rope_theta=5e6, mrope_section=(24, 20, 20),
+                   mrope_interleaved=True, max_positions=1024)
 
 
 def test_config_protobufs_parse_back_with_bool_parameters_and_scalar_reshapes() -> None:
@@ -14,7 +18,7 @@ def test_config_protobufs_parse_back_with_bool_parameters_and_scalar_reshapes() 
 
     settings = StepSettings(c.ModelNames.for_build("b4"), Flavor.TRT, max_batch_size=4,
                             hidden_size=64, patch_dim=1536, table_dtype="FP16",
-                            max_seq_len=1024, engine_dir="/models/b4_tensorrt_llm/1/engine")
+                            mrope=MROPE, engine_dir="/models/b4_tensorrt_llm/1/engine")
     configs = step_configs(settings)
     assert set(configs) == set(c.ModelNames.for_build("b4").all()) == {
         "b4", "b4_preprocessing", "b4_vision_encoder", "b4_tensorrt_llm", "b4_postprocessing",
@@ -35,15 +39,19 @@ def test_config_protobufs_parse_back_with_bool_parameters_and_scalar_reshapes() 
     assert list(table.dims) == [-1, 64]
     post = configs["b4_postprocessing"]
     assert post.parameters["tensorrt_llm_model"].string_value == "b4_tensorrt_llm"
-    assert post.parameters["max_seq_len"].string_value == "1024"  # the MRoPE table it builds
+    # The MRoPE table it builds, read back as the model and `qvl-trt verify` read it.
+    assert c.PostprocessingParameters.from_parameters(parameters(post)).mrope_table() == MROPE
     steps = [s.model_name for s in configs["b4"].ensemble_scheduling.step]
     assert steps == ["b4_preprocessing", "b4_vision_encoder", "b4_postprocessing"]
     bls = configs["b4_tensorrt_llm_bls"]
     assert bls.model_transaction_policy.decoupled
     assert {k: v.string_value for k, v in bls.parameters.items()} == {
         "preprocessing_model": "b4_preprocessing", "vision_encoder_model": "b4_vision_encoder",
-        "tensorrt_llm_model": "b4_tensorrt_llm", "workers": "8", "max_seq_len": "1024"}
-    assert c.TensorrtLlmBlsParameters.from_parameters(parameters(bls)).workers == 8
+        "tensorrt_llm_model": "b4_tensorrt_llm", "workers": "8", "max_seq_len": "1024",
+        "head_dim": "128", "rope_theta": "5000000.0", "mrope_section": "24,20,20",
+        "mrope_interleaved": "true"}
+    bls_params = c.TensorrtLlmBlsParameters.from_parameters(parameters(bls))
+    assert bls_params.workers == 8 and bls_params.mrope_table() == MROPE
     assert [i.name for i in bls.input] == [s.name for s in c.ENSEMBLE_INPUTS]
     assert [o.name for o in bls.output] == [s.name for s in c.ENSEMBLE_OUTPUTS]
 
@@ -104,3 +112,13 @@ def test_string_parameters_read_bools_as_set_parameters_writes_them() -> None:
         load_parameters(Flags, {"on": "yes", "ratio": "1"}, "m")
     with pytest.raises(ConfigError, match=r"m\.ratio: expected a number, got 'half'"):
         load_parameters(Flags, {"on": "true", "ratio": "half"}, "m")
+
+
+@pytest.mark.parametrize("section", ["24,20", "24,20,x", "24,20,21"])
+def test_a_bad_mrope_section_is_refused_in_one_line(section) -> None:
+    params = c.PostprocessingParameters(
+        tensorrt_llm_model="tensorrt_llm", workers=2,
+        **{**c.PostprocessingParameters.mrope_fields(MROPE), "mrope_section": section})
+    with pytest.raises(ConfigError, match="is not three slot counts summing to head_dim / 2 "
+                                          "= 64; regenerate"):
+        params.mrope_table()

@@ -22,10 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from ..checkpoint import open_checkpoint
 from ..deps import require
 from ..errors import ConfigError, InputError, RequestError
-from ..mm.rope import MropeTable
 from ..triton import contract as c
 from .generate import GenerateClient, GenerateRequest, request_fields
 
@@ -159,7 +157,7 @@ def open_sides(url: str, against: str, *, served_model: str = c.ENSEMBLE,
     with the deployment's request limits) or a second deployment's URL."""
     with contextlib.ExitStack() as stack:
         candidate = stack.enter_context(contextlib.closing(StepwiseDeployment(
-            url, model=served_model, checkpoint=model)))
+            url, model=served_model)))
         if against == "reference":
             if model is None:
                 raise ConfigError("--against reference needs --model (the deployment's HF "
@@ -168,20 +166,15 @@ def open_sides(url: str, against: str, *, served_model: str = c.ENSEMBLE,
                                                  llm_checkpoint=llm_checkpoint)
         else:
             reference = stack.enter_context(contextlib.closing(StepwiseDeployment(
-                against, model=served_model, checkpoint=model)))
+                against, model=served_model)))
         yield reference, candidate
 
 
 class StepwiseDeployment:
     """Greedy token ids from a deployment, read at its LLM step (see the module docstring)."""
 
-    def __init__(self, url: str, *, model: str = c.ENSEMBLE, checkpoint: Path | None = None,
-                 timeout_s: float = 600.0) -> None:
-        """`checkpoint`: the deployment's HF checkpoint, whose text config shapes the MRoPE
-        table this side builds from the position ids, as the step that calls the LLM does."""
+    def __init__(self, url: str, *, model: str = c.ENSEMBLE, timeout_s: float = 600.0) -> None:
         self.client = GenerateClient(url, model=model, timeout_s=timeout_s)
-        self.checkpoint = checkpoint
-        self._tables: dict[str, MropeTable] = {}
         if self.client.endpoint.protocol != "grpc":
             raise InputError(f"verify reads the LLM step over gRPC; pass grpc://HOST:PORT, not "
                              f"{url}")
@@ -192,6 +185,9 @@ class StepwiseDeployment:
         self.steps = scheduling["step"]
         names = c.ModelNames() if model == c.ENSEMBLE else c.ModelNames.for_build(model)
         self.llm_model = names.tensorrt_llm
+        # The MRoPE table postprocessing builds before each call, built the same way here.
+        self.mrope = c.PostprocessingParameters.from_parameters(c.config_parameters(
+            self.client.model_config(names.postprocessing)), names.postprocessing).mrope_table()
 
     def close(self) -> None:
         self.client.close()
@@ -205,11 +201,9 @@ class StepwiseDeployment:
                 # The step that feeds the LLM (the LLM itself, or a model driving it): the
                 # LLM model gets those tensors directly.
                 wiring = {k: v for k, v in step["input_map"].items() if k in llm_inputs}
-                if c.MROPE_POSITION_IDS in step["input_map"]:
-                    table = self._mrope(step["model_name"])(
-                        tensors[step["input_map"][c.MROPE_POSITION_IDS]][0])
-                    tensors[c.MROPE_ROTARY_COS_SIN] = table[None]
-                    wiring[c.MROPE_ROTARY_COS_SIN] = c.MROPE_ROTARY_COS_SIN
+                positions = tensors[step["input_map"][c.MROPE_POSITION_IDS]]
+                tensors[c.MROPE_ROTARY_COS_SIN] = self.mrope(positions[0])[None]
+                wiring[c.MROPE_ROTARY_COS_SIN] = c.MROPE_ROTARY_COS_SIN
                 ids = self._generate(self.llm_model, self._inputs(wiring, tensors))
                 end = tensors.get(wiring.get(c.END_ID, ""))
                 if end is not None and int(end.reshape(-1)[0]) in ids:
@@ -220,24 +214,6 @@ class StepwiseDeployment:
             for model_output, ensemble_name in step["output_map"].items():
                 tensors[ensemble_name] = outputs[model_output]
         raise RequestError(f"no step of {self.client.model} takes the LLM's inputs")
-
-    def _mrope(self, caller: str) -> MropeTable:
-        """The table `caller` (the step that calls the LLM) builds: the checkpoint's text
-        config at the max_seq_len its parameters state."""
-        if caller in self._tables:
-            return self._tables[caller]
-        if self.checkpoint is None:
-            raise ConfigError("verify builds the LLM's MRoPE table from the deployment's "
-                              "checkpoint: pass --model (the HF checkpoint)")
-        params = c.config_parameters(self.client.model_config(caller))
-        try:
-            max_seq_len = int(params["max_seq_len"])
-        except (KeyError, ValueError):
-            raise RequestError(f"{caller} on {self.client.endpoint.address} states no "
-                               "max_seq_len; regenerate the repository with `qvl-trt repo`") \
-                from None
-        table = MropeTable(open_checkpoint(self.checkpoint, validate=False).text, max_seq_len)
-        return self._tables.setdefault(caller, table)
 
     def _ordered_steps(self) -> list[dict[str, Any]]:
         """The steps in an order where each comes after those producing its inputs (the

@@ -300,7 +300,7 @@ class RequestPreprocessor:
                                             vocab_size=ckpt.text.vocab_size,
                                             deepstack_count=deepstack),
             position_ids=rope.position_ids, mrope_position_delta=rope.delta,
-            mrope=MropeTable(ckpt.text, lim.max_seq_len),
+            mrope=MropeTable.of(ckpt.text, lim.max_seq_len),
             prompt_table_extra_ids=prompt_table_extra_ids(
                 visual_ids, image_token_id=image_id,
                 image_hashes=[item.hash64 for item in items], image_token_counts=counts),

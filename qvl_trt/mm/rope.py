@@ -113,31 +113,39 @@ class MropeTable:
     """What a request's MRoPE table depends on besides its position ids: the text model's
     rotary settings and the engine's positions (max_seq_len). The table is 4 MiB at 8192 x 128
     while the position ids are [3, seq]: the ids cross the pipeline and the step that calls
-    the LLM builds the table right before the call (triton/runtime/llm_inputs.py)."""
+    the LLM builds the table right before the call (triton/runtime/llm_inputs.py), from these
+    settings as its model parameters."""
 
-    text: TextDims
+    head_dim: int
+    rope_theta: float
+    mrope_section: tuple[int, ...]  # T, H, W frequency slots
+    mrope_interleaved: bool
     max_positions: int
 
+    @classmethod
+    def of(cls, text: TextDims, max_positions: int) -> MropeTable:
+        return cls(text.head_dim, text.rope_theta, tuple(text.mrope_section),
+                   text.mrope_interleaved, max_positions)
+
     def __call__(self, position_ids: np.ndarray) -> np.ndarray:
-        return mrope_cos_sin_table(position_ids, self.text, self.max_positions)
+        """The request's `mrope_rotary_cos_sin`: [max_positions * head_dim] float32, row j =
+        (cos, sin) per frequency for the token at sequence index j, (1, 0) past the prompt."""
+        seq = position_ids.shape[1]
+        if seq > self.max_positions:
+            raise InputError(f"prompt has {seq} tokens but the MRoPE table holds "
+                             f"{self.max_positions} positions (the engine's max_seq_len); "
+                             "shorten the prompt")
+        axes = mrope_slot_axes(self.mrope_section, self.mrope_interleaved)
+        angles = position_ids[axes].T.astype(np.float32) * rotary_inv_freq(self.head_dim,
+                                                                            self.rope_theta)
+        table = np.empty((self.max_positions, self.head_dim // 2, 2), np.float32)
+        table[:seq, :, 0] = np.cos(angles)
+        table[:seq, :, 1] = np.sin(angles)
+        table[seq:].view(np.complex64)[...] = 1  # (cos, sin) = (1, 0) in one 8-byte store
+        return table.reshape(-1)
 
 
 def mrope_cos_sin_table(position_ids: np.ndarray, text: TextDims, max_positions: int) \
         -> np.ndarray:
-    """The request's `mrope_rotary_cos_sin`: [max_positions * head_dim] float32, row j =
-    (cos, sin) per frequency for the token at sequence index j, (1, 0) past the prompt."""
-    seq = position_ids.shape[1]
-    if seq > max_positions:
-        raise InputError(f"prompt has {seq} tokens but the MRoPE table holds {max_positions} "
-                         "positions (the engine's max_seq_len); shorten the prompt")
-    half = text.head_dim // 2
-    axes = mrope_slot_axes(text.mrope_section, text.mrope_interleaved)
-    angles = position_ids[axes].T.astype(np.float32) * rotary_inv_freq(text.head_dim,
-                                                                        text.rope_theta)
-    table = np.empty((max_positions, half, 2), np.float32)
-    table[:seq, :, 0] = np.cos(angles)
-    table[:seq, :, 1] = np.sin(angles)
-    table[seq:, :, 0] = 1.0
-    table[seq:, :, 1] = 0.0
-    return table.reshape(-1)
-
+    """`MropeTable.of(text, max_positions)(position_ids)`."""
+    return MropeTable.of(text, max_positions)(position_ids)

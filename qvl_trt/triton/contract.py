@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ConfigError
+from ..mm.rope import MropeTable
 from ..typed_config import load_parameters, to_parameters
 
 # ---- model names ----------------------------------------------------------------------------
@@ -141,12 +143,37 @@ class ReferenceLlmParameters(ModelParameters):
 @dataclass(frozen=True)
 class PostprocessingParameters(ModelParameters):
     tensorrt_llm_model: str  # the model it runs by BLS
-    # Positions of the MRoPE table it builds: the engine's max_position_embeddings (the
-    # profile's limits.max_seq_len).
-    max_seq_len: int
     # Worker threads, each holding one request (and one BLS call of the python backend's
     # thread pool): the server sizes thread-pool-size from their sum.
     workers: int
+    # The MRoPE table it builds before each call (mm.rope.MropeTable): the engine's positions
+    # (max_position_embeddings = the profile's limits.max_seq_len) and the checkpoint's
+    # rotary settings. A client that calls tensorrt_llm itself (`qvl-trt verify`) reads them
+    # here to build the same table.
+    max_seq_len: int
+    head_dim: int
+    rope_theta: float
+    mrope_section: str  # T,H,W frequency slots, e.g. "24,20,20"
+    mrope_interleaved: bool
+
+    @staticmethod
+    def mrope_fields(table: MropeTable) -> dict[str, Any]:
+        """The MRoPE settings as this dataclass's fields."""
+        return {"max_seq_len": table.max_positions, "head_dim": table.head_dim,
+                "rope_theta": table.rope_theta, "mrope_interleaved": table.mrope_interleaved,
+                "mrope_section": ",".join(str(s) for s in table.mrope_section)}
+
+    def mrope_table(self) -> MropeTable:
+        try:
+            section = tuple(int(s) for s in self.mrope_section.split(","))
+        except ValueError:
+            section = ()
+        if len(section) != 3 or sum(section) * 2 != self.head_dim:
+            raise ConfigError(f"mrope_section {self.mrope_section!r} is not three slot counts "
+                              f"summing to head_dim / 2 = {self.head_dim // 2}; regenerate "
+                              "the repository with `qvl-trt repo`")
+        return MropeTable(self.head_dim, self.rope_theta, section, self.mrope_interleaved,
+                          self.max_seq_len)
 
 
 @dataclass(frozen=True)

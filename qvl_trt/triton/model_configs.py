@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..mm.rope import MropeTable
 from . import contract as c
 from .contract import Flavor, PostprocessingParameters, TensorrtLlmBlsParameters
 from .pbconfig import add_inputs, add_outputs, new_config, pb2, set_parameters
@@ -27,7 +28,7 @@ class StepSettings:
     hidden_size: int
     patch_dim: int
     table_dtype: str  # contract type of prompt_embedding_table: the LLM engine's dtype
-    max_seq_len: int  # the engine's positions: the MRoPE table the LLM's callers build
+    mrope: MropeTable  # the MRoPE table the LLM's callers build
     # tensorrt_llm backend (trt flavor)
     engine_dir: str = ""
     kv_cache_free_gpu_mem_fraction: float = 0.9
@@ -152,8 +153,8 @@ def postprocessing_config(s: StepSettings) -> Any:
     config = _python_model(s, s.names.postprocessing, c.POSTPROCESSING,
                            instances=s.postprocessing_instances, decoupled=True)
     set_parameters(config, PostprocessingParameters(
-        tensorrt_llm_model=s.names.tensorrt_llm, max_seq_len=s.max_seq_len,
-        workers=_workers(s)).to_parameters())
+        tensorrt_llm_model=s.names.tensorrt_llm, workers=_workers(s),
+        **PostprocessingParameters.mrope_fields(s.mrope)).to_parameters())
     add_inputs(config, _specialise(c.POSTPROCESSING_INPUTS, s))
     add_outputs(config, c.POSTPROCESSING_OUTPUTS)
     return config
@@ -166,9 +167,9 @@ def tensorrt_llm_bls_config(s: StepSettings) -> Any:
     config = _python_model(s, n.tensorrt_llm_bls, c.TENSORRT_LLM_BLS,
                            instances=s.postprocessing_instances, decoupled=True)
     set_parameters(config, TensorrtLlmBlsParameters(
-        tensorrt_llm_model=n.tensorrt_llm, max_seq_len=s.max_seq_len, workers=_workers(s),
-        preprocessing_model=n.preprocessing,
-        vision_encoder_model=n.vision_encoder).to_parameters())
+        tensorrt_llm_model=n.tensorrt_llm, workers=_workers(s),
+        preprocessing_model=n.preprocessing, vision_encoder_model=n.vision_encoder,
+        **PostprocessingParameters.mrope_fields(s.mrope)).to_parameters())
     add_inputs(config, c.ENSEMBLE_INPUTS)
     add_outputs(config, c.ENSEMBLE_OUTPUTS)
     return config

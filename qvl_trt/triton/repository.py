@@ -35,6 +35,7 @@ from ..errors import BuildError, ConfigError
 from ..llm.engine import ENGINE_DTYPE
 from ..manifest import VISION_CONFIG_NAME, VISION_ENGINE_NAME, BuildFolder, Manifest, Stage
 from ..mm.request import RequestBounds, RequestLimits
+from ..mm.rope import MropeTable
 from ..plan import Plan, make_plan, repository_kv_budgets
 from ..profiles import GpuProfile, TrtEdition
 from ..resources import data_dir
@@ -274,17 +275,17 @@ def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOpt
                                          "holds the converted LLM checkpoint"),
                    llm / CHECKPOINT_DIR)
 
-    # The callers of tensorrt_llm detokenize and build the MRoPE table (config.json).
-    for caller, step in ((names.postprocessing, c.POSTPROCESSING),
-                         (names.tensorrt_llm_bls, c.TENSORRT_LLM_BLS)):
-        _python_model(folders[caller], step, runtime)
-        _copy_files(ckpt.path, folders[caller], [TOKENIZER_JSON])
-        _copy_files(ckpt.path, folders[caller] / CHECKPOINT_DIR, ["config.json"])
+    post = folders[names.postprocessing]
+    _python_model(post, c.POSTPROCESSING, runtime)
+    _copy_files(ckpt.path, post, [TOKENIZER_JSON])
+    bls = folders[names.tensorrt_llm_bls]
+    _python_model(bls, c.TENSORRT_LLM_BLS, runtime)
+    _copy_files(ckpt.path, bls, [TOKENIZER_JSON])
 
     settings = StepSettings(
         names=names, flavor=options.flavor, max_batch_size=lim.max_batch_size,
         hidden_size=ckpt.text.hidden_size, patch_dim=ckpt.vision.patch_dim,
-        table_dtype=llm_dtype.triton, max_seq_len=lim.max_seq_len,
+        table_dtype=llm_dtype.triton, mrope=MropeTable.of(ckpt.text, lim.max_seq_len),
         engine_dir=str(mount_root / names.tensorrt_llm / VERSION / ENGINE_DIR),
         kv_cache_free_gpu_mem_fraction=lim.kv_cache_free_gpu_mem_fraction,
         max_tokens_in_paged_kv_cache=kv_tokens,

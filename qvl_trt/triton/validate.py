@@ -382,8 +382,6 @@ def _check_artifacts(repo: Path, ensemble: str, configs: dict[str, Any],
     present(models["preprocessing"], pre, PREPROCESSING_REQUIRED_FILES)
     for key in ("postprocessing", "tensorrt_llm_bls"):
         present(models[key], repo / models[key] / VERSION, [TOKENIZER_JSON])
-        # the MRoPE settings of the table it builds (runtime/llm_inputs.py)
-        present(models[key], repo / models[key] / VERSION / CHECKPOINT_DIR, ["config.json"])
     vision = repo / models["vision_encoder"] / VERSION
     llm = repo / models["tensorrt_llm"] / VERSION
     if flavor is Flavor.REFERENCE:

@@ -10,10 +10,8 @@ position ids. Built here it crosses one hop (into tensorrt_llm) instead of two.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-from ...checkpoint import open_checkpoint
 from ...errors import InputError
 from ...mm.rope import MropeTable
 from .. import contract as c
@@ -22,12 +20,8 @@ from .backend import pb
 
 class LlmInputs:
     def __init__(self, mrope: MropeTable) -> None:
+        """`mrope`: the caller's parameters' (`PostprocessingParameters.mrope_table()`)."""
         self.mrope = mrope
-
-    @classmethod
-    def from_checkpoint(cls, folder: Path, max_seq_len: int) -> LlmInputs:
-        """From the checkpoint's config.json in `folder` and the engine's positions."""
-        return cls(MropeTable(open_checkpoint(folder, validate=False).text, max_seq_len))
 
     def __call__(self, tensors: Mapping[str, Any]) -> dict[str, Any]:
         """The caller's tensors (name -> pb Tensor with a batch row, absent ones None) ->

@@ -20,7 +20,7 @@ class TritonPythonModel:
                                                           args["model_name"])
         self.postprocessor = Postprocessor(
             HERE / "tokenizer.json",
-            llm_inputs=LlmInputs.from_checkpoint(HERE / "checkpoint", params.max_seq_len),
+            llm_inputs=LlmInputs(params.mrope_table()),
             llm_model=params.tensorrt_llm_model, workers=params.workers,
             model_name=args["model_name"])
 
