@@ -80,9 +80,10 @@ class Plan:
     mrope_table_bytes_per_request: int
     mrope_table_bytes: int
     # /dev/shm the python backend needs with a full batch of requests at the caps in flight:
-    # each request's fp32 pixels cross it twice (out of preprocessing, into vision_encoder),
-    # its MRoPE and prompt tables three times (out of their step, into postprocessing, into
-    # tensorrt_llm by BLS). Not GPU memory.
+    # each request's 8-bit pixels and its int64 MRoPE position ids cross it twice (out of
+    # preprocessing, into vision_encoder / the LLM's caller), its prompt table three times
+    # (out of vision_encoder, into the caller, into tensorrt_llm by BLS) and the MRoPE table
+    # once (built by the caller, into tensorrt_llm). Not GPU memory.
     shm_bytes: int
     kv_bytes_per_token: int
     kv_cache_bytes: int
@@ -209,8 +210,9 @@ def _figures(ckpt: Checkpoint, profile: GpuProfile) -> Plan:
         mrope_table_bytes_per_request=mrope_per_request,
         mrope_table_bytes=mrope_per_request * lim.max_batch_size,
         shm_bytes=lim.max_batch_size * (
-            2 * lim.max_visual_tokens_per_request * v.spatial_merge_size**2 * v.patch_dim * 4
-            + 3 * (mrope_per_request + rows // lim.max_batch_size * row_bytes)),
+            2 * lim.max_visual_tokens_per_request * v.spatial_merge_size**2 * v.patch_dim
+            + 2 * 3 * lim.max_input_len * 8
+            + mrope_per_request + 3 * (rows // lim.max_batch_size) * row_bytes),
         kv_bytes_per_token=t.kv_bytes_per_token_fp16,
         kv_cache_bytes=0,
         kv_capacity_tokens=0,

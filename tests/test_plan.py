@@ -67,6 +67,10 @@ def test_capacity_figures_are_consistent(released):
     # Every slot at the cap: the whole table crosses the device every step.
     assert plan.prompt_table_copy_bytes_per_step == 12 * 4 * 12288 * 2048 * 2
     assert plan.mrope_table_bytes_per_request == lim.max_seq_len * 128 * 4
+    # /dev/shm per request: uint8 pixels (4 patches of 1536 bytes a token) and int64 position
+    # ids twice, the MRoPE table once, the prompt table three times.
+    assert plan.shm_bytes == 12 * (2 * 12288 * 4 * 1536 + 2 * 3 * 14336 * 8
+                                   + 16384 * 128 * 4 + 3 * 4 * 12288 * 2048 * 2)
     assert plan.kv_capacity_tokens * plan.kv_bytes_per_token <= plan.kv_cache_bytes
     assert plan.kv_capacity_tokens % lim.tokens_per_block == 0
     # A 1920x1080 image stays 2040 tokens under the 4090d cap.
