@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import itertools
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -37,6 +36,7 @@ from PIL import Image
 
 from ..errors import CheckpointError, InputError
 from .geometry import smart_resize
+from .threads import pixel_pool
 
 # The HF processor's values where a preprocessor_config.json leaves them out.
 _HF_DEFAULT_RESCALE = 1 / 255
@@ -210,7 +210,7 @@ def image_patches(image: Image.Image, config: PixelConfig,
     elif w == W and h == H:
         pixels = np.asarray(image)
     along = h if h == H and w != W else w
-    list(_workers().map(strip, _cuts(along, _THREADS, f)))
+    list(pixel_pool().map(strip, _cuts(along, _THREADS, f)))
     return ImagePatches(pixel_values=out, grid_thw=(1, gh, gw), digest=_digest(out, h, w))
 
 
@@ -240,13 +240,3 @@ def _digest(rows: np.ndarray, height: int, width: int) -> bytes:
 
 
 _THREADS = min(os.cpu_count() or 1, 4)  # strips: one per core, at most 4
-_WORKERS: dict[int, ThreadPoolExecutor] = {}
-
-
-def _workers() -> ThreadPoolExecutor:
-    """Threads for the strips. One pool per process: a forked child inherits the pool
-    object but not its threads."""
-    pid = os.getpid()
-    if pid not in _WORKERS:
-        _WORKERS[pid] = ThreadPoolExecutor(max_workers=_THREADS, thread_name_prefix="qvl-pixels")
-    return _WORKERS[pid]

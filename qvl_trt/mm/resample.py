@@ -13,12 +13,12 @@ rounding instead (tests/test_mm_video_hf.py compares with torchvision where it i
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
 import numpy as np
+
+from .threads import pixel_pool
 
 _A = -0.5  # Keys' cubic: PyTorch's (and Pillow's) choice with antialiasing
 
@@ -26,7 +26,7 @@ _A = -0.5  # Keys' cubic: PyTorch's (and Pillow's) choice with antialiasing
 def resize_frames(frames: Sequence[np.ndarray], height: int, width: int) -> list[np.ndarray]:
     """Each [H, W, C] uint8 frame -> [height, width, C] uint8, frames in parallel threads
     (numpy releases the GIL in the gathers and sums)."""
-    return list(_pool().map(lambda frame: resize_frame(frame, height, width), frames))
+    return list(pixel_pool().map(lambda frame: resize_frame(frame, height, width), frames))
 
 
 def resize_frame(frame: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -59,16 +59,6 @@ def _resize_axis(image: np.ndarray, axis: int, size: int) -> np.ndarray:
 
 
 _BLOCK = 512  # columns per block: ~1 MB of int32 per array at 720-1280 rows
-_POOLS: dict[int, ThreadPoolExecutor] = {}
-
-
-def _pool() -> ThreadPoolExecutor:
-    """One pool per process (a forked child inherits the object, not its threads)."""
-    pid = os.getpid()
-    if pid not in _POOLS:
-        _POOLS[pid] = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
-                                         thread_name_prefix="qvl-resample")
-    return _POOLS[pid]
 
 
 @lru_cache(maxsize=64)
