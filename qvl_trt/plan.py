@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 
-from .checkpoint import Checkpoint
+from .checkpoint import TEMPORAL_PATCH_SIZE, Checkpoint
 from .errors import PlanError
 from .llm.engine import prompt_table_rows
 from .mm.geometry import image_token_count, video_token_count
@@ -318,7 +318,7 @@ def _typical_video(profile: GpuProfile) -> TypicalRequest:
     lim = profile.limits
     frames, h, w = TYPICAL_VIDEO
     media = f"{frames}-frame {w}x{h} video"
-    groups = -(-frames // 2)
+    groups = -(-frames // TEMPORAL_PATCH_SIZE)
     text = TYPICAL_TEXT_TOKENS + groups * VIDEO_GROUP_TEXT_TOKENS
     if not lim.max_videos_per_request:
         return _typical(lim, media, 0, text, "limits.max_videos_per_request is 0")
