@@ -722,7 +722,8 @@ def serve(
     """Run tritonserver on a repository (PATH, /opt/tritonserver or the nvidia-pytriton
     binary); wait until it is ready, print its addresses, restart it when a model dies or
     stops answering, stop it cleanly on Ctrl-C or SIGTERM (a second one forces it). With
-    --openai-port, the gateway starts once the server is ready and stops before it."""
+    --openai-port, the gateway starts once the server is ready, starts again if it exits on
+    its own, and stops before the server."""
     from .console import out as console
     from .triton.serve_plan import (
         check_vision_editions,
@@ -778,12 +779,12 @@ def serve(
                       f"{server.grpc_url}, metrics {server.metrics_url}{health}; Ctrl-C stops "
                       "it", highlight=False)
         if gateway is not None:
-            gateway.start().wait_ready()
+            gateway.wait_ready()
             console.print(f"OpenAI endpoint {gateway.url}/v1, chat page {gateway.url}/",
                           highlight=False)
 
     supervisor = Supervisor(server, needs.ensembles, health_port=health_port, on_ready=ready,
-                            on_stop=gateway.stop if gateway is not None else None)
+                            companions=(gateway,) if gateway is not None else ())
     code = supervisor.run()
     if code not in (0, None):
         raise typer.Exit(code)

@@ -44,7 +44,7 @@ def test_the_gateway_dies_with_the_process_that_started_it() -> None:
     finally:
         parent.kill()
         parent.wait()
-    assert group_gone_within(pid, 5), "the gateway outlived its parent by 5 s"
+    assert group_gone_within(pid, 30), "the gateway outlived its parent by 30 s"
 
 
 def test_sigterm_finishes_the_answer_in_flight_then_exits_0(triton_server, tmp_path) -> None:

@@ -206,7 +206,9 @@ def test_a_killed_stub_is_noticed_and_service_comes_back(serve: Serve) -> None:
         assert inflight.next()[0] == "token"
         os.kill(stubs[0], signal.SIGKILL)
         killed = time.monotonic()
-        while inflight.next(timeout_s=30)[0] == "token":
+        # A hang would be the fault (a dead stub's requests never end on their own); how
+        # quickly serve notices is printed, not asserted (no timed assertions).
+        while inflight.next(timeout_s=STARTUP_S)[0] == "token":
             pass  # the rest of the answer, up to the error
         errored = time.monotonic() - killed
         inflight.close()
@@ -214,13 +216,11 @@ def test_a_killed_stub_is_noticed_and_service_comes_back(serve: Serve) -> None:
         while not serve.ready():
             saw_not_ready = True
             time.sleep(0.05)
-            assert time.monotonic() - killed < 60, serve.output()
+            assert time.monotonic() - killed < STARTUP_S, serve.output()
         back = time.monotonic() - killed
         got = generate(serve, 8)
         print(f"{model}: in-flight error after {errored:.2f} s, ready after {back:.1f} s")
-        assert errored < 10, f"{model}: the in-flight request waited {errored:.1f} s"
         assert saw_not_ready, f"{model}: readiness never said not-ready"
-        assert back < 30, f"{model}: service came back after {back:.1f} s"
         assert got == want
 
 
@@ -242,7 +242,7 @@ def test_kill_9_of_serve_leaves_nothing_running(serve: Serve) -> None:
     assert group_alive(server)
     serve.process.kill()
     serve.process.wait()
-    assert group_gone_within(server, 5), "tritonserver or a stub outlived serve by 5 s"
+    assert group_gone_within(server, 30), "tritonserver or a stub outlived serve by 30 s"
     prefix = f"qvl{serve.process.pid}x"
     assert list(SHM_DIR.glob(f"{prefix}*")), "a killed serve cannot remove its shm itself"
     remove_stale_shm()  # what the next start does
@@ -260,15 +260,32 @@ def test_sigterm_before_ready_stops_tritonserver(serve: Serve) -> None:
             time.sleep(0.05)
     serve.process.send_signal(signal.SIGTERM)
     serve.process.wait(timeout=60)
-    # As for kill -9 of serve: nothing of it runs 5 s later.
-    assert group_gone_within(server, 5), "SIGTERM before ready orphaned tritonserver"
+    # As for kill -9 of serve: nothing of it runs 30 s later.
+    assert group_gone_within(server, 30), "SIGTERM before ready orphaned tritonserver"
+
+
+def wait_for_new_gateway(serve: Serve, crashed: int, port: int) -> int:
+    """The pid of the gateway serve started after `crashed` died, once it answers ready."""
+    deadline = time.monotonic() + STARTUP_S
+    while True:
+        assert serve.process.poll() is None, serve.output()
+        assert time.monotonic() < deadline, "serve did not start the gateway again"
+        try:
+            pid = serve.gateway()
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as reply:
+                if pid != crashed and reply.status == 200:
+                    return pid
+        except (AssertionError, urllib.error.URLError, OSError):
+            pass  # not started yet, or not listening yet
+        time.sleep(0.2)
 
 
 def test_sigterm_drains_eight_streams_stops_the_gateway_and_exits_0(repo: Path,
                                                                       tmp_path: Path) -> None:
     """The clients keep their gRPC streams open: in Triton 2.51 that holds the ensemble
     loaded until its exit timeout (see DRAINED_LINE in server.py). With --openai-port the
-    gateway answers once the server is ready and ends before it."""
+    gateway answers once the server is ready, comes back after a kill -9, and ends before the
+    server."""
     from qvl_trt.triton.server import free_ports, remove_stale_shm
 
     openai = pytest.importorskip("openai", reason="the gateway's client: pip install openai")
@@ -281,7 +298,13 @@ def test_sigterm_drains_eight_streams_stops_the_gateway_and_exits_0(repo: Path,
             model=c.ENSEMBLE, messages=[{"role": "user", "content": "Count."}], max_tokens=4,
             temperature=0)
         assert answer.choices[0].message.content == generate(serve, 4)
-        gateway = serve.gateway()
+        crashed = serve.gateway()
+        os.kill(crashed, signal.SIGKILL)  # a crash: serve starts it again on the same port
+        gateway = wait_for_new_gateway(serve, crashed, port)
+        again = api.chat.completions.create(
+            model=c.ENSEMBLE, messages=[{"role": "user", "content": "Count."}], max_tokens=4,
+            temperature=0)
+        assert again.choices[0].message.content == answer.choices[0].message.content
         streams = [Stream(serve, 120) for _ in range(8)]
         try:
             for stream in streams:

@@ -37,6 +37,10 @@ def gateway_command(opts: GatewayOptions) -> list[str]:
 
 
 class GatewayProcess:
+    """The gateway child; a `triton.supervisor.Companion` of `qvl-trt serve`."""
+
+    name = "the OpenAI gateway"
+
     def __init__(self, opts: GatewayOptions, *, log_file: Path | None = None) -> None:
         self.opts = opts
         self.log_file = log_file
@@ -91,6 +95,11 @@ class GatewayProcess:
             time.sleep(0.2)
         raise ServerError(f"the gateway at {self.url} was not ready within {timeout_s:.0f} s "
                           f"({state[1] if state else 'no answer'})")
+
+    def exit_code(self) -> int | None:
+        """Its exit code once it has ended (without stop()); None while it runs or when it
+        was never started."""
+        return None if self.process is None else self.process.poll()
 
     def stop(self) -> int | None:
         """SIGTERM, then the group killed after the shutdown timeout; the exit code (None when

@@ -13,6 +13,11 @@ get connection refused. A model reload through the repository API is not used: i
 explicit model control, and unloading a model waits for its in-flight requests, which a dead
 stub never finishes.
 
+Companions (the OpenAI gateway of `--openai-port`) start once the server is ready, stop
+before it (their answers in flight finish first), and are started again when one exits on its
+own (a crash, an OOM kill), at most every `companion_retry_s`; a server restart leaves them
+running (the gateway finds the new server on the same ports).
+
 Readiness (`--health-port`): GET /ready answers 200 only while the last probe passed, every
 stub is alive and no restart is under way, 503 (with the reason) otherwise; GET /live answers
 200 while serve runs.
@@ -27,7 +32,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Protocol
 
 from ..errors import ServerError
 from . import contract as c
@@ -55,12 +62,28 @@ def probe(server: TritonServer, ensemble: str, timeout_s: float) -> str | None:
     return None if c.TEXT_OUTPUT in answer else f"{ensemble}: no {c.TEXT_OUTPUT} in {answer}"
 
 
+class Companion(Protocol):
+    """A process serve runs beside tritonserver (gateway.process.GatewayProcess)."""
+
+    name: str
+
+    def start(self) -> object:
+        """Start it; return once it serves, or raise ServerError."""
+
+    def stop(self) -> int | None:
+        """Stop it (its answers in flight finish first); harmless when it is not running."""
+
+    def exit_code(self) -> int | None:
+        """Its exit code once it has ended on its own; None while it runs."""
+
+
 class Supervisor:
     def __init__(self, server: TritonServer, ensembles: tuple[str, ...], *,
                  health_port: int | None = None, watch_interval_s: float = 0.5,
                  probe_interval_s: float = 5.0, probe_timeout_s: float = 20.0,
                  probe_failures: int = 2, start_attempts: int = 3,
-                 on_ready=None, on_stop=None) -> None:
+                 companions: Sequence[Companion] = (), companion_retry_s: float = 5.0,
+                 on_ready=None) -> None:
         self.server = server
         self.ensembles = ensembles
         self.health_port = health_port
@@ -69,10 +92,9 @@ class Supervisor:
         self.probe_timeout_s = probe_timeout_s
         self.probe_failures = probe_failures
         self.start_attempts = start_attempts
-        self.on_ready = on_ready  # called once, when the server first became ready
-        # called before the server is stopped (the gateway goes first, its answers finish),
-        # and again, harmlessly, on the way out of run()
-        self.on_stop = on_stop
+        self.companions = tuple(companions)
+        self.companion_retry_s = companion_retry_s
+        self.on_ready = on_ready  # called once, when the server and companions first serve
         self.restarts = 0
         self._lock = threading.Lock()
         self._generation = 0  # bumped by each (re)start: older probe results are void
@@ -84,6 +106,7 @@ class Supervisor:
         self._stopping = threading.Event()
         self._probe_now = threading.Event()
         self._health: ThreadingHTTPServer | None = None
+        self._companion_retry: dict[int, float] = {}  # index -> when to try starting it again
 
     # ---- readiness ------------------------------------------------------------------------
 
@@ -134,12 +157,15 @@ class Supervisor:
         try:
             self._start_health()
             self._start()
-            if self.on_ready is not None:
-                try:
+            try:
+                for companion in self.companions:
+                    companion.start()
+                if self.on_ready is not None:
                     self.on_ready()
-                except BaseException:
-                    self.server.stop()
-                    raise
+            except BaseException:
+                self._stop_companions()
+                self.server.stop()
+                raise
             for s in previous:
                 signal.signal(s, self._on_signal)
             threading.Thread(target=self._probe_loop, name="probe", daemon=True).start()
@@ -147,18 +173,17 @@ class Supervisor:
                 fault = self._fault()
                 if fault:
                     self._restart(fault)
+                self._watch_companions()
                 self._stopping.wait(self.watch_interval_s)
             with self._lock:
                 self._reason = "stopping"
-            if self.on_stop is not None:
-                self.on_stop()
+            self._stop_companions()  # first: their answers in flight finish
             log.info("stopping tritonserver")
             return self.server.stop() or 0
         finally:
             self._stopping.set()
             self._probe_now.set()
-            if self.on_stop is not None:
-                self.on_stop()
+            self._stop_companions()
             if self._health is not None:
                 self._health.shutdown()
                 self._health.server_close()
@@ -209,6 +234,26 @@ class Supervisor:
         self._start()
         self.restarts += 1
         log.warning("tritonserver restarted in %.1f s", time.monotonic() - began)
+
+    def _watch_companions(self) -> None:
+        """Start again a companion that has ended on its own."""
+        for index, companion in enumerate(self.companions):
+            code = companion.exit_code()
+            if code is None or time.monotonic() < self._companion_retry.get(index, 0.0):
+                continue
+            log.warning("%s exited with code %s; starting it again", companion.name, code)
+            self._companion_retry[index] = time.monotonic() + self.companion_retry_s
+            companion.stop()
+            try:
+                companion.start()
+            except ServerError as exc:
+                log.warning("%s; trying again in %.0f s", exc, self.companion_retry_s)
+            else:
+                log.warning("%s is back", companion.name)
+
+    def _stop_companions(self) -> None:
+        for companion in self.companions:
+            companion.stop()
 
     def _probe_loop(self) -> None:
         while not self._stopping.is_set():
