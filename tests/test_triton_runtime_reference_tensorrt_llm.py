@@ -216,6 +216,33 @@ def test_a_cancelled_request_ends_within_a_token_and_frees_the_batch(no_stop_wor
         llm.stop("")
 
 
+def test_the_cancel_flag_is_polled_at_its_period_and_a_stop_request_counts_at_once(
+        no_stop_words) -> None:
+    """With the stock backend's polling period (here longer than the test), a request's own
+    cancel flag (a round trip to Triton in the served model) is asked once, not at every step;
+    a stop request still ends its request at the next token."""
+    decoder = FakeDecoder()
+    llm = ReferenceLlm(decoder, max_batch_size=1, cancel_check_s=600)
+    asked = []
+    got: list = []
+    final = threading.Event()
+
+    def emit(tokens, is_final):
+        got.append((list(tokens), is_final))
+        if len(got) == 5:
+            llm.stop("a")
+        if is_final:
+            final.set()
+
+    llm.submit(streaming(10**6), emit, pytest.fail, request_id="a",
+               is_cancelled=lambda: asked.append(1) or False)
+    decoder.go.set()
+    assert final.wait(60)
+    llm.close()
+    assert got == [([7], False)] * 5 + [([], True)]
+    assert len(asked) == 1, f"the cancel flag was asked {len(asked)} times in 6 steps"
+
+
 def test_a_refused_request_fails_alone(no_stop_words) -> None:
     """The decoder refuses one request of two waiting together: only that one fails, with
     the decoder's message; the other runs."""

@@ -138,6 +138,8 @@ class ReferenceLlmParameters(ModelParameters):
     # max_prompt_embedding_table_size / max_batch_size: the stand-in refuses bigger tables,
     # as the executor does.
     prompt_table_rows_per_request: int
+    # The stock backend's parameter of this name: how often a request's cancel flag is polled.
+    cancellation_check_period_ms: int
 
 
 @dataclass(frozen=True)

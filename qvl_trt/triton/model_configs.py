@@ -18,6 +18,9 @@ from .pbconfig import add_inputs, add_outputs, new_config, pb2, set_parameters
 
 # Where the TensorRT-LLM container installs the executor worker (orchestrator mode).
 EXECUTOR_WORKER_PATH = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
+# How often tensorrt_llm polls its requests for a client's cancel: the stock backend's
+# parameter, and the reference model's (an ask is a round trip to Triton there).
+CANCELLATION_CHECK_PERIOD_MS = 100
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,7 @@ def trtllm_parameters(s: StepSettings) -> dict[str, str | int | float | bool]:
         "enable_kv_cache_reuse": True,
         # output_ids then hold only generated tokens, streaming or not.
         "exclude_input_in_output": True,
-        "cancellation_check_period_ms": 100,
+        "cancellation_check_period_ms": CANCELLATION_CHECK_PERIOD_MS,
         "stats_check_period_ms": 100,
         "executor_worker_path": EXECUTOR_WORKER_PATH,
     }

@@ -41,7 +41,7 @@ from ..profiles import GpuProfile, TrtEdition
 from ..resources import data_dir
 from ..typed_config import load_dataclass, to_jsonable
 from . import contract as c
-from .model_configs import Flavor, StepSettings, step_configs
+from .model_configs import CANCELLATION_CHECK_PERIOD_MS, Flavor, StepSettings, step_configs
 from .pbconfig import write_config
 
 log = logging.getLogger(__name__)
@@ -323,7 +323,8 @@ def _python_parameters(build: _Build, options: RepoOptions) -> dict[str, c.Model
     if options.flavor is Flavor.REFERENCE:
         parameters[c.TENSORRT_LLM] = c.ReferenceLlmParameters(
             device=options.device, dtype=options.reference_dtype,
-            prompt_table_rows_per_request=build.plan.prompt_table_rows_per_request)
+            prompt_table_rows_per_request=build.plan.prompt_table_rows_per_request,
+            cancellation_check_period_ms=CANCELLATION_CHECK_PERIOD_MS)
     return parameters
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -151,25 +152,37 @@ class _Job:
     emit: Emit
     fail: Fail
     request_id: str = ""
-    # The Triton request's own cancel flag (request.is_cancelled), asked each step.
+    # The Triton request's own cancel flag (request.is_cancelled: a round trip to Triton),
+    # asked at a step at most every `check_every` seconds, as the stock backend polls its
+    # requests every cancellation_check_period_ms.
     is_cancelled: Callable[[], bool] = lambda: False
+    check_every: float = 0.0
     stopped: bool = False  # a stop request named it
     tokens: list[int] = field(default_factory=list)
     sent: int = 0  # tokens already in a response
     done: bool = False
+    next_check: float = 0.0
 
     def cancelled(self) -> bool:
-        return self.stopped or self.is_cancelled()
+        if self.stopped:
+            return True
+        now = time.monotonic()
+        if now < self.next_check:
+            return False
+        self.next_check = now + self.check_every
+        return self.is_cancelled()
 
 
 class ReferenceLlm:
     def __init__(self, decoder: Any, *, max_batch_size: int,
                  count_tokens: Callable[[int], None] = lambda n: None,
-                 model_name: str = c.TENSORRT_LLM) -> None:
+                 model_name: str = c.TENSORRT_LLM, cancel_check_s: float = 0.0) -> None:
         """`decoder.batch()`: an empty in-flight batch (llm.reference.DecodeBatch).
         `count_tokens(n)`: after each step, the tokens the decoder made in it.
-        `model_name`: the model it serves, for errors."""
+        `model_name`: the model it serves, for errors. `cancel_check_s`: how often a request's
+        own cancel flag is asked (0: at every step); a stop request counts at once."""
         self.decoder = decoder
+        self.cancel_check_s = cancel_check_s
         self.model_name = model_name
         self.max_batch_size = max_batch_size
         self.count_tokens = count_tokens
@@ -182,7 +195,7 @@ class ReferenceLlm:
 
     def submit(self, request: LlmRequest, emit: Emit, fail: Fail, *, request_id: str = "",
                is_cancelled: Callable[[], bool] = lambda: False) -> None:
-        job = _Job(request, emit, fail, request_id, is_cancelled)
+        job = _Job(request, emit, fail, request_id, is_cancelled, self.cancel_check_s)
         if request_id:
             with self._lock:
                 self._jobs.setdefault(request_id, []).append(job)
@@ -333,7 +346,7 @@ class LlmModel:
     and stop requests; tokens made counted in the metric qvl_reference_llm_tokens_total."""
 
     def __init__(self, args: Mapping[str, str], decoder: Any, *, table_dtype: str,
-                 rows_per_request: int | None) -> None:
+                 rows_per_request: int | None, cancel_check_s: float = 0.0) -> None:
         self.name = args["model_name"]
         self.limits = LlmLimits(hidden_size=decoder.config.hidden_size, table_dtype=table_dtype,
                                 rows_per_request=rows_per_request)
@@ -344,7 +357,8 @@ class LlmModel:
         self.tokens = self.family.Metric(labels={"model": self.name})
         max_batch_size = json.loads(args["model_config"])["max_batch_size"]
         self.llm = ReferenceLlm(decoder, max_batch_size=max_batch_size,
-                                count_tokens=self.tokens.increment, model_name=self.name)
+                                count_tokens=self.tokens.increment, model_name=self.name,
+                                cancel_check_s=cancel_check_s)
 
     @classmethod
     def load(cls, args: Mapping[str, str], make_decoder: Callable[[Any], Any]) -> LlmModel:
@@ -353,7 +367,8 @@ class LlmModel:
         params = c.ReferenceLlmParameters.from_parameters(model_parameters(args),
                                                           args["model_name"])
         return cls(args, make_decoder(params), table_dtype=params.dtype,
-                   rows_per_request=params.prompt_table_rows_per_request)
+                   rows_per_request=params.prompt_table_rows_per_request,
+                   cancel_check_s=params.cancellation_check_period_ms / 1000)
 
     def execute(self, requests: Iterable[Any]) -> None:
         for request in requests:
