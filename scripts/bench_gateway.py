@@ -3,19 +3,25 @@ directly (tritonclient's asyncio gRPC client on tensorrt_llm_bls, exactly as the
 them: qvl_trt.gateway.upstream) and through the gateway (HTTP POST /v1/chat/completions,
 server-sent events read with aiohttp's client), in alternating rounds at each concurrency.
 
-Per concurrency level it prints the median request latency both ways and their ratio, the
-latency the gateway adds per generated token (ms; the median over rounds of the difference
-between a round's two batches), the gateway process's own CPU time per token it delivered
-(ms, from /proc: what the gateway costs a machine whatever else runs) and, for scale, the CPU
-time per token of the direct path's client (the same asyncio gRPC client the gateway holds).
+tensorrt_llm is the benchmark's token generator (qvl_trt.testing.token_generator, as in
+scripts/bench_pipeline_overhead.py): tokens at a fixed rate per stream, like an engine on a
+GPU, so that the gateway's CPU does not slow the tokens' making, as it would with the
+reference model decoding on the same cores; what the gateway adds then shows as latency.
+
+Per concurrency level it prints, direct and through the gateway: the median time to the first
+token, the median gap between streamed pieces and the median request latency; what the
+gateway adds per token (the median over rounds of the difference between the two batches'
+median latencies, over the tokens of a request: the issue's "per-token overhead") and to the
+first token; and CPU time per token delivered: the gateway process's (from /proc: what it
+costs a machine whatever else runs) and, for scale, the direct path's client's (the same
+asyncio gRPC client the gateway holds).
 
 It builds what tests/conftest.py builds (the tiny checkpoint, its converted LLM, the
 reference-flavor repository), serves it with tritonserver and starts the gateway as the child
-process `qvl-trt serve --openai-port` starts. The reference model decodes on the CPU: on a
-busy machine latencies are noisy, the CPU time per token much less so.
+process `qvl-trt serve --openai-port` starts.
 
 Usage: python scripts/bench_gateway.py [--work-dir DIR] [--rounds N] [--max-tokens T]
-       [--concurrency 1,8]
+       [--rate TOKENS_PER_S] [--concurrency 1,16,64]
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import os
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 from tiny_reference_repo import build_tiny_reference_repo
@@ -35,9 +43,28 @@ from qvl_trt.gateway.app import GatewayOptions
 from qvl_trt.gateway.openai_api import ChatCompletionRequest
 from qvl_trt.gateway.process import GatewayProcess
 from qvl_trt.gateway.upstream import Upstream
+from qvl_trt.testing.token_generator import install_token_generator
+from qvl_trt.triton import contract as c
+from qvl_trt.triton.repository import VERSION
 from qvl_trt.triton.server import ServerOptions, TritonServer, free_ports
 
 PROMPT = "Tell me a long story."
+WAYS = ("direct", "gateway")
+
+
+@dataclass(frozen=True)
+class Answer:
+    sent: float
+    arrivals: tuple[float, ...]  # perf_counter of each piece that carried text
+    tokens: int
+
+    @property
+    def latency(self) -> float:
+        return self.arrivals[-1] - self.sent
+
+    @property
+    def first(self) -> float:
+        return self.arrivals[0] - self.sent
 
 
 def cpu_seconds(pid: int) -> float:
@@ -46,27 +73,32 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def direct(upstream: Upstream, served, request: ChatCompletionRequest) -> tuple[float, int]:
-    """(latency, tokens) of one request to Triton."""
-    start = time.perf_counter()
-    tokens = 0
+async def direct(upstream: Upstream, served, request: ChatCompletionRequest) -> Answer:
+    sent, arrivals, tokens = time.perf_counter(), [], 0
     async for piece in upstream.generate(served, request):
+        if piece.text:
+            arrivals.append(time.perf_counter())
         tokens = piece.completion_tokens
-    return time.perf_counter() - start, tokens
+    return Answer(sent, tuple(arrivals), tokens)
 
 
-async def through_gateway(session, url: str, body: dict) -> tuple[float, int]:
-    """(latency, tokens) of one request through the gateway."""
-    start = time.perf_counter()
-    tokens = 0
+async def through_gateway(session, url: str, body: dict) -> Answer:
+    sent, arrivals, tokens = time.perf_counter(), [], 0
     async with session.post(f"{url}/v1/chat/completions", json=body) as reply:
         reply.raise_for_status()
         async for line in reply.content:
-            if line.startswith(b"data: {"):
-                usage = json.loads(line[6:]).get("usage")
-                if usage:
-                    tokens = usage["completion_tokens"]
-    return time.perf_counter() - start, tokens
+            if not line.startswith(b"data: {"):
+                continue
+            event = json.loads(line[6:])
+            if event.get("usage"):
+                tokens = event["usage"]["completion_tokens"]
+            elif event["choices"] and event["choices"][0]["delta"].get("content"):
+                arrivals.append(time.perf_counter())
+    return Answer(sent, tuple(arrivals), tokens)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms"
 
 
 async def measure(triton_url: str, gateway: GatewayProcess, concurrency: list[int],
@@ -88,13 +120,12 @@ async def measure(triton_url: str, gateway: GatewayProcess, concurrency: list[in
         await direct(upstream, served, request)
         await through_gateway(session, gateway.url, body)
         for level in concurrency:
-            runs: dict[str, list[tuple[float, int]]] = {"direct": [], "gateway": []}
+            runs: dict[str, list[Answer]] = {way: [] for way in WAYS}
             added = []  # per round: the gateway batch's median latency minus the direct one's
             gateway_cpu = client_cpu = 0.0
             for n in range(rounds):
-                order = ("direct", "gateway") if n % 2 == 0 else ("gateway", "direct")
                 medians = {}
-                for way in order:
+                for way in WAYS if n % 2 == 0 else WAYS[::-1]:
                     if way == "direct":
                         batch = [direct(upstream, served, request) for _ in range(level)]
                         before = time.process_time()
@@ -108,20 +139,27 @@ async def measure(triton_url: str, gateway: GatewayProcess, concurrency: list[in
                     else:
                         gateway_cpu += cpu_seconds(pid) - before
                     runs[way] += done
-                    medians[way] = statistics.median(t for t, _ in done)
+                    medians[way] = statistics.median(a.latency for a in done)
                 added.append(medians["gateway"] - medians["direct"])
-            tokens = {t for way in runs.values() for _, t in way}
+            tokens = {a.tokens for way in runs.values() for a in way}
             assert len(tokens) == 1, f"answers of different lengths: {sorted(tokens)}"
             per = tokens.pop()
-            a = statistics.median(t for t, _ in runs["direct"])
-            b = statistics.median(t for t, _ in runs["gateway"])
             delivered = per * len(runs["gateway"])
+            stats = {way: (statistics.median(a.first for a in runs[way]),
+                           statistics.median(b - a for x in runs[way]
+                                             for a, b in pairwise(x.arrivals)),
+                           statistics.median(a.latency for a in runs[way])) for way in WAYS}
             print(f"concurrency {level}: {len(runs['direct'])} requests each way, {per} tokens "
-                  f"each; median latency direct {a:.3f} s, through the gateway {b:.3f} s "
-                  f"(ratio {b / a:.3f}); added per token (median of the rounds' differences) "
-                  f"{1000 * statistics.median(added) / per:+.3f} ms; CPU per token: the gateway "
-                  f"process {1000 * gateway_cpu / delivered:.3f} ms, the direct asyncio gRPC "
-                  f"client {1000 * client_cpu / delivered:.3f} ms", flush=True)
+                  "each")
+            for way in WAYS:
+                first, gap, latency = stats[way]
+                print(f"  {way:<8} first token {_ms(first)}, between pieces {_ms(gap)}, "
+                      f"request {_ms(latency)}")
+            print(f"  the gateway adds per token {1e3 * statistics.median(added) / per:+.4f} ms "
+                  f"(median of the rounds' differences), to the first token "
+                  f"{1e3 * (stats['gateway'][0] - stats['direct'][0]):+.3f} ms; CPU per token: "
+                  f"the gateway process {1e3 * gateway_cpu / delivered:.3f} ms, the direct "
+                  f"asyncio gRPC client {1e3 * client_cpu / delivered:.3f} ms", flush=True)
     await upstream.close()
 
 
@@ -129,20 +167,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work-dir", type=Path, help="where to build (default: a temporary "
                         "folder, removed at the end)")
-    parser.add_argument("--rounds", type=int, default=10,
+    parser.add_argument("--rounds", type=int, default=6,
                         help="alternating rounds per level (each: one batch of each way)")
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--concurrency", default="1,8")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--rate", type=float, default=250.0,
+                        help="tokens/s per stream the generator makes")
+    parser.add_argument("--concurrency", default="1,16,64")
     args = parser.parse_args()
     levels = [int(v) for v in args.concurrency.split(",")]
     with tempfile.TemporaryDirectory(prefix="qvl-bench-gateway-") as tmp:
         root = args.work_dir or Path(tmp)
-        repo = build_tiny_reference_repo(root)
+        repo = build_tiny_reference_repo(
+            root, max_batch_size=max(levels), max_seq_len=1024 + args.max_tokens,
+            max_num_tokens=1024 + args.max_tokens)
+        install_token_generator(repo.path / c.TENSORRT_LLM / VERSION, args.rate)
         with TritonServer(ServerOptions(repo.path, free_ports()), log_file=root / "server.log",
                           startup_timeout_s=300) as server:
             opts = GatewayOptions(server.grpc_url, port=free_ports().http)
             with GatewayProcess(opts, log_file=root / "gateway.log") as gateway:
                 gateway.wait_ready()
+                print(f"generator: {args.rate:g} tokens/s per stream; {args.rounds} alternating "
+                      "rounds per level (medians)", flush=True)
                 asyncio.run(measure(server.grpc_url, gateway, levels, args.rounds,
                                     args.max_tokens))
 
