@@ -108,6 +108,37 @@ def test_answers_and_usage_equal_the_ensembles(gateway, triton_server) -> None:
         triton_server, messages=messages, max_tokens=12, temperature=None, seed=5).text
 
 
+def test_video_parts_give_the_ensembles_answer(gateway, triton_server) -> None:
+    """A video_url part with an MP4 as a data URI, and vLLM's frame list
+    (data:video/jpeg;base64,f1,f2,...), through the openai client: the ensemble's text and
+    prompt tokens (visual tokens of both clips included)."""
+    import base64
+    import io
+
+    pytest.importorskip("av", reason="video files need PyAV: pip install 'qvl-trt[serve]'")
+    from PIL import Image
+    from video_clips import data_uri as video_uri
+    from video_clips import frame_pixels, video_file
+
+    def jpeg(i: int) -> str:
+        buffer = io.BytesIO()
+        Image.fromarray(frame_pixels(i, 64, 64, 5)).save(buffer, "JPEG")
+        return base64.b64encode(buffer.getvalue()).decode()
+
+    messages = [{"role": "user", "content": [
+        {"type": "video_url", "video_url": {"url": video_uri(video_file(20, 96, 64, seed=2),
+                                                             "video/mp4")}},
+        {"type": "video_url", "video_url": {
+            "url": "data:video/jpeg;base64," + ",".join(jpeg(i) for i in range(4))}},
+        {"type": "text", "text": "What changes between the clips?"}]}]
+    want = grpc_ask(triton_server, messages=messages, max_tokens=10)
+    answer = client(gateway).chat.completions.create(model=MODEL, messages=messages,
+                                                     max_tokens=10, temperature=0)
+    assert answer.choices[0].message.content == want.text
+    text_only = grpc_ask(triton_server, prompt="What changes between the clips?", max_tokens=1)
+    assert answer.usage.prompt_tokens == want.prompt_tokens > text_only.prompt_tokens + 8
+
+
 def test_the_stop_string_is_cut_and_the_finish_reason_follows(gateway, triton_server) -> None:
     messages = image_question(0)
     full = grpc_ask(triton_server, messages=messages, max_tokens=12)

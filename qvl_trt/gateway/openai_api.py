@@ -9,9 +9,8 @@ What is refused rather than ignored: every field the deployment cannot honour (n
 logprobs, penalties, response formats other than text, ...) unless it carries the value that
 asks for the default behaviour (n = 1, logprobs false, penalties 0, ...), and any field this
 API does not know. `messages` travels to the ensemble as sent (its `messages` input):
-preprocessing checks the roles and content parts, resolves `image_url` data URIs and
-allow-listed hosts, and refuses other part types (e.g. `video_url` until video input exists)
-with a one-line reason.
+preprocessing checks the roles and content parts, resolves `image_url` and `video_url` data
+URIs and allow-listed hosts, and refuses other part types with a one-line reason.
 """
 
 from __future__ import annotations
