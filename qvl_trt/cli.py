@@ -8,6 +8,7 @@ Heavy packages are imported inside the library functions, so `--help` works with
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -712,7 +713,8 @@ def serve(
         show_default=False)] = None,
     openai_port: Annotated[int | None, typer.Option(
         help="Also run the OpenAI-compatible gateway and chat page (`qvl-trt gateway`) on "
-        "this port, in front of the server's gRPC endpoint [default: none].",
+        "this port, in front of the server's gRPC endpoint; QVL_TRT_API_KEY in the "
+        "environment makes it ask for that key [default: none].",
         show_default=False)] = None,
     openai_host: Annotated[str | None, typer.Option(
         help="Address the gateway listens on [default: --host].", show_default=False)] = None,
@@ -762,11 +764,12 @@ def serve(
         return
     gateway = None
     if openai_port is not None:
-        from .gateway.app import GatewayOptions
+        from .gateway.app import API_KEY_ENV, GatewayOptions
         from .gateway.process import GatewayProcess
 
         gateway = GatewayProcess(GatewayOptions(f"{client_host(host)}:{ports.grpc}",
-                                                host=openai_host or host, port=openai_port))
+                                                host=openai_host or host, port=openai_port,
+                                                api_key=os.environ.get(API_KEY_ENV)))
     check_vision_editions(needs)
     warn_small_shm(needs, shm_size_bytes())
     point_engine_paths(needs)
@@ -806,10 +809,11 @@ def gateway(
 ) -> None:
     """OpenAI-compatible endpoint and chat page in front of a running Triton (`qvl-trt serve`,
     or the container): POST /v1/chat/completions, GET /v1/models, the chat page at /, /ready,
-    /live and /metrics. Stops on Ctrl-C or SIGTERM."""
+    /live and /metrics. With the environment variable QVL_TRT_API_KEY set, /v1/ asks for that
+    key (Authorization: Bearer KEY). Stops on Ctrl-C or SIGTERM."""
     from .client.generate import parse_url
     from .console import out as console
-    from .gateway.app import GatewayOptions, run_gateway
+    from .gateway.app import API_KEY_ENV, GatewayOptions, run_gateway
     from .triton.server import client_host
 
     endpoint = parse_url(url)
@@ -818,7 +822,8 @@ def gateway(
                           "grpc://HOST:PORT (Triton's --grpc-port, 8001 by default)")
     opts = GatewayOptions(endpoint.address, host=host, port=port,
                           max_concurrency=max_concurrency, max_body_bytes=max_body_bytes,
-                          shutdown_timeout_s=shutdown_timeout)
+                          shutdown_timeout_s=shutdown_timeout,
+                          api_key=os.environ.get(API_KEY_ENV))
     shown = f"http://{client_host(host)}:{port}"
     run_gateway(opts, on_ready=lambda: console.print(
         f"gateway listening: OpenAI endpoint {shown}/v1, chat page {shown}/ (Triton gRPC "

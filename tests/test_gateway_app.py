@@ -356,3 +356,45 @@ def test_without_triton_readiness_fails_and_limits_answer_429_and_413(tmp_path) 
                 {"role": "user", "content": "Hi"}])
         assert caught.value.response.headers["retry-after"] == "1"
         slow.close()
+
+
+def test_with_an_api_key_v1_asks_for_it_and_the_rest_stays_open(gateway, triton_server,
+                                                                  tmp_path) -> None:
+    """QVL_TRT_API_KEY's gateway: /v1/ without the key or with another one answers 401
+    (invalid_api_key, the openai package's AuthenticationError), with it the usual answer; the
+    page, /ready and /live need no key; the key is not on the child's command line."""
+    from pathlib import Path
+
+    from qvl_trt.gateway.app import GatewayOptions
+    from qvl_trt.gateway.process import GatewayProcess
+    from qvl_trt.triton.server import free_ports
+
+    key = "s3cret-key"
+    opts = GatewayOptions(triton_server.grpc_url, port=free_ports().http, api_key=key)
+    messages = [{"role": "user", "content": "Count."}]
+    with GatewayProcess(opts, log_file=tmp_path / "gateway.log") as keyed:
+        keyed.wait_ready()
+        assert key.encode() not in Path(f"/proc/{keyed.process.pid}/cmdline").read_bytes()
+        assert urllib.request.urlopen(f"{keyed.url}/").status == 200
+        assert urllib.request.urlopen(f"{keyed.url}/live").status == 200
+        status, body = post(keyed, json.dumps({"model": MODEL, "messages": messages}).encode())
+        assert (status, body["error"]["code"]) == (401, "invalid_api_key"), body
+        wrong = openai.OpenAI(base_url=f"{keyed.url}/v1", api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError, match="API key"):
+            wrong.models.list()
+        right = openai.OpenAI(base_url=f"{keyed.url}/v1", api_key=key, max_retries=0)
+        assert [m.id for m in right.models.list()] == [MODEL]
+        answer = right.chat.completions.create(model=MODEL, messages=messages, max_tokens=4,
+                                               temperature=0)
+        assert answer.choices[0].message.content == client(gateway).chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=4, temperature=0).choices[0] \
+            .message.content
+
+
+@pytest.mark.parametrize("key", ["", " padded", "two words", "tab\tinside"])
+def test_an_unusable_api_key_is_refused_in_one_line(key: str) -> None:
+    from qvl_trt.errors import ConfigError
+    from qvl_trt.gateway.app import GatewayOptions
+
+    with pytest.raises(ConfigError, match="QVL_TRT_API_KEY"):
+        GatewayOptions("127.0.0.1:8001", api_key=key)

@@ -8,6 +8,11 @@
     GET  /live                  200 while the gateway runs
     GET  /metrics               Prometheus
 
+API key: with `api_key` set, every /v1/ route answers 401 (OpenAI's `invalid_api_key`) unless
+the request carries `Authorization: Bearer KEY`, as the openai package sends it; the page,
+/ready, /live and /metrics stay open (the page asks for the key once and keeps it in the
+browser tab's session storage).
+
 Limits: a request body above `max_body_bytes` is refused with 413 before it is read (default:
 the largest `max_request_bytes` of the builds' preprocessing models plus room for the other
 fields); more than `max_concurrency` chat requests in flight get 429 with Retry-After.
@@ -21,12 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import importlib.resources
 import logging
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..deps import require
 from ..errors import ConfigError
@@ -55,6 +61,9 @@ log = logging.getLogger(__name__)
 BODY_SLACK_BYTES = 64 * 2**10
 DEFAULT_PORT = 9000
 PAGE = "static/chat.html"
+# Where `qvl-trt gateway` and `qvl-trt serve --openai-port` read the API key (an environment
+# variable, not an argument: a command line is visible to every user of the machine).
+API_KEY_ENV = "QVL_TRT_API_KEY"
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,7 @@ class GatewayOptions:
     max_concurrency: int = 256
     max_body_bytes: int | None = None  # None: from the deployment (see the module doc)
     shutdown_timeout_s: float = 10.0
+    api_key: str | None = field(default=None, repr=False)  # None: no key asked
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -76,6 +86,11 @@ class GatewayOptions:
                               "request does not fit")
         if self.shutdown_timeout_s < 0:
             raise ConfigError(f"--shutdown-timeout {self.shutdown_timeout_s} must be >= 0")
+        key = self.api_key
+        if key is not None and (not key or not key.isprintable()
+                                or any(ch.isspace() for ch in key)):
+            raise ConfigError(f"the API key (${API_KEY_ENV}) is empty or has spaces or control "
+                              "characters; use a printable token without spaces")
 
 
 def chat_page() -> bytes:
@@ -154,6 +169,8 @@ class Gateway:
         @web.middleware
         async def errors(request, handler):
             try:
+                if request.path.startswith("/v1/"):
+                    self._authorize(request)
                 return await handler(request)
             except ApiError as exc:
                 return self._json(exc.body(), exc.status, _retry_after(exc))
@@ -166,6 +183,19 @@ class Gateway:
                                       "/v1/chat/completions").body(), exc.status)
 
         return errors
+
+    def _authorize(self, request) -> None:
+        key = self.opts.api_key
+        if key is None:
+            return
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
+                                                                  key.encode()):
+            if request.path == "/v1/chat/completions":
+                self.metrics.requests.labels("-", "-", 401).inc()
+            raise ApiError(401, "missing or incorrect API key; send the header Authorization: "
+                           "Bearer KEY with this server's key (the openai package's api_key)",
+                           code="invalid_api_key")
 
     # ---- small routes ---------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from ..child import die_with_parent, kill_group
 from ..errors import ServerError
 from ..triton.server import client_host
-from .app import GatewayOptions
+from .app import API_KEY_ENV, GatewayOptions
 
 # Beyond the gateway's own shutdown timeout, before its group is killed.
 STOP_GRACE_S = 5.0
@@ -54,9 +54,13 @@ class GatewayProcess:
     def start(self, timeout_s: float = 60.0) -> GatewayProcess:
         """Start it and wait until it listens."""
         out = open(self.log_file, "ab") if self.log_file else None  # noqa: SIM115 (the child's)
+        # The key goes through the environment, not the command line (see API_KEY_ENV).
+        env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
+        if self.opts.api_key is not None:
+            env[API_KEY_ENV] = self.opts.api_key
         try:
             self.process = subprocess.Popen(
-                gateway_command(self.opts), stdin=subprocess.DEVNULL, stdout=out,
+                gateway_command(self.opts), env=env, stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT if out else None, start_new_session=True,
                 preexec_fn=functools.partial(die_with_parent, os.getpid()))
         finally:
