@@ -146,13 +146,16 @@ def test_prompt_table_errors():
     (user_message("hi <|image_pad|>", 0), [], "holds 1 image placeholders for 0 images"),
     (user_message("hi", 1), [b""], "image 1: image is empty"),
     (user_message("hi", 1), [_png(64, 64, 0)[:300]], "image 1: PNG image could not be decoded"),
+    # images decode side by side: the refusal still names the bad one
+    (user_message("hi", 2), [_png(64, 64, 0), _png(64, 64, 1)[:300]],
+     "image 2: PNG image could not be decoded"),
     ([{"role": "user", "content": [{"type": "audio"}]}], [], "neither {type: text"),
     ([{"role": "robot", "content": "hi"}], [], "has role 'robot'"),
     ("hello", [], "messages must be a non-empty list"),
     ([{"role": "assistant", "content": [{"type": "image"}]}], [b"x"],
      "images go in user messages"),
 ], ids=["too-many-images", "missing-image", "pad-in-text", "empty-image", "truncated-image",
-        "audio", "bad-role", "not-a-list", "image-in-assistant"])
+        "second-image-truncated", "audio", "bad-role", "not-a-list", "image-in-assistant"])
 def test_bad_requests_are_refused(pre, messages, images, message):
     with pytest.raises(InputError, match=message.replace("+", r"\+").replace("{", r"\{")):
         pre.prepare(messages=messages, images=images)

@@ -12,14 +12,18 @@ in raster order); within a row the order is (channel, temporal frame, y, x). An 
 every temporal frame with itself; a video clip will put its consecutive frames there, so the
 vision graph takes both through one input of the same shape.
 
-The resize and the patch cutting run in strips on parallel threads (PIL's resampling and
-numpy's copies release the GIL), equal to one whole-image resize: when only the height
-changes (1920x1080 -> 1920x1088) PIL makes one vertical pass, each column alone, so column
-strips cropped out and resized each give the same pixels; when only the width changes, row
-strips. A strip is cropped, never resized with a `box`: a box shifts the filter centres by a
-rounding. When both change, PIL makes two passes in an order that depends on its version
-(Pillow 13 starts with the height when it shrinks much more): that resize stays one call, and
-only the patch cutting runs in strips. The content digest is xxh3-128 of the patch rows, a
+The resize and the patch cutting run in strips on the pixel pool (PIL's crop, paste and
+resampling and numpy's copies release the GIL), equal to one whole-image resize. PIL resizes
+in at most two passes, each rounding to 8 bits: a horizontal one (each row alone) runs in row
+strips, a vertical one (each column alone) in column strips, each strip cropped out and
+resized, never resized with a `box` (a box shifts the filter centres by a rounding). When
+both sides change, the first pass fills an intermediate image in strips and the second runs
+in strips on it, in the order the installed Pillow picks (Pillow 13 starts with the vertical
+pass when the height shrinks by more than twice as many pixels as the width, Pillow 12 and
+older always with the horizontal one; `_pass_order` probes which rule holds, and an unknown
+one keeps that resize one call). The last pass's strips go into the patch rows channel by
+channel: one channel's patch row is p contiguous bytes on both sides, so numpy moves p-byte
+items instead of single bytes. The content digest is xxh3-128 of the patch rows, a
 fast non-cryptographic hash: it keys caches, it does not authenticate.
 """
 

@@ -27,6 +27,7 @@ from .image_input import DEFAULT_MAX_DECODED_PIXELS, load_rgb, read_image_files
 from .pixels import ImagePatches, PixelConfig, image_patches, patch_count
 from .prompt_table import fake_token_ids, prompt_table_extra_ids, rows_per_visual_token
 from .rope import MropeTable, rope_index
+from .threads import pixel_pool
 from .video import VideoConfig, VideoLimits, VideoPatches
 from .video_input import VideoInput, load_clip
 from .vision_index import vision_index_tensors
@@ -317,10 +318,15 @@ class RequestPreprocessor:
         prompt order (`order`: is the next placeholder a video's?). Returns the buffer, the
         images, the videos and the vision items (images and temporal groups) in prompt
         order."""
+        # Images decode side by side on the pixel pool (Pillow releases the GIL while it
+        # decodes); videos decode here, their resize uses the pool itself.
+        decoding = [pixel_pool().submit(load_rgb, image,
+                                        max_decoded_pixels=self.limits.max_decoded_pixels)
+                    for image in images]
         decoded_images, decoded_videos = [], []
-        for number, image in enumerate(images, 1):
+        for number, pending in enumerate(decoding, 1):
             with _numbered("image", number):
-                rgb = load_rgb(image, max_decoded_pixels=self.limits.max_decoded_pixels)
+                rgb = pending.result()
                 decoded_images.append((rgb, patch_count(rgb, self.pixels)))
         cap = self.video_frame_cap
         for number, video in enumerate(videos, 1):
