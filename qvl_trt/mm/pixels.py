@@ -298,8 +298,10 @@ def _write_patches(pixels: Image.Image, blocks: np.ndarray, block_row: int, bloc
     p, m = config.patch_size, config.merge_size
     bh, bw = pixels.height // (m * p), pixels.width // (m * p)
     dst = blocks[block_row:block_row + bh, block_col:block_col + bw]
-    for channel, band in enumerate(pixels.split()):
-        src = np.asarray(band).view(blocks.dtype).reshape(bh, m, p, bw, m)
+    for channel, band in enumerate(pixels.getbands()):
+        # one channel's bytes straight from PIL's raw encoder (no split images)
+        plane = np.frombuffer(pixels.tobytes("raw", band), np.uint8)
+        src = plane.view(blocks.dtype).reshape(bh, m, p, bw, m)
         for frame in range(config.temporal_patch_size):
             dst[..., channel, frame, :] = src.transpose(0, 3, 1, 4, 2)
 
