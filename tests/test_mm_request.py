@@ -7,6 +7,7 @@ import io
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -159,6 +160,33 @@ def test_prompt_table_errors():
 def test_bad_requests_are_refused(pre, messages, images, message):
     with pytest.raises(InputError, match=message.replace("+", r"\+").replace("{", r"\{")):
         pre.prepare(messages=messages, images=images)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two pixel pool threads")
+def test_a_refused_request_leaves_no_decode_running(pre, monkeypatch):
+    """A request's images decode side by side; one refused (image 1 is corrupt) cancels the
+    decodes not started and waits for the others (image 2 here), so none runs on behind the
+    error."""
+    import threading
+
+    from qvl_trt.mm import request
+
+    started, decoded = threading.Event(), []
+    load_rgb, good, corrupt = request.load_rgb, _png(64, 64, 0), _png(64, 64, 1)[:300]
+
+    def observed_load_rgb(image, **kwargs):
+        if image is corrupt:  # fails once image 2 is decoding
+            assert started.wait(10)
+            return load_rgb(image, **kwargs)
+        started.set()
+        time.sleep(0.3)
+        decoded.append(load_rgb(image, **kwargs))
+        return decoded[-1]
+
+    monkeypatch.setattr(request, "load_rgb", observed_load_rgb)
+    with pytest.raises(InputError, match="image 1: PNG image could not be decoded"):
+        pre.prepare(messages=user_message("hi", 2), images=[corrupt, good])
+    assert len(decoded) == 1
 
 
 def test_prompt_longer_than_the_engine_allows(tiny_ckpt, limits):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -268,13 +268,14 @@ class RequestPreprocessor:
             raise InputError(f"messages hold {video_parts} video parts but {len(videos)} videos "
                              "were sent; send one video per video part")
         order = self.prompts.placeholders(text, len(images), len(videos))
-        decoding, decoded_videos = self._decode(images, videos)
-        t = self.videos.pixels.temporal_patch_size
-        ids = self.prompts.encode(text, len(images), [  # while the images decode
-            [vid.timestamp_text(s) for s in vid.group_timestamps(times, t)]
-            for _, times, _ in decoded_videos])
-        pixel_values, pictures, clips, items = self._vision_items(order, decoding,
-                                                                  decoded_videos)
+        with self._decoding(images) as decoding:
+            decoded_videos = self._decode_videos(videos)
+            t = self.videos.pixels.temporal_patch_size
+            ids = self.prompts.encode(text, len(images), [  # while the images decode
+                [vid.timestamp_text(s) for s in vid.group_timestamps(times, t)]
+                for _, times, _ in decoded_videos])
+            pixel_values, pictures, clips, items = self._vision_items(order, decoding,
+                                                                      decoded_videos)
         merge = ckpt.vision.spatial_merge_size ** 2
         counts = tuple(item.num_patches // merge for item in items)
         media = f"{len(images)} images" + (f" and {len(videos)} videos" if videos else "")
@@ -316,22 +317,33 @@ class RequestPreprocessor:
         )
 
 
-    def _decode(self, images: Sequence[ImageInput], videos: Sequence[VideoInput]) -> tuple[
-            list[Future[Image.Image]], list[tuple[tuple[Image.Image, ...], tuple[float, ...], int]]]:
+    @contextmanager
+    def _decoding(self, images: Sequence[ImageInput]) -> Iterator[list[Future[Image.Image]]]:
         """Start decoding the images side by side on the pixel pool (Pillow releases the GIL
-        while it decodes) and decode the videos here (their resize uses the pool itself): the
-        images' futures, and each video's frames, frame times and patch count."""
+        while it decodes). A request refused meanwhile (a bad image or video) cancels the
+        decodes not started and waits for the others: none runs on behind it."""
         decoding = [pixel_pool().submit(load_rgb, image,
                                         max_decoded_pixels=self.limits.max_decoded_pixels)
                     for image in images]
-        decoded_videos, cap = [], self.video_frame_cap
+        try:
+            yield decoding
+        except BaseException:
+            for pending in decoding:
+                pending.cancel()
+            wait(decoding)
+            raise
+
+    def _decode_videos(self, videos: Sequence[VideoInput]) \
+            -> list[tuple[tuple[Image.Image, ...], tuple[float, ...], int]]:
+        """Each video's frames, frame times and patch count, decoded here (their resize uses
+        the pixel pool itself)."""
+        decoded, cap = [], self.video_frame_cap
         for number, video in enumerate(videos, 1):
             with _numbered("video", number):
                 frames, times = load_clip(video, self.videos, self.limits.video,
                                           max_decoded_pixels=self.limits.max_decoded_pixels)
-                decoded_videos.append((frames, times,
-                                       vid.patch_count(frames, self.videos.pixels, cap)))
-        return decoding, decoded_videos
+                decoded.append((frames, times, vid.patch_count(frames, self.videos.pixels, cap)))
+        return decoded
 
     def _vision_items(self, order: Sequence[bool], decoding: Sequence[Future[Image.Image]],
                       decoded_videos: Sequence[tuple[Sequence[Image.Image], Sequence[float],
