@@ -33,6 +33,7 @@ import functools
 import itertools
 import os
 from collections.abc import Callable
+from concurrent.futures import wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -282,11 +283,18 @@ def _resized_strip(image: Image.Image, edges: tuple[int, int], rows: bool, size:
 
 def _in_strips(work: Callable[[tuple[int, int]], None], length: int, unit: int) -> None:
     """`work` on each of up to `_THREADS` strips [a, b) of `length`, cut at multiples of
-    `unit`, on the pixel pool (PIL's crop, paste and resampling and numpy's copies release
-    the GIL)."""
+    `unit`: the first on this thread, the others on the pixel pool (PIL's crop, paste and
+    resampling and numpy's copies release the GIL). Returns once all are done."""
     units = length // unit
     edges = sorted({units * k // _THREADS * unit for k in range(_THREADS)} | {length})
-    list(pixel_pool().map(work, itertools.pairwise(edges)))
+    first, *rest = itertools.pairwise(edges)
+    pending = [pixel_pool().submit(work, strip) for strip in rest]
+    try:
+        work(first)
+    finally:
+        wait(pending)
+    for done in pending:
+        done.result()
 
 
 def _write_patches(pixels: Image.Image, blocks: np.ndarray, block_row: int, block_col: int,
