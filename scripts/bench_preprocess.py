@@ -10,7 +10,9 @@ call, from those bytes:
 - pil: transformers' image processor with backend="pil" on PIL.Image.open(BytesIO(bytes)),
   the chat template, image pad expansion and tokenisation;
 - torchvision: the same with backend="torchvision" (the "fast" processor transformers picks by
-  default), run in a worker process under --torchvision-python.
+  default), run in a worker process under --torchvision-python;
+- decode: `load_rgb` alone (decode to RGB, on one thread as Pillow does), the floor that every
+  side pays before any resizing.
 Each repeat runs every case and, within a case, the sides in a rotating order; --warmup
 untimed calls per side and case come first. Prints medians, ratios (their time / ours), the
 max abs difference of our pixels (through `PixelConfig.normalise`, what the vision graph makes
@@ -57,7 +59,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 QUESTION = "Describe this image in detail."
-SIDES = ("ours", "pil", "torchvision")
+SIDES = ("ours", "pil", "torchvision", "decode")
 FORMATS = {"jpeg": {"format": "JPEG", "quality": 90}, "png": {"format": "PNG"}}
 
 
@@ -207,6 +209,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from qvl_trt.client.generate import GenerateRequest, request_fields
+    from qvl_trt.mm.image_input import load_rgb
     from qvl_trt.profiles import load_profile
     from qvl_trt.triton import contract as c
     from qvl_trt.triton.repository import RepoOptions, preprocessing_parameters
@@ -246,7 +249,8 @@ def main() -> None:
             return time.perf_counter() - start
 
         calls = {"ours": lambda i: timed(ours, i),
-                 "pil": lambda i: timed(lambda j: pil(cases[j][3]), i)}
+                 "pil": lambda i: timed(lambda j: pil(cases[j][3]), i),
+                 "decode": lambda i: timed(lambda j: load_rgb(cases[j][3]), i)}
         if tv.ready:
             calls["torchvision"] = tv
         sides = [s for s in SIDES if s in calls]
@@ -265,8 +269,8 @@ def main() -> None:
               f"median of {args.repeat} interleaved calls after {args.warmup} warm-up; "
               f"torchvision: {tv.status}")
         head = (f"{'input':>15} {'KiB':>6} {'patches':>7} {'ours ms':>8} {'pil ms':>8} "
-                f"{'tv ms':>8} {'pil/ours':>8} {'tv/ours':>7}  {'diff pil':>8} {'ids pil':>7} "
-                f"{'diff tv':>8} {'ids tv':>6}")
+                f"{'tv ms':>8} {'decode ms':>9} {'pil/ours':>8} {'tv/ours':>7}  {'diff pil':>8} "
+                f"{'ids pil':>7} {'diff tv':>8} {'ids tv':>6}")
         print(head)
         for i, (w, h, fmt, data) in enumerate(cases):
             out = ours(i)
@@ -279,7 +283,8 @@ def main() -> None:
                 tv_diff, tv_same, tv_cols = "-", "-", ("skipped", "-")
             print(f"{f'{w}x{h} {fmt}':>15} {len(data) / 1024:6.0f} "
                   f"{out[c.PIXEL_VALUES].shape[0]:7d} {med['ours']:8.1f} {med['pil']:8.1f} "
-                  f"{tv_cols[0]:>8} {med['pil'] / med['ours']:7.2f}x {tv_cols[1]:>7}  "
+                  f"{tv_cols[0]:>8} {med['decode']:9.1f} {med['pil'] / med['ours']:7.2f}x "
+                  f"{tv_cols[1]:>7}  "
                   f"{pil_diff:>8} {pil_same:>7} {tv_diff:>8} {tv_same:>6}")
         if args.profile:
             w, h = (int(v) for v in args.profile.split("x"))

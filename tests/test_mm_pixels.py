@@ -122,14 +122,17 @@ def _assert_equal_hf(ours: np.ndarray, hf: np.ndarray, config: PixelConfig) -> N
     assert (frames == frames[:, :, :1]).all()
 
 
-def test_pixels_equal_hf_with_a_profile_cap(hf_processor, pixel_config):
-    """A deployment's pixel cap (4090 profile: 2 Mpx) resizes like HF told the same bounds."""
+@pytest.mark.parametrize("size, rows", [((2400, 1800), 8112), ((3840, 2160), 7920),
+                                        ((1000, 4000), 7920)])
+def test_pixels_equal_hf_with_a_profile_cap(size, rows, hf_processor, pixel_config):
+    """A deployment's pixel cap (4090 profile: 2 Mpx) resizes like HF told the same bounds
+    (3840x2160: both sides shrink, horizontal pass first; 1000x4000: vertical first)."""
     capped = pixel_config.with_bounds(65536, 2_097_152)
-    image = Image.fromarray(_content(2400, 1800, 11))
+    image = Image.fromarray(_content(*size, 11))
     ours = image_patches(image, capped)
     hf = hf_processor(image, size={"shortest_edge": 65536, "longest_edge": 2_097_152},
                       return_tensors="np")
-    assert ours.pixel_values.shape == (8112, 1536)
+    assert ours.pixel_values.shape == (rows, 1536)
     _assert_equal_hf(ours.pixel_values, hf["pixel_values"], capped)
 
 
@@ -173,6 +176,102 @@ def test_strips_equal_hf_whatever_their_number(size, strips, hf_processor, pixel
     ours = image_patches(image, pixel_config)
     _assert_equal_hf(ours.pixel_values, hf_processor(image, return_tensors="np")["pixel_values"],
                      pixel_config)
+
+
+def _noise(width: int, height: int, seed: int = 0) -> Image.Image:
+    """Noise: the two pass orders of a resize then differ in almost every pixel."""
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (height, width, 3), np.uint8))
+
+
+def _two_passes(image: Image.Image, w: int, h: int, vertical_first: bool) -> Image.Image:
+    bicubic = Image.Resampling.BICUBIC
+    first = (image.width, h) if vertical_first else (w, image.height)
+    return image.resize(first, resample=bicubic).resize((w, h), resample=bicubic)
+
+
+def _resize_cases() -> list[tuple[int, int, int, int]]:
+    """(W, H, w, h): shrinks and growths of either side or both, odd sizes, ties of the
+    rule, and 3840x2160 at the 4090 profile's cap."""
+    rng = np.random.default_rng(5)
+    cases = [(3840, 2160, 1920, 1056), (600, 3000, 416, 2208), (511, 513, 512, 512),
+             (1010, 1000, 1024, 992), (64, 64, 36, 8), (64, 64, 40, 8), (33, 2000, 64, 2016),
+             (2000, 33, 2016, 64), (17, 17, 256, 256), (123, 457, 160, 512)]
+    while len(cases) < 120:
+        W, H, w, h = (int(v) for v in rng.integers(5, 700, 4))
+        if W != w and H != h:
+            cases.append((W, H, w, h))
+    return cases
+
+
+def test_pass_order_rule_equals_one_resize():
+    """Where both sides change, Pillow makes two 8-bit passes in an order of its choosing;
+    the rule `_pass_order` found for the installed Pillow gives one whole resize's pixels
+    everywhere (a Pillow with another rule fails here instead of drifting), and the other
+    order does not: the check can fail."""
+    rule = pixels._pass_order(Image.Resampling.BICUBIC)
+    assert rule is not None, "the installed Pillow follows none of the known pass orders"
+    picked = {True: 0, False: 0}
+    for i, (W, H, w, h) in enumerate(_resize_cases()):
+        image = _noise(W, H, i)
+        whole = np.asarray(image.resize((w, h), resample=Image.Resampling.BICUBIC))
+        vertical_first = rule(W, H, w, h)
+        picked[vertical_first] += 1
+        assert np.array_equal(np.asarray(_two_passes(image, w, h, vertical_first)), whole), \
+            (W, H, w, h, vertical_first)
+        other = np.asarray(_two_passes(image, w, h, not vertical_first))
+        assert not np.array_equal(other, whole), (W, H, w, h)
+    assert min(picked.values()) >= 10, picked  # both orders exercised
+
+
+def test_probe_sizes_tell_the_known_rules_apart():
+    """Each known rule but one fails the probe at some size, so the probe picks one rule."""
+    image = _noise(64, 64)
+    for rule in pixels._PASS_ORDERS:
+        others = [r for r in pixels._PASS_ORDERS if r is not rule]
+        for other in others:
+            assert any(rule(64, 64, w, h) != other(64, 64, w, h)
+                       for w, h in pixels._PROBE_SIZES)
+    for w, h in pixels._PROBE_SIZES:
+        assert not np.array_equal(np.asarray(_two_passes(image, w, h, True)),
+                                  np.asarray(_two_passes(image, w, h, False)))
+
+
+@pytest.mark.parametrize("size, cap", [((3840, 2160), 2_097_152), ((600, 3000), 1_000_000),
+                                       ((1010, 1000), 16_777_216), ((511, 513), 16_777_216),
+                                       ((2000, 33), 16_777_216), ((1000, 10), 16_777_216)],
+                         ids=["4k-horizontal-first", "tall-vertical-first", "vertical-first",
+                              "odd-vertical-first", "wide-grow", "wide-grow-both"])
+@pytest.mark.parametrize("strips", [1, 2, 3, 7])
+def test_both_passes_in_strips_equal_one_resize(size, cap, strips, pixel_config, monkeypatch):
+    """Both passes run in strips (the first into one intermediate image): the patches equal
+    those of the image resized in one call, whatever the number of strips."""
+    monkeypatch.setattr(pixels, "_THREADS", strips)
+    config = pixel_config.with_bounds(65536, cap)
+    image = Image.fromarray(_content(*size, 3))
+    h, w = pixels.resized_size(*size, config)
+    assert w != size[0] and h != size[1]
+    whole = image.resize((w, h), resample=Image.Resampling.BICUBIC)
+    assert np.array_equal(image_patches(image, config).pixel_values,
+                          image_patches(whole, config).pixel_values)
+
+
+def test_an_unknown_pass_order_resizes_in_one_call(hf_processor, pixel_config, monkeypatch):
+    """Break it on purpose: a wrong rule for the first pass changes the pixels; with only a
+    wrong rule known, the probe finds none and the resize runs as one call, equal to HF."""
+    image = Image.fromarray(_content(511, 513, 8))
+    hf = hf_processor(image, return_tensors="np")["pixel_values"]
+    pixels._pass_order.cache_clear()
+    try:
+        monkeypatch.setattr(pixels, "_pass_order", lambda resample: pixels._horizontal_first)
+        with pytest.raises(AssertionError):
+            _assert_equal_hf(image_patches(image, pixel_config).pixel_values, hf, pixel_config)
+        monkeypatch.undo()
+        monkeypatch.setattr(pixels, "_PASS_ORDERS", (pixels._horizontal_first,))
+        assert pixels._pass_order(Image.Resampling.BICUBIC) is None
+        _assert_equal_hf(image_patches(image, pixel_config).pixel_values, hf, pixel_config)
+    finally:
+        pixels._pass_order.cache_clear()
 
 
 def test_exif_orientation_is_applied():

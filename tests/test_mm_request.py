@@ -7,6 +7,7 @@ import io
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -146,16 +147,46 @@ def test_prompt_table_errors():
     (user_message("hi <|image_pad|>", 0), [], "holds 1 image placeholders for 0 images"),
     (user_message("hi", 1), [b""], "image 1: image is empty"),
     (user_message("hi", 1), [_png(64, 64, 0)[:300]], "image 1: PNG image could not be decoded"),
+    # images decode side by side: the refusal still names the bad one
+    (user_message("hi", 2), [_png(64, 64, 0), _png(64, 64, 1)[:300]],
+     "image 2: PNG image could not be decoded"),
     ([{"role": "user", "content": [{"type": "audio"}]}], [], "neither {type: text"),
     ([{"role": "robot", "content": "hi"}], [], "has role 'robot'"),
     ("hello", [], "messages must be a non-empty list"),
     ([{"role": "assistant", "content": [{"type": "image"}]}], [b"x"],
      "images go in user messages"),
 ], ids=["too-many-images", "missing-image", "pad-in-text", "empty-image", "truncated-image",
-        "audio", "bad-role", "not-a-list", "image-in-assistant"])
+        "second-image-truncated", "audio", "bad-role", "not-a-list", "image-in-assistant"])
 def test_bad_requests_are_refused(pre, messages, images, message):
     with pytest.raises(InputError, match=message.replace("+", r"\+").replace("{", r"\{")):
         pre.prepare(messages=messages, images=images)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two pixel pool threads")
+def test_a_refused_request_leaves_no_decode_running(pre, monkeypatch):
+    """A request's images decode side by side; one refused (image 1 is corrupt) cancels the
+    decodes not started and waits for the others (image 2 here), so none runs on behind the
+    error."""
+    import threading
+
+    from qvl_trt.mm import request
+
+    started, decoded = threading.Event(), []
+    load_rgb, good, corrupt = request.load_rgb, _png(64, 64, 0), _png(64, 64, 1)[:300]
+
+    def observed_load_rgb(image, **kwargs):
+        if image is corrupt:  # fails once image 2 is decoding
+            assert started.wait(10)
+            return load_rgb(image, **kwargs)
+        started.set()
+        time.sleep(0.3)
+        decoded.append(load_rgb(image, **kwargs))
+        return decoded[-1]
+
+    monkeypatch.setattr(request, "load_rgb", observed_load_rgb)
+    with pytest.raises(InputError, match="image 1: PNG image could not be decoded"):
+        pre.prepare(messages=user_message("hi", 2), images=[corrupt, good])
+    assert len(decoded) == 1
 
 
 def test_prompt_longer_than_the_engine_allows(tiny_ckpt, limits):

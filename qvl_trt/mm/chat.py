@@ -92,19 +92,34 @@ class PromptBuilder:
         """Tokenise rendered text: image pad i becomes image_token_counts[i] pads; video pad v
         becomes, per temporal group of videos[v] = [(timestamp text, merged tokens), ...], the
         timestamp and the group's pads between vision_start and vision_end."""
-        self.placeholders(text, len(image_token_counts), len(videos))
-        if videos:
+        ids = self.encode(text, len(image_token_counts),
+                          [[stamp for stamp, _ in groups] for groups in videos])
+        return self.expand(ids, image_token_counts,
+                           [[tokens for _, tokens in groups] for groups in videos])
+
+    def encode(self, text: str, images: int,
+               video_stamps: Sequence[Sequence[str]] = ()) -> np.ndarray:
+        """`tokenize`'s first half, which needs no image sizes (a request runs it while its
+        images decode): ids with one pad per image and per temporal group of each video,
+        video_stamps[v] holding each group's timestamp text."""
+        self.placeholders(text, images, len(video_stamps))
+        if video_stamps:
             start, end, video_pad = self.tokenizer.convert_ids_to_tokens(
                 [self.token_ids.vision_start, self.token_ids.vision_end, self.token_ids.video])
             pieces = text.split(video_pad)
             text = pieces[0] + "".join(
-                "".join(f"{stamp}{start}{video_pad}{end}" for stamp, _ in groups) + piece
-                for groups, piece in zip(videos, pieces[1:], strict=True))
-        ids = np.asarray(self.tokenizer(text)["input_ids"], dtype=np.int32)
+                "".join(f"{stamp}{start}{video_pad}{end}" for stamp in stamps) + piece
+                for stamps, piece in zip(video_stamps, pieces[1:], strict=True))
+        return np.asarray(self.tokenizer(text)["input_ids"], dtype=np.int32)
+
+    def expand(self, ids: np.ndarray, image_token_counts: Sequence[int],
+               video_token_counts: Sequence[Sequence[int]] = ()) -> np.ndarray:
+        """`tokenize`'s second half: each pad of `encode`'s ids repeated to its merged token
+        count (video_token_counts[v]: one count per temporal group)."""
         repeats = np.ones(ids.size, np.int64)
         repeats[ids == self.token_ids.image] = image_token_counts
-        repeats[ids == self.token_ids.video] = [tokens for groups in videos
-                                                for _, tokens in groups]
+        repeats[ids == self.token_ids.video] = [tokens for groups in video_token_counts
+                                                for tokens in groups]
         return np.repeat(ids, repeats)
 
 

@@ -12,21 +12,28 @@ in raster order); within a row the order is (channel, temporal frame, y, x). An 
 every temporal frame with itself; a video clip will put its consecutive frames there, so the
 vision graph takes both through one input of the same shape.
 
-The resize and the patch cutting run in strips on parallel threads (PIL's resampling and
-numpy's copies release the GIL), equal to one whole-image resize: when only the height
-changes (1920x1080 -> 1920x1088) PIL makes one vertical pass, each column alone, so column
-strips cropped out and resized each give the same pixels; when only the width changes, row
-strips. A strip is cropped, never resized with a `box`: a box shifts the filter centres by a
-rounding. When both change, PIL makes two passes in an order that depends on its version
-(Pillow 13 starts with the height when it shrinks much more): that resize stays one call, and
-only the patch cutting runs in strips. The content digest is xxh3-128 of the patch rows, a
+The resize and the patch cutting run in strips on the pixel pool (PIL's crop, paste and
+resampling and numpy's copies release the GIL), equal to one whole-image resize. PIL resizes
+in at most two passes, each rounding to 8 bits: a horizontal one (each row alone) runs in row
+strips, a vertical one (each column alone) in column strips, each strip cropped out and
+resized, never resized with a `box` (a box shifts the filter centres by a rounding). When
+both sides change, the first pass fills an intermediate image in strips and the second runs
+in strips on it, in the order the installed Pillow picks (Pillow 13 starts with the vertical
+pass when the height shrinks by more than twice as many pixels as the width, Pillow 12 and
+older always with the horizontal one; `_pass_order` probes which rule holds, and an unknown
+one keeps that resize one call). The last pass's strips go into the patch rows channel by
+channel: one channel's patch row is p contiguous bytes on both sides, so numpy moves p-byte
+items instead of single bytes. The content digest is xxh3-128 of the patch rows, a
 fast non-cryptographic hash: it keys caches, it does not authenticate.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
+from collections.abc import Callable
+from concurrent.futures import wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -190,47 +197,121 @@ def image_patches(image: Image.Image, config: PixelConfig,
         raise ValueError(f"out is {out.dtype} {out.shape}, the image needs contiguous uint8 "
                          f"{shape}")
     f, m, p = config.factor, config.merge_size, config.patch_size
-    # (block row, block col, row in block, col in block, channel, frame, y, x)
-    blocks = out.reshape(h // f, w // f, m, m, config.channels, config.temporal_patch_size, p, p)
-    W, H = image.size
+    # (block row, block col, row in block, col in block, channel, frame, y) of p-byte items:
+    # the x of one patch row
+    blocks = out.view(np.dtype((np.void, p))).reshape(
+        h // f, w // f, m, m, config.channels, config.temporal_patch_size, p)
+    if image.width != w and image.height != h:
+        image = _first_pass(image, w, h, config)
+    rows = image.width != w  # the pass left is horizontal: row strips; else column strips
 
     def strip(edges: tuple[int, int]) -> None:
-        a, b = edges
-        if w == W and h != H:  # height only: column strips, each column alone
-            part = image.crop((a, 0, b, H)).resize((b - a, h), resample=config.resample)
-            _write_patches(np.asarray(part), blocks, 0, a // f, config)
-        elif h == H and w != W:  # width only: row strips, each row alone
-            part = image.crop((0, a, W, b)).resize((w, b - a), resample=config.resample)
-            _write_patches(np.asarray(part), blocks, a // f, 0, config)
-        else:  # resized whole (both passes, in the order Pillow picks) or not at all
-            _write_patches(pixels[:, a:b], blocks, 0, a // f, config)
+        part = _resized_strip(image, edges, rows, w if rows else h, config)
+        a = edges[0] // f
+        _write_patches(part, blocks, a if rows else 0, 0 if rows else a, config)
 
-    if w != W and h != H:
-        pixels = np.asarray(image.resize((w, h), resample=config.resample))
-    elif w == W and h == H:
-        pixels = np.asarray(image)
-    along = h if h == H and w != W else w
-    list(pixel_pool().map(strip, _cuts(along, _THREADS, f)))
+    _in_strips(strip, h if rows else w, f)
     return ImagePatches(pixel_values=out, grid_thw=(1, gh, gw), digest=_digest(out, h, w))
 
 
-def _cuts(length: int, parts: int, unit: int) -> list[tuple[int, int]]:
-    """[start, end) of up to `parts` strips of `length` (a multiple of `unit`), cut at
-    multiples of `unit`."""
+def _first_pass(image: Image.Image, w: int, h: int, config: PixelConfig) -> Image.Image:
+    """The first of the two 8-bit passes Pillow makes when both sides change, in strips, as
+    one image: the horizontal pass (row strips) or the vertical one (column strips) in the
+    order the installed Pillow picks (`_pass_order`). An unknown order: the whole resize in
+    one call."""
+    vertical_first = _pass_order(config.resample)
+    if vertical_first is None:
+        return image.resize((w, h), resample=config.resample)
+    rows = not vertical_first(image.width, image.height, w, h)
+    into = Image.new(image.mode, (w, image.height) if rows else (image.width, h), None)
+
+    def strip(edges: tuple[int, int]) -> None:
+        part = _resized_strip(image, edges, rows, w if rows else h, config)
+        into.paste(part, (0, edges[0]) if rows else (edges[0], 0))
+
+    _in_strips(strip, image.height if rows else image.width, 1)
+    return into
+
+
+def _vertical_first_pillow13(width: int, height: int, w: int, h: int) -> bool:
+    """Pillow 13 starts with the vertical pass when the height shrinks by more than twice as
+    many pixels as the width does (python-pillow/Pillow#9549 "If height is scaled down
+    significantly more than width, resize vertically first"; the rule as the 13.0.0 wheel
+    behaves, tests/test_mm_pixels.py checks it over many sizes)."""
+    return h < height and height - h > 2 * (width - w)
+
+
+def _horizontal_first(width: int, height: int, w: int, h: int) -> bool:
+    """Pillow up to 12: always the horizontal pass first (src/libImaging/Resample.c,
+    ImagingResampleInner)."""
+    return False
+
+
+_PASS_ORDERS = (_vertical_first_pillow13, _horizontal_first)
+# (width, height) a 64x64 probe is resized to: where the known rules pick different orders
+_PROBE_SIZES = ((40, 8), (36, 8), (100, 60), (30, 90))
+
+
+@functools.cache
+def _pass_order(resample: int) -> Callable[[int, int, int, int], bool] | None:
+    """The installed Pillow's rule for which pass comes first, among the known ones: the one
+    whose two separate passes equal one whole resize of a small noise image at every probe
+    size (a Pillow with another rule fits none: None)."""
+    probe = Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), np.uint8))
+
+    def fits(rule: Callable[[int, int, int, int], bool]) -> bool:
+        for w, h in _PROBE_SIZES:
+            first = (64, h) if rule(64, 64, w, h) else (w, 64)
+            two = probe.resize(first, resample=resample).resize((w, h), resample=resample)
+            if two.tobytes() != probe.resize((w, h), resample=resample).tobytes():
+                return False
+        return True
+
+    return next((rule for rule in _PASS_ORDERS if fits(rule)), None)
+
+
+def _resized_strip(image: Image.Image, edges: tuple[int, int], rows: bool, size: int,
+                   config: PixelConfig) -> Image.Image:
+    """Rows [a, b) of `image` resized to width `size` (a horizontal pass: each row alone), or
+    columns [a, b) resized to height `size`: equal to that strip of the whole image's pass.
+    Cropped, never resized with a `box`: a box shifts the filter centres by a rounding."""
+    a, b = edges
+    part = image.crop((0, a, image.width, b) if rows else (a, 0, b, image.height))
+    target = (size, b - a) if rows else (b - a, size)
+    return part if part.size == target else part.resize(target, resample=config.resample)
+
+
+def _in_strips(work: Callable[[tuple[int, int]], None], length: int, unit: int) -> None:
+    """`work` on each of up to `_THREADS` strips [a, b) of `length`, cut at multiples of
+    `unit`: the first on this thread, the others on the pixel pool (PIL's crop, paste and
+    resampling and numpy's copies release the GIL). Returns once all are done."""
     units = length // unit
-    edges = sorted({units * k // parts * unit for k in range(parts)} | {length})
-    return list(itertools.pairwise(edges))
+    edges = sorted({units * k // _THREADS * unit for k in range(_THREADS)} | {length})
+    first, *rest = itertools.pairwise(edges)
+    pending = [pixel_pool().submit(work, strip) for strip in rest]
+    try:
+        work(first)
+    finally:
+        wait(pending)
+    for done in pending:
+        done.result()
 
 
-def _write_patches(pixels: np.ndarray, blocks: np.ndarray, block_row: int, block_col: int,
+def _write_patches(pixels: Image.Image, blocks: np.ndarray, block_row: int, block_col: int,
                    config: PixelConfig) -> None:
-    """Write `pixels` [height, width, C] (a whole number of merge blocks) into the merge
-    blocks from (block_row, block_col) on, every temporal frame the same."""
-    p, m, c = config.patch_size, config.merge_size, config.channels
-    bh, bw = pixels.shape[0] // (m * p), pixels.shape[1] // (m * p)
+    """Write RGB `pixels` (a whole number of merge blocks) into the merge blocks from
+    (block_row, block_col) on, every temporal frame the same. Channel by channel: one
+    channel's patch row is p contiguous bytes both in its band and in `blocks`, so numpy
+    moves p-byte items rather than single bytes."""
+    p, m = config.patch_size, config.merge_size
+    bh, bw = pixels.height // (m * p), pixels.width // (m * p)
     dst = blocks[block_row:block_row + bh, block_col:block_col + bw]
-    dst[..., 0, :, :] = pixels.reshape(bh, m, p, bw, m, p, c).transpose(0, 3, 1, 4, 6, 2, 5)
-    dst[..., 1:, :, :] = dst[..., :1, :, :]
+    for channel, band in enumerate(pixels.getbands()):
+        # one channel's bytes straight from PIL's raw encoder (no split images)
+        plane = np.frombuffer(pixels.tobytes("raw", band), np.uint8)
+        src = plane.view(blocks.dtype).reshape(bh, m, p, bw, m)
+        for frame in range(config.temporal_patch_size):
+            dst[..., channel, frame, :] = src.transpose(0, 3, 1, 4, 2)
 
 
 def _digest(rows: np.ndarray, height: int, width: int) -> bytes:

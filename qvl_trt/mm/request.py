@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,6 +28,7 @@ from .image_input import DEFAULT_MAX_DECODED_PIXELS, load_rgb, read_image_files
 from .pixels import ImagePatches, PixelConfig, image_patches, patch_count
 from .prompt_table import fake_token_ids, prompt_table_extra_ids, rows_per_visual_token
 from .rope import MropeTable, rope_index
+from .threads import pixel_pool
 from .video import VideoConfig, VideoLimits, VideoPatches
 from .video_input import VideoInput, load_clip
 from .vision_index import vision_index_tensors
@@ -266,7 +268,14 @@ class RequestPreprocessor:
             raise InputError(f"messages hold {video_parts} video parts but {len(videos)} videos "
                              "were sent; send one video per video part")
         order = self.prompts.placeholders(text, len(images), len(videos))
-        pixel_values, pictures, clips, items = self._vision_items(order, images, videos)
+        with self._decoding(images) as decoding:
+            decoded_videos = self._decode_videos(videos)
+            t = self.videos.pixels.temporal_patch_size
+            ids = self.prompts.encode(text, len(images), [  # while the images decode
+                [vid.timestamp_text(s) for s in vid.group_timestamps(times, t)]
+                for _, times, _ in decoded_videos])
+            pixel_values, pictures, clips, items = self._vision_items(order, decoding,
+                                                                      decoded_videos)
         merge = ckpt.vision.spatial_merge_size ** 2
         counts = tuple(item.num_patches // merge for item in items)
         media = f"{len(images)} images" + (f" and {len(videos)} videos" if videos else "")
@@ -276,10 +285,9 @@ class RequestPreprocessor:
                 f"request has {sum(counts)} visual tokens in {media}, the engine's prompt "
                 f"table holds {lim.max_visual_tokens} per request: send fewer or smaller "
                 f"{fewer}, or rebuild with a larger limits.max_visual_tokens_per_request")
-        input_ids = self.prompts.tokenize(
-            text, [picture.num_patches // merge for picture in pictures],
-            [[(vid.timestamp_text(t), group.num_patches // merge)
-              for t, group in zip(clip.timestamps, clip.groups, strict=True)] for clip in clips])
+        input_ids = self.prompts.expand(
+            ids, [picture.num_patches // merge for picture in pictures],
+            [[group.num_patches // merge for group in clip.groups] for clip in clips])
         if input_ids.size > lim.max_input_len:
             raise InputError(
                 f"prompt has {input_ids.size} tokens ({sum(counts)} of them for {media}), the "
@@ -309,27 +317,49 @@ class RequestPreprocessor:
         )
 
 
-    def _vision_items(self, order: Sequence[bool], images: Sequence[ImageInput],
-                      videos: Sequence[VideoInput]) -> tuple[
-            np.ndarray, tuple[ImagePatches, ...], tuple[VideoPatches, ...],
-            tuple[ImagePatches, ...]]:
-        """Decode every image and video, then cut each into its slice of one uint8 buffer, in
-        prompt order (`order`: is the next placeholder a video's?). Returns the buffer, the
-        images, the videos and the vision items (images and temporal groups) in prompt
-        order."""
-        decoded_images, decoded_videos = [], []
-        for number, image in enumerate(images, 1):
-            with _numbered("image", number):
-                rgb = load_rgb(image, max_decoded_pixels=self.limits.max_decoded_pixels)
-                decoded_images.append((rgb, patch_count(rgb, self.pixels)))
-        cap = self.video_frame_cap
+    @contextmanager
+    def _decoding(self, images: Sequence[ImageInput]) -> Iterator[list[Future[Image.Image]]]:
+        """Start decoding the images side by side on the pixel pool (Pillow releases the GIL
+        while it decodes). A request refused meanwhile (a bad image or video) cancels the
+        decodes not started and waits for the others: none runs on behind it."""
+        decoding = [pixel_pool().submit(load_rgb, image,
+                                        max_decoded_pixels=self.limits.max_decoded_pixels)
+                    for image in images]
+        try:
+            yield decoding
+        except BaseException:
+            for pending in decoding:
+                pending.cancel()
+            wait(decoding)
+            raise
+
+    def _decode_videos(self, videos: Sequence[VideoInput]) \
+            -> list[tuple[tuple[Image.Image, ...], tuple[float, ...], int]]:
+        """Each video's frames, frame times and patch count, decoded here (their resize uses
+        the pixel pool itself)."""
+        decoded, cap = [], self.video_frame_cap
         for number, video in enumerate(videos, 1):
             with _numbered("video", number):
                 frames, times = load_clip(video, self.videos, self.limits.video,
                                           max_decoded_pixels=self.limits.max_decoded_pixels)
-                decoded_videos.append((frames, times,
-                                       vid.patch_count(frames, self.videos.pixels, cap)))
-        total = sum(count for *_, count in decoded_images + decoded_videos)
+                decoded.append((frames, times, vid.patch_count(frames, self.videos.pixels, cap)))
+        return decoded
+
+    def _vision_items(self, order: Sequence[bool], decoding: Sequence[Future[Image.Image]],
+                      decoded_videos: Sequence[tuple[Sequence[Image.Image], Sequence[float],
+                                                     int]]) -> tuple[
+            np.ndarray, tuple[ImagePatches, ...], tuple[VideoPatches, ...],
+            tuple[ImagePatches, ...]]:
+        """Wait for the images to decode, then cut every image and video into its slice of one
+        uint8 buffer, in prompt order (`order`: is the next placeholder a video's?). Returns
+        the buffer, the images, the videos and the vision items (images and temporal groups)
+        in prompt order."""
+        decoded_images = []
+        for number, pending in enumerate(decoding, 1):
+            with _numbered("image", number):
+                rgb = pending.result()
+                decoded_images.append((rgb, patch_count(rgb, self.pixels)))
+        total = sum(count for *_, count in [*decoded_images, *decoded_videos])
         buffer = np.empty((total, self.pixels.patch_dim), np.uint8)
         pending_images = enumerate(decoded_images, 1)
         pending_videos = enumerate(decoded_videos, 1)
@@ -344,7 +374,8 @@ class RequestPreprocessor:
             else:
                 number, (frames, times, count) = next(pending_videos)
                 with _numbered("video", number):
-                    clip = vid.video_patches(frames, times, self.videos.pixels, cap,
+                    clip = vid.video_patches(frames, times, self.videos.pixels,
+                                             self.video_frame_cap,
                                              out=buffer[start:start + count])
                 clips.append(clip)
                 items.extend(clip.groups)
