@@ -10,11 +10,13 @@ reference model decoding on the same cores; what the gateway adds then shows as 
 
 Per concurrency level it prints, direct and through the gateway: the median time to the first
 token, the median gap between streamed pieces and the median request latency; what the
-gateway adds per token (the median over rounds of the difference between the two batches'
-median latencies, over the tokens of a request: the issue's "per-token overhead") and to the
-first token; and CPU time per token delivered: the gateway process's (from /proc: what it
-costs a machine whatever else runs) and, for scale, the direct path's client's (the same
-asyncio gRPC client the gateway holds).
+gateway adds per token (end to end: the median over rounds of the difference between the two
+batches' median latencies, over the tokens of a request; and to the gap between pieces, the
+steady state) and to the first token; and CPU time per token delivered: the gateway's (from
+/proc: what it costs a machine whatever else runs) and, for scale, the direct path's client's
+(the same asyncio gRPC client the gateway holds). Where the generator's rate times the
+streams saturates the machine's cores, the gateway's CPU shows as latency too: --rate sets
+what an engine would deliver per stream (e.g. 25 tokens/s at 64 streams).
 
 It builds what tests/conftest.py builds (the tiny checkpoint, its converted LLM, the
 reference-flavor repository), serves it with tritonserver and starts the gateway as the child
@@ -156,8 +158,10 @@ async def measure(triton_url: str, gateway: GatewayProcess, concurrency: list[in
                 print(f"  {way:<8} first token {_ms(first)}, between pieces {_ms(gap)}, "
                       f"request {_ms(latency)}")
             print(f"  the gateway adds per token {1e3 * statistics.median(added) / per:+.4f} ms "
-                  f"(median of the rounds' differences), to the first token "
-                  f"{1e3 * (stats['gateway'][0] - stats['direct'][0]):+.3f} ms; CPU per token: "
+                  f"end to end (median of the rounds' differences over {per} tokens), "
+                  f"{1e3 * (stats['gateway'][1] - stats['direct'][1]):+.4f} ms between pieces, "
+                  f"{1e3 * (stats['gateway'][0] - stats['direct'][0]):+.3f} ms to the first "
+                  "token; CPU per token: "
                   f"the gateway process {1e3 * gateway_cpu / delivered:.3f} ms, the direct "
                   f"asyncio gRPC client {1e3 * client_cpu / delivered:.3f} ms", flush=True)
     await upstream.close()
