@@ -130,7 +130,10 @@ _TICKER = ("import os, sys, time\n"
            "    open('ticks', 'a').write('.')\n"
            "    time.sleep(0.02)\n")
 # The parent: run_child (or, to show the check can fail, a plain Popen) of the ticker.
-_PARENT = ("import subprocess, sys\n"
+# SIGINT's handler is set as an interactive Python has it: a shell's background job (`cmd &`
+# without job control, e.g. a CI step) starts with SIGINT ignored, and that is inherited.
+_PARENT = ("import signal, subprocess, sys\n"
+           "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
            "from pathlib import Path\n"
            "from qvl_trt.child import run_child\n"
            "d = Path(sys.argv[2]); cmd = [sys.executable, '-c', sys.argv[3]]\n"
