@@ -39,15 +39,12 @@ from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
-from tiny_reference_repo import build_tiny_reference_repo
+from tiny_reference_repo import build_generator_repo
 
 from qvl_trt.gateway.app import GatewayOptions
 from qvl_trt.gateway.openai_api import ChatCompletionRequest
 from qvl_trt.gateway.process import GatewayProcess
 from qvl_trt.gateway.upstream import Upstream
-from qvl_trt.testing.token_generator import install_token_generator
-from qvl_trt.triton import contract as c
-from qvl_trt.triton.repository import VERSION
 from qvl_trt.triton.server import ServerOptions, TritonServer, free_ports
 
 PROMPT = "Tell me a long story."
@@ -181,10 +178,8 @@ def main() -> None:
     levels = [int(v) for v in args.concurrency.split(",")]
     with tempfile.TemporaryDirectory(prefix="qvl-bench-gateway-") as tmp:
         root = args.work_dir or Path(tmp)
-        repo = build_tiny_reference_repo(
-            root, max_batch_size=max(levels), max_seq_len=1024 + args.max_tokens,
-            max_num_tokens=1024 + args.max_tokens)
-        install_token_generator(repo.path / c.TENSORRT_LLM / VERSION, args.rate)
+        repo = build_generator_repo(root, streams=max(levels), tokens=args.max_tokens,
+                                    tokens_per_s=args.rate)
         with TritonServer(ServerOptions(repo.path, free_ports()), log_file=root / "server.log",
                           startup_timeout_s=300) as server:
             opts = GatewayOptions(server.grpc_url, port=free_ports().http)

@@ -33,14 +33,12 @@ from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
-from tiny_reference_repo import build_tiny_reference_repo
+from tiny_reference_repo import build_generator_repo
 
 from qvl_trt.client.generate import GenerateClient, GenerateRequest, request_fields
 from qvl_trt.deps import require
 from qvl_trt.mm.rope import MropeTable
-from qvl_trt.testing.token_generator import install_token_generator
 from qvl_trt.triton import contract as c
-from qvl_trt.triton.repository import VERSION
 from qvl_trt.triton.server import ServerOptions, TritonServer, free_ports
 
 PROMPT = "Describe the benchmark in a few words."
@@ -250,11 +248,8 @@ def main() -> None:
     grpc = require("tritonclient.grpc", extra="serve", why="talk to Triton over gRPC")
     with tempfile.TemporaryDirectory(prefix="qvl-bench-pipe-") as tmp:
         root = args.work_dir or Path(tmp)
-        # Room for the most streams in one in-flight batch, and for the tokens asked.
-        repo = build_tiny_reference_repo(
-            root, max_batch_size=max(args.streams),
-            max_seq_len=1024 + args.tokens, max_num_tokens=1024 + args.tokens)
-        install_token_generator(repo.path / c.TENSORRT_LLM / VERSION, args.rate)
+        repo = build_generator_repo(root, streams=max(args.streams), tokens=args.tokens,
+                                    tokens_per_s=args.rate)
         with TritonServer(ServerOptions(repo.path, free_ports()), log_file=root / "server.log",
                           startup_timeout_s=300) as server:
             url = server.grpc_url

@@ -13,8 +13,11 @@ from small_profile import small_profile_toml  # noqa: E402
 
 from qvl_trt.build import BuildOptions, Stage, run_build  # noqa: E402
 from qvl_trt.testing.tiny_checkpoint import write_tiny_checkpoint  # noqa: E402
+from qvl_trt.testing.token_generator import install_token_generator  # noqa: E402
+from qvl_trt.triton import contract as c  # noqa: E402
 from qvl_trt.triton.model_configs import Flavor  # noqa: E402
 from qvl_trt.triton.repository import (  # noqa: E402
+    VERSION,
     BuildInput,
     RepoOptions,
     RepoResult,
@@ -35,3 +38,14 @@ def build_tiny_reference_repo(root: Path, **limits: float) -> RepoResult:
     return write_repo([BuildInput(build)], root / "repo",
                       RepoOptions(flavor=Flavor.REFERENCE, preprocessing_instances=1,
                                   vision_cache_mib=64))
+
+
+def build_generator_repo(root: Path, *, streams: int, tokens: int,
+                         tokens_per_s: float) -> RepoResult:
+    """The tiny reference repository with tensorrt_llm replaced by the benchmark's token
+    generator (`tokens_per_s` per stream), room for `streams` in one in-flight batch and for
+    `tokens` generated after a prompt of up to 1024."""
+    repo = build_tiny_reference_repo(root, max_batch_size=streams, max_seq_len=1024 + tokens,
+                                     max_num_tokens=1024 + tokens)
+    install_token_generator(repo.path / c.TENSORRT_LLM / VERSION, tokens_per_s)
+    return repo
