@@ -274,6 +274,75 @@ def test_an_unknown_pass_order_resizes_in_one_call(hf_processor, pixel_config, m
         pixels._pass_order.cache_clear()
 
 
+def _kernel_resize(image: Image.Image, w: int, h: int, resample: int) -> np.ndarray:
+    """The kernels' resize of a whole image (pixels._Resize), channel planes restacked."""
+    plan = pixels._Resize.of(image.width, image.height, w, h, resample)
+    assert plan is not None
+    planes = np.asarray(image).transpose(2, 0, 1)
+    return np.stack([plan.rows(np.ascontiguousarray(p), 0, h) for p in planes], axis=-1)
+
+
+def test_kernel_resize_equals_pillow():
+    """The compiled passes with Pillow's taps give Image.resize's pixels exactly: both sides
+    in either order (the 120 cases above), one side shrinking or growing, bicubic and
+    bilinear."""
+    one_side = [(1920, 1080, 1920, 1088), (1080, 1920, 1088, 1920), (640, 480, 640, 448),
+                (700, 33, 70, 33), (33, 700, 33, 70), (5, 900, 5, 4000), (900, 5, 4000, 5)]
+    for i, (W, H, w, h) in enumerate(one_side + _resize_cases()):
+        image = _noise(W, H, i)
+        for resample in (Image.Resampling.BICUBIC, Image.Resampling.BILINEAR):
+            assert np.array_equal(_kernel_resize(image, w, h, resample),
+                                  np.asarray(image.resize((w, h), resample=resample))), \
+                (W, H, w, h, resample)
+
+
+def test_kernel_resize_check_can_fail(monkeypatch):
+    """Break it on purpose: a tap's weight one step of 2^-22 off, or Pillow 12's pass order
+    where the installed Pillow starts with the vertical pass, change pixels."""
+    image = _noise(700, 500, 1)
+    pillow = np.asarray(image.resize((650, 1300), resample=Image.Resampling.BICUBIC))
+    bounds, weights = pixels._pillow_taps(500, 1300, Image.Resampling.BICUBIC)
+    nudged = weights.copy()
+    nudged[:, 1] += 1 << 12
+    monkeypatch.setattr(pixels, "_pillow_taps", lambda *args: (bounds, nudged))
+    assert not np.array_equal(_kernel_resize(image, 650, 1300, Image.Resampling.BICUBIC),
+                              pillow)
+    monkeypatch.undo()
+    W, H, w, h = 300, 600, 280, 200  # the height shrinks by far more than the width
+    if pixels._pass_order(Image.Resampling.BICUBIC)(W, H, w, h):
+        monkeypatch.setattr(pixels, "_pass_order", lambda resample: pixels._horizontal_first)
+        assert not np.array_equal(_kernel_resize(_noise(W, H), w, h, Image.Resampling.BICUBIC),
+                                  np.asarray(_noise(W, H).resize((w, h))))
+
+
+def test_other_filters_resize_in_pillow(pixel_config):
+    """A filter without taps here (Lanczos) is resized by Pillow in one call: same patches
+    as cutting Pillow's own resize."""
+    config = pixel_config.with_bounds(65536, 300_000)
+    lanczos = PixelConfig(**{**{f: getattr(config, f) for f in (
+        "min_pixels", "max_pixels", "patch_size", "temporal_patch_size", "merge_size",
+        "image_mean", "image_std")}, "resample": int(Image.Resampling.LANCZOS)})
+    image = Image.fromarray(_content(700, 500, 2))
+    h, w = pixels.resized_size(700, 500, lanczos)
+    whole = image.resize((w, h), resample=Image.Resampling.LANCZOS)
+    assert np.array_equal(image_patches(image, lanczos).pixel_values,
+                          image_patches(whole, lanczos).pixel_values)
+
+
+def test_warm_up_compiles_what_requests_use(pixel_config):
+    """After warm_up, images of every kind of resize compile nothing more (a request never
+    waits for the compiler)."""
+    from qvl_trt.mm import kernels
+
+    compiled = (kernels.vertical_pass, kernels.horizontal_pass, kernels.write_patches,
+                kernels._copy_patch_rows)
+    pixels.warm_up(pixel_config)
+    before = [len(k.signatures) for k in compiled]
+    for size in [(640, 480), (1920, 1080), (1080, 1920), (700, 500), (300, 2000), (2000, 300)]:
+        image_patches(Image.fromarray(_content(*size, 4)), pixel_config)
+    assert [len(k.signatures) for k in compiled] == before
+
+
 def test_exif_orientation_is_applied():
     upright = load_rgb(_exif_rotated_jpeg(6))
     assert upright.size == (480, 640)  # orientation 6: stored landscape, shown portrait

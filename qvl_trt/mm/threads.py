@@ -1,5 +1,6 @@
-"""The host's thread pool for pixel work (image strips, video frames): numpy and Pillow
-release the GIL in their loops, so threads use every core of a preprocessing instance."""
+"""The host's thread pool for pixel work (image strips, video frames): numpy, Pillow and the
+compiled kernels (kernels.py) release the GIL in their loops, so threads use every core of a
+preprocessing instance."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import InputError
+from ...mm.pixels import warm_up
 from ...mm.request import RequestBounds, RequestLimits, RequestPreprocessor
 from ...mm.video import VideoLimits
 from .. import contract as c
@@ -41,6 +42,7 @@ class Preprocessor:
         self.extra_end_ids = [[t] for t in generation.end_ids[1:]]
         self.pad_id = generation.pad_id
         self.urls = UrlPolicy.from_parameter(limits.image_url_allow_list)
+        warm_up(self.requests.pixels)  # the pixel kernels compile here, not in a request
 
     def __call__(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """`inputs`: public input name -> value (scalars unwrapped, absent ones missing)."""
