@@ -22,6 +22,18 @@ import numpy as np
 _BAND = 128  # rows the horizontal pass transposes at a time (fastest of 8-1024 at 1080p)
 
 
+@numba.njit(nogil=True, inline="always")
+def _weighted_sum(acc: np.ndarray, lines: np.ndarray, first: int, count: int,
+                  weights: np.ndarray, start: np.int32) -> None:
+    """acc = start + the sum over t < count of lines[first + t] * weights[t], in int32."""
+    acc[:] = start
+    for t in range(count):
+        w = weights[t]
+        line = lines[first + t]
+        for x in range(acc.shape[0]):
+            acc[x] += np.int32(line[x]) * w
+
+
 @numba.njit(nogil=True)
 def vertical_pass(src: np.ndarray, dst: np.ndarray, bounds: np.ndarray, weights: np.ndarray,
                   precision: int) -> None:
@@ -30,13 +42,7 @@ def vertical_pass(src: np.ndarray, dst: np.ndarray, bounds: np.ndarray, weights:
     acc = np.empty(n, np.int32)
     start = np.int32(1 << (precision - 1))
     for i in range(dst.shape[0]):
-        acc[:] = start
-        first = bounds[i, 0]
-        for t in range(bounds[i, 1]):
-            w = weights[i, t]
-            row = src[first + t]
-            for x in range(n):
-                acc[x] += np.int32(row[x]) * w
+        _weighted_sum(acc, src, bounds[i, 0], bounds[i, 1], weights[i], start)
         out = dst[i]
         for x in range(n):
             out[x] = min(max(acc[x] >> precision, 0), 255)
@@ -57,13 +63,7 @@ def horizontal_pass(src: np.ndarray, dst: np.ndarray, bounds: np.ndarray,
             for x in range(width):
                 band[x, r] = line[x]
         for j in range(dst.shape[1]):
-            acc[:] = start
-            first = bounds[j, 0]
-            for t in range(bounds[j, 1]):
-                w = weights[j, t]
-                column = band[first + t]
-                for r in range(_BAND):
-                    acc[r] += np.int32(column[r]) * w
+            _weighted_sum(acc, band, bounds[j, 0], bounds[j, 1], weights[j], start)
             for r in range(rows):
                 dst[top + r, j] = min(max(acc[r] >> precision, 0), 255)
 
