@@ -329,6 +329,23 @@ def test_other_filters_resize_in_pillow(pixel_config):
                           image_patches(whole, lanczos).pixel_values)
 
 
+@pytest.mark.parametrize("patch", [16, 14], ids=["8-byte-words", "bytes"])
+def test_patch_rows_follow_the_layout(patch, pixel_config):
+    """The patch writer against the layout spelled out in numpy (merge blocks in raster
+    order, rows (channel, frame, y, x)), for a patch row of whole 8-byte words (Qwen3-VL's 16)
+    and one that is not (Qwen2-VL's 14)."""
+    config = PixelConfig(**{**{f: getattr(pixel_config, f) for f in (
+        "max_pixels", "temporal_patch_size", "merge_size", "image_mean", "image_std")},
+        "patch_size": patch, "min_pixels": 0})  # no resize: the image is whole blocks
+    m, f, t = config.merge_size, config.factor, config.temporal_patch_size
+    image = Image.fromarray(_content(5 * f, 3 * f, 9))
+    pixels_ = np.asarray(image).reshape(3, m, patch, 5, m, patch, 3)
+    layout = pixels_.transpose(0, 3, 1, 4, 6, 2, 5)[:, :, :, :, :, None]
+    expected = np.broadcast_to(layout, layout.shape[:5] + (t,) + layout.shape[6:])
+    assert np.array_equal(image_patches(image, config).pixel_values,
+                          expected.reshape(-1, config.patch_dim))
+
+
 def test_warm_up_compiles_what_requests_use(pixel_config):
     """After warm_up, images of every kind of resize compile nothing more (a request never
     waits for the compiler)."""
