@@ -168,9 +168,8 @@ def test_patches_write_into_a_given_buffer(pixel_config):
 @pytest.mark.parametrize("strips", [1, 3, 7])
 def test_strips_equal_hf_whatever_their_number(size, strips, hf_processor, pixel_config,
                                                monkeypatch):
-    """The resize and the patch cutting run in one strip per core: any number of strips
-    gives HF's pixels (column strips when only the height changes, row strips when only the
-    width does)."""
+    """The resize and the patch cutting run in strips of output rows, one per core: any
+    number of strips gives HF's pixels, whichever side changes."""
     monkeypatch.setattr(pixels, "_THREADS", strips)
     image = Image.fromarray(_content(*size, 11))
     ours = image_patches(image, pixel_config)
@@ -244,8 +243,8 @@ def test_probe_sizes_tell_the_known_rules_apart():
                               "odd-vertical-first", "wide-grow", "wide-grow-both"])
 @pytest.mark.parametrize("strips", [1, 2, 3, 7])
 def test_both_passes_in_strips_equal_one_resize(size, cap, strips, pixel_config, monkeypatch):
-    """Both passes run in strips (the first into one intermediate image): the patches equal
-    those of the image resized in one call, whatever the number of strips."""
+    """Both passes run in strips (each strip's first pass over the source rows it needs):
+    the patches equal those of the image resized in one call, whatever the number of strips."""
     monkeypatch.setattr(pixels, "_THREADS", strips)
     config = pixel_config.with_bounds(65536, cap)
     image = Image.fromarray(_content(*size, 3))
