@@ -16,12 +16,21 @@ the direct rate and adds <= 0.2 ms per token at one stream.
 
 Usage: python scripts/bench_pipeline_overhead.py [--rate 250] [--streams 1 16]
        [--tokens 500] [--rounds 3] [--paths ensemble tensorrt_llm_bls] [--work-dir DIR]
+
+Building the repository needs transformers (the tiny checkpoint); serving it through the
+nvidia-pytriton wheel needs numpy < 2 (qvl_trt/triton/server.py says why). Where one Python
+environment cannot have both (a GPU host whose transformers needs numpy 2), build in one and
+serve from the other, with the same --streams, --tokens and --rate:
+
+    python scripts/bench_pipeline_overhead.py --build-only DIR ...   # numpy 2, transformers
+    python scripts/bench_pipeline_overhead.py --repo DIR/repo ...    # numpy < 2, pytriton
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import resource
 import statistics
@@ -38,7 +47,10 @@ from tiny_reference_repo import build_generator_repo
 from qvl_trt.client.generate import GenerateClient, GenerateRequest, request_fields
 from qvl_trt.deps import require
 from qvl_trt.mm.rope import MropeTable
+from qvl_trt.testing.token_generator import SETTINGS
 from qvl_trt.triton import contract as c
+from qvl_trt.triton.pbconfig import read_config
+from qvl_trt.triton.repository import VERSION
 from qvl_trt.triton.server import ServerOptions, TritonServer, free_ports
 
 PROMPT = "Describe the benchmark in a few words."
@@ -234,6 +246,22 @@ def report(n: int, rate: float, paths: tuple[str, ...], runs: dict[str, list[lis
               f"{others[path] / wall[path]:.2f}; {tokens / responses:.2f} tokens per response")
 
 
+def check_built_for(repo: Path, streams: int, rate: float) -> None:
+    """Refuse a --repo whose generator runs at another rate, or whose in-flight batch is
+    smaller than the streams asked for (they would queue and read as overhead)."""
+    llm = repo / c.TENSORRT_LLM
+    settings = llm / VERSION / SETTINGS
+    if not settings.is_file():
+        raise SystemExit(f"--repo {repo}: no token generator at {settings}; write the "
+                         "repository with --build-only")
+    built_rate = json.loads(settings.read_text())["tokens_per_s"]
+    batch = read_config(llm).max_batch_size
+    if built_rate != rate or batch < streams:
+        raise SystemExit(f"--repo {repo} was built for {built_rate:g} tokens/s and {batch} "
+                         f"streams, asked {rate:g} and {streams}; build it again with "
+                         "--build-only and the same --rate and --streams")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=250.0, help="tokens/s per stream")
@@ -244,13 +272,26 @@ def main() -> None:
                         help="the served paths to compare with the direct call")
     parser.add_argument("--work-dir", type=Path, help="where to build (default: a temporary "
                         "folder, removed at the end)")
+    parser.add_argument("--build-only", type=Path, metavar="DIR",
+                        help="write the generator repository into DIR/repo and stop")
+    parser.add_argument("--repo", type=Path, help="serve this repository, written by "
+                        "--build-only with the same --streams, --tokens and --rate")
     args = parser.parse_args()
+    if args.build_only:
+        repo = build_generator_repo(args.build_only, streams=max(args.streams),
+                                    tokens=args.tokens, tokens_per_s=args.rate)
+        print(f"wrote {repo.path}; serve it with --repo {repo.path}")
+        return
     grpc = require("tritonclient.grpc", extra="serve", why="talk to Triton over gRPC")
     with tempfile.TemporaryDirectory(prefix="qvl-bench-pipe-") as tmp:
         root = args.work_dir or Path(tmp)
-        repo = build_generator_repo(root, streams=max(args.streams), tokens=args.tokens,
-                                    tokens_per_s=args.rate)
-        with TritonServer(ServerOptions(repo.path, free_ports()), log_file=root / "server.log",
+        if args.repo:
+            repo_path = args.repo
+            check_built_for(repo_path, max(args.streams), args.rate)
+        else:
+            repo_path = build_generator_repo(root, streams=max(args.streams),
+                                             tokens=args.tokens, tokens_per_s=args.rate).path
+        with TritonServer(ServerOptions(repo_path, free_ports()), log_file=root / "server.log",
                           startup_timeout_s=300) as server:
             url = server.grpc_url
             with GenerateClient(url) as client:  # postprocessing's MRoPE settings
