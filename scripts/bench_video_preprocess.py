@@ -1,7 +1,7 @@
 """Host cost of a video request, from the bytes a client sends: the Triton preprocessing
-model's function on an MP4, with the frame resize we ship (torchvision's uint8 bicubic kernel
-in numpy, mm/resample.py: exact to transformers' video processor) against the same request
-with PIL's bicubic resize in its place (what images use; up to 2 levels off), interleaved.
+model's function on an MP4, with the frame resize we ship (torchvision's uint8 bicubic taps in
+the compiled passes, mm/resample.py: exact to transformers' video processor) against the same
+request with PIL's bicubic resize in its place (up to 2 levels off), interleaved.
 
 The clip is the issue's typical one by default: 10 s of 1280x720 at 30 fps (H.264, made with
 PyAV), sampled at 3 fps = 30 frames. Each repeat runs both sides in a rotating order after
@@ -49,10 +49,11 @@ def make_clip(width: int, height: int, seconds: int, rate: int = 30) -> bytes:
 
 
 def pil_resize(frames, height, width):
+    """resize_frames' contract (each frame's channel planes) with PIL's resize."""
     from PIL import Image
 
-    return [np.asarray(Image.fromarray(f).resize((width, height), Image.Resampling.BICUBIC))
-            for f in frames]
+    resized = (f.resize((width, height), Image.Resampling.BICUBIC) for f in frames)
+    return [[np.asarray(band) for band in image.split()] for image in resized]
 
 
 def main() -> None:

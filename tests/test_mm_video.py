@@ -247,8 +247,9 @@ def test_frame_resize_is_pillows_filter_with_torchs_rounding(size, to) -> None:
     from qvl_trt.mm.resample import resize_frame
 
     pixels = np.random.default_rng(0).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-    ours = resize_frame(pixels, to[1], to[0]).astype(int)
-    pil = np.asarray(Image.fromarray(pixels).resize(to, Image.Resampling.BICUBIC)).astype(int)
+    frame = Image.fromarray(pixels)
+    ours = np.stack(resize_frame(frame, to[1], to[0]), axis=-1).astype(int)
+    pil = np.asarray(frame.resize(to, Image.Resampling.BICUBIC)).astype(int)
     assert ours.shape == pil.shape and np.abs(ours - pil).max() <= 2
     assert np.mean(ours == pil) > 0.9
-    assert np.array_equal(resize_frame(pixels, size[1], size[0]), pixels)
+    assert np.array_equal(np.stack(resize_frame(frame, size[1], size[0]), axis=-1), pixels)

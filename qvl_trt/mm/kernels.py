@@ -70,21 +70,25 @@ def horizontal_pass(src: np.ndarray, dst: np.ndarray, bounds: np.ndarray,
 
 @numba.njit(nogil=True)
 def write_patches(plane: np.ndarray, out: np.ndarray, block_row: int, channel: int,
-                  frames: int, patch: int, merge: int) -> None:
+                  frames: int, first_frame: int, frame_count: int, patch: int,
+                  merge: int) -> None:
     """Put one channel's resized pixels (`plane`, whole merge blocks) into the patch rows of
-    `out` ([N, channels * frames * patch^2]) from merge-block row `block_row` on: each merge
-    block's merge^2 rows consecutive, blocks in raster order, a row's values in (channel,
-    frame, y, x) order, every frame the same pixels."""
+    `out` ([N, channels * frames * patch^2]) from merge-block row `block_row` on, in temporal
+    slots first_frame ... first_frame + frame_count - 1 (an image fills every slot, a video
+    frame its own): each merge block's merge^2 rows consecutive, blocks in raster order, a
+    row's values in (channel, frame, y, x) order."""
     if patch % 8 == 0:  # a patch row is whole 8-byte words: copy those
         _copy_patch_rows(plane.view(np.uint64), out.view(np.uint64), block_row, channel,
-                         frames, patch, merge, patch // 8)
+                         frames, first_frame, frame_count, patch, merge, patch // 8)
     else:
-        _copy_patch_rows(plane, out, block_row, channel, frames, patch, merge, patch)
+        _copy_patch_rows(plane, out, block_row, channel, frames, first_frame, frame_count,
+                         patch, merge, patch)
 
 
 @numba.njit(nogil=True)
 def _copy_patch_rows(src: np.ndarray, dst: np.ndarray, block_row: int, channel: int,
-                     frames: int, patch: int, merge: int, words: int) -> None:
+                     frames: int, first_frame: int, frame_count: int, patch: int, merge: int,
+                     words: int) -> None:
     """write_patches in units of `words` items per patch row."""
     blocks_across = src.shape[1] // (words * merge)
     side = patch * merge
@@ -92,7 +96,7 @@ def _copy_patch_rows(src: np.ndarray, dst: np.ndarray, block_row: int, channel: 
         block = (block_row + y // side) * blocks_across
         in_block = (y % side) // patch * merge
         line = src[y]
-        for f in range(frames):
+        for f in range(first_frame, first_frame + frame_count):
             at = ((channel * frames + f) * patch + y % patch) * words
             for bx in range(blocks_across):
                 for j in range(merge):

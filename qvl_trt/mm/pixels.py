@@ -223,9 +223,9 @@ def _cut(image: Image.Image, h: int, w: int, config: PixelConfig, out: np.ndarra
 
     def strip(edges: tuple[int, int]) -> None:
         for channel, plane in enumerate(planes):
+            frames = config.temporal_patch_size  # an image fills every temporal slot
             kernels.write_patches(plan.rows(plane, *edges), out, edges[0] // f, channel,
-                                  config.temporal_patch_size, config.patch_size,
-                                  config.merge_size)
+                                  frames, 0, frames, config.patch_size, config.merge_size)
 
     _in_strips(strip, h, f)
 

@@ -34,6 +34,7 @@ from PIL import Image
 
 from ..checkpoint import PIXELS_PER_VIDEO_TOKEN
 from ..errors import CheckpointError, InputError
+from . import kernels
 from .geometry import MIN_BLOCKS, video_pixel_budget, video_smart_resize
 from .pixels import ImagePatches, PixelConfig
 from .resample import resize_frames
@@ -229,33 +230,27 @@ def video_patches(frames: Sequence[Image.Image], frame_times: Sequence[float],
     if out.shape != (groups * per_group, config.patch_dim) or out.dtype != np.uint8:
         raise ValueError(f"out is {out.dtype} {out.shape}, the video needs uint8 "
                          f"{(groups * per_group, config.patch_dim)}")
-    rows = out.reshape(groups, per_group, config.channels, t, p * p)
-    resized = resize_frames([np.asarray(f) for f in frames], h, w)
+    resized = resize_frames(frames, h, w)  # each frame's channel planes
     resized += [resized[-1]] * (groups * t - len(resized))
     patches = []
     for g in range(groups):
+        rows = out[g * per_group:(g + 1) * per_group]
         pair = resized[g * t:(g + 1) * t]
-        for slot, frame in enumerate(pair):
-            _frame_rows(frame, rows[g, :, :, slot], config)
-        patches.append(ImagePatches(pixel_values=out[g * per_group:(g + 1) * per_group],
-                                    grid_thw=(1, h // p, w // p), digest=_digest(pair)))
+        for slot, planes in enumerate(pair):
+            for channel, plane in enumerate(planes):
+                kernels.write_patches(plane, rows, 0, channel, t, slot, 1, p,
+                                      config.merge_size)
+        patches.append(ImagePatches(pixel_values=rows, grid_thw=(1, h // p, w // p),
+                                    digest=_digest(pair)))
     return VideoPatches(tuple(patches), tuple(group_timestamps(frame_times, t)), len(frames))
 
 
-def _frame_rows(pixels: np.ndarray, rows: np.ndarray, config: PixelConfig) -> None:
-    """One resized frame [H, W, C] -> its temporal slot of the group's rows [N, C, P*P], rows in
-    merge-block order (each merge^2 consecutive rows one block, blocks in raster order)."""
-    p, m = config.patch_size, config.merge_size
-    h, w, c = pixels.shape
-    # (H, W, C) -> (block row, block col, row in block, col in block, C, y, x)
-    blocks = pixels.reshape(h // (m * p), m, p, w // (m * p), m, p, c)
-    rows[:] = blocks.transpose(0, 3, 1, 4, 6, 2, 5).reshape(rows.shape)
-
-
-def _digest(pair: Sequence[np.ndarray]) -> bytes:
-    """A temporal group's content: both resized frames and their geometry."""
+def _digest(pair: Sequence[Sequence[np.ndarray]]) -> bytes:
+    """A temporal group's content: both resized frames (their channel planes) and their
+    geometry."""
     digest = xxhash.xxh3_128(b"video-group")
-    for frame in pair:
-        digest.update(frame.tobytes())
-    digest.update(np.array([*pair[0].shape[:2], len(pair)], np.uint32).tobytes())
+    for planes in pair:
+        for plane in planes:
+            digest.update(plane)
+    digest.update(np.array([*pair[0][0].shape, len(pair)], np.uint32).tobytes())
     return digest.digest()
