@@ -346,9 +346,9 @@ def test_patch_rows_follow_the_layout(patch, pixel_config):
 
 
 def test_warm_up_compiles_what_requests_use(pixel_config):
-    """After warm_up, images of every kind of resize compile nothing more (a request never
-    waits for the compiler)."""
-    from qvl_trt.mm import kernels
+    """After warm_up, images of every kind of resize, and video frames, compile nothing more
+    (a request never waits for the compiler)."""
+    from qvl_trt.mm import kernels, video
 
     compiled = (kernels.vertical_pass, kernels.horizontal_pass, kernels.write_patches,
                 kernels._copy_patch_rows)
@@ -356,6 +356,11 @@ def test_warm_up_compiles_what_requests_use(pixel_config):
     before = [len(k.signatures) for k in compiled]
     for size in [(640, 480), (1920, 1080), (1080, 1920), (700, 500), (300, 2000), (2000, 300)]:
         image_patches(Image.fromarray(_content(*size, 4)), pixel_config)
+    for size in [(640, 360), (320, 320)]:
+        frames = [Image.fromarray(_content(*size, seed)) for seed in range(3)]
+        rows = video.patch_count(frames, pixel_config, 1 << 30)
+        video.video_patches(frames, [0.0, 0.5, 1.0], pixel_config, 1 << 30,
+                            np.empty((rows, pixel_config.patch_dim), np.uint8))
     assert [len(k.signatures) for k in compiled] == before
 
 
