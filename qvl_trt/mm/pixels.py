@@ -216,9 +216,7 @@ def _cut(image: Image.Image, h: int, w: int, config: PixelConfig, out: np.ndarra
     if plan is None:  # a filter or pass order the kernels do not reproduce: Pillow, one call
         image = image.resize((w, h), resample=config.resample)
         plan = _Resize(None, None, False)
-    # one channel's bytes straight from PIL's raw encoder (no split images)
-    planes = [np.frombuffer(image.tobytes("raw", band), np.uint8).reshape(image.height, -1)
-              for band in image.getbands()]
+    planes = channel_planes(image)
     f = config.factor
 
     def strip(edges: tuple[int, int]) -> None:
@@ -228,6 +226,13 @@ def _cut(image: Image.Image, h: int, w: int, config: PixelConfig, out: np.ndarra
                                   frames, 0, frames, config.patch_size, config.merge_size)
 
     _in_strips(strip, h, f)
+
+
+def channel_planes(image: Image.Image) -> list[np.ndarray]:
+    """The image's channels as [height, width] uint8 planes (read-only), each straight from
+    PIL's raw encoder: what the kernels take."""
+    return [np.frombuffer(image.tobytes("raw", band), np.uint8).reshape(image.height, -1)
+            for band in image.getbands()]
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import numpy as np
 from PIL import Image
 
 from . import kernels
+from .pixels import channel_planes
 from .threads import pixel_pool
 
 _A = -0.5  # Keys' cubic: PyTorch's (and Pillow's) choice with antialiasing
@@ -37,8 +38,7 @@ def resize_frame(frame: Image.Image, height: int, width: int) -> list[np.ndarray
     """One RGB frame -> its channel planes resized to [height, width] uint8: the width pass
     first, rounded to uint8, then the height pass, as the kernel does."""
     planes = []
-    for band in frame.getbands():
-        plane = np.frombuffer(frame.tobytes("raw", band), np.uint8).reshape(frame.height, -1)
+    for plane in channel_planes(frame):
         if plane.shape[1] != width:
             bounds, weights, precision = _taps(plane.shape[1], width)
             across = np.empty((plane.shape[0], width), np.uint8)
