@@ -5,8 +5,9 @@ A pass computes each output value as Pillow's and PyTorch's uint8 kernels do, in
 `clamp((2^(precision-1) + sum(source * weight)) >> precision, 0, 255)` over one output
 position's taps, given as `bounds[i] = (first source index, tap count)` and `weights[i]`
 (int32, `precision` fractional bits). Which weights and precision make which library's result
-is the caller's (pixels.py: Pillow's). Planes are [rows, columns] uint8 of one channel; the
-functions release the GIL, so strips of one image run in parallel on the pixel pool.
+is the caller's (pixels.py: Pillow's, for images; resample.py: PyTorch's, for video frames).
+Planes are [rows, columns] uint8 of one channel; the functions release the GIL, so strips of
+one image, or the frames of a video, run in parallel on the pixel pool.
 
 Every loop runs along contiguous bytes, which the compiler vectorises: the vertical pass adds
 whole rows; the horizontal pass, which would gather a few bytes per tap, transposes a band of
