@@ -274,8 +274,9 @@ def test_an_unknown_pass_order_resizes_in_one_call(hf_processor, pixel_config, m
 
 
 def _kernel_resize(image: Image.Image, w: int, h: int, resample: int) -> np.ndarray:
-    """The kernels' resize of a whole image (pixels._Resize), channel planes restacked."""
-    plan = pixels._Resize.of(image.width, image.height, w, h, resample)
+    """The kernels' resize of a whole image (pixels._pillow_resize), channel planes
+    restacked."""
+    plan = pixels._pillow_resize(image.width, image.height, w, h, resample)
     assert plan is not None
     planes = np.asarray(image).transpose(2, 0, 1)
     return np.stack([plan.rows(np.ascontiguousarray(p), 0, h) for p in planes], axis=-1)
@@ -300,10 +301,10 @@ def test_kernel_resize_check_can_fail(monkeypatch):
     where the installed Pillow starts with the vertical pass, change pixels."""
     image = _noise(700, 500, 1)
     pillow = np.asarray(image.resize((650, 1300), resample=Image.Resampling.BICUBIC))
-    bounds, weights = pixels._pillow_taps(500, 1300, Image.Resampling.BICUBIC)
-    nudged = weights.copy()
+    taps = pixels._pillow_taps(500, 1300, Image.Resampling.BICUBIC)
+    nudged = taps.weights.copy()
     nudged[:, 1] += 1 << 12
-    monkeypatch.setattr(pixels, "_pillow_taps", lambda *args: (bounds, nudged))
+    monkeypatch.setattr(pixels, "_pillow_taps", lambda *args: taps._replace(weights=nudged))
     assert not np.array_equal(_kernel_resize(image, 650, 1300, Image.Resampling.BICUBIC),
                               pillow)
     monkeypatch.undo()

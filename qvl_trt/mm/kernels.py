@@ -12,13 +12,61 @@ one image, or the frames of a video, run in parallel on the pixel pool.
 Every loop runs along contiguous bytes, which the compiler vectorises: the vertical pass adds
 whole rows; the horizontal pass, which would gather a few bytes per tap, transposes a band of
 rows first so that it becomes the same row-wise sum; a patch row takes `patch` contiguous
-bytes of a plane row, copied as 8-byte words where `patch` allows.
+bytes of a plane row, copied as 8-byte words where `patch` allows. `Resize` runs the passes
+of one size change over a strip of output rows.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import NamedTuple
+
 import numba
 import numpy as np
+
+
+class Taps(NamedTuple):
+    """One side's taps: bounds [out, 2] int32 (first source index, count) and weights
+    [out, ksize] int32 with `precision` fractional bits."""
+
+    bounds: np.ndarray
+    weights: np.ndarray
+    precision: int
+
+    def rows(self, top: int, bottom: int) -> Taps:
+        return Taps(self.bounds[top:bottom], self.weights[top:bottom], self.precision)
+
+
+@dataclass(frozen=True)
+class Resize:
+    """A resize of one plane size to another as two 8-bit passes: the changed sides' taps (None:
+    that side keeps its size) and which pass comes first where both run."""
+
+    vertical: Taps | None  # per output row
+    horizontal: Taps | None  # per output column
+    vertical_first: bool = False
+
+    def rows(self, plane: np.ndarray, top: int, bottom: int) -> np.ndarray:
+        """Rows [top, bottom) of the resized plane, from the whole source plane: each output
+        row needs only its taps' source rows, so strips are independent (the horizontal pass
+        of the rows two strips share runs in both)."""
+        if self.vertical is None:
+            rows = plane[top:bottom]
+            return rows if self.horizontal is None else self._across(rows)
+        taps = self.vertical.rows(top, bottom)
+        across_first = self.horizontal is not None and not self.vertical_first
+        if across_first:
+            first, last = taps.bounds[0, 0], taps.bounds[-1, 0] + taps.bounds[-1, 1]
+            plane = self._across(plane[first:last])
+            taps = taps._replace(bounds=taps.bounds - np.array([first, 0], np.int32))
+        rows = np.empty((bottom - top, plane.shape[1]), np.uint8)
+        vertical_pass(plane, rows, *taps)
+        return rows if self.horizontal is None or across_first else self._across(rows)
+
+    def _across(self, rows: np.ndarray) -> np.ndarray:
+        out = np.empty((rows.shape[0], len(self.horizontal.bounds)), np.uint8)
+        horizontal_pass(rows, out, *self.horizontal)
+        return out
 
 _BAND = 128  # rows the horizontal pass transposes at a time (fastest of 8-1024 at 1080p)
 

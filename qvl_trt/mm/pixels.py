@@ -212,16 +212,15 @@ def warm_up(config: PixelConfig) -> None:
 
 def _cut(image: Image.Image, h: int, w: int, config: PixelConfig, out: np.ndarray) -> None:
     """Resize `image` to w x h and write its patch rows into `out`."""
-    plan = _Resize.of(image.width, image.height, w, h, config.resample)
+    plan = _pillow_resize(image.width, image.height, w, h, config.resample)
     if plan is None:  # a filter or pass order the kernels do not reproduce: Pillow, one call
         image = image.resize((w, h), resample=config.resample)
-        plan = _Resize(None, None, False)
+        plan = kernels.Resize(None, None)
     planes = channel_planes(image)
-    f = config.factor
+    f, frames = config.factor, config.temporal_patch_size  # an image fills every frame slot
 
     def strip(edges: tuple[int, int]) -> None:
         for channel, plane in enumerate(planes):
-            frames = config.temporal_patch_size  # an image fills every temporal slot
             kernels.write_patches(plan.rows(plane, *edges), out, edges[0] // f, channel,
                                   frames, 0, frames, config.patch_size, config.merge_size)
 
@@ -235,53 +234,25 @@ def channel_planes(image: Image.Image) -> list[np.ndarray]:
             for band in image.getbands()]
 
 
-@dataclass(frozen=True)
-class _Resize:
+def _pillow_resize(width: int, height: int, w: int, h: int, resample: int) \
+        -> kernels.Resize | None:
     """Pillow's resize of one size to another as the kernels run it: each changed side's
-    taps (`_pillow_taps`) and the installed Pillow's pass order."""
-
-    vertical: tuple[np.ndarray, np.ndarray] | None  # (bounds, weights) per output row
-    horizontal: tuple[np.ndarray, np.ndarray] | None  # per output column
-    vertical_first: bool
-
-    @classmethod
-    def of(cls, width: int, height: int, w: int, h: int, resample: int) -> _Resize | None:
-        """None where the kernels would not equal Pillow: a filter without taps here, or
-        both sides changing under a pass order none of the known rules matches."""
-        if (width, height) == (w, h):
-            return cls(None, None, False)
-        if resample not in _FILTERS:
+    taps (`_pillow_taps`) and the installed Pillow's pass order. None where the kernels would
+    not equal Pillow: a filter without taps here, or both sides changing under a pass order
+    none of the known rules matches."""
+    if (width, height) == (w, h):
+        return kernels.Resize(None, None)
+    if resample not in _FILTERS:
+        return None
+    vertical_first = False
+    if width != w and height != h:
+        rule = _pass_order(resample)
+        if rule is None:
             return None
-        vertical_first = False
-        if width != w and height != h:
-            rule = _pass_order(resample)
-            if rule is None:
-                return None
-            vertical_first = rule(width, height, w, h)
-        return cls(_pillow_taps(height, h, resample) if height != h else None,
-                   _pillow_taps(width, w, resample) if width != w else None, vertical_first)
-
-    def rows(self, plane: np.ndarray, top: int, bottom: int) -> np.ndarray:
-        """Rows [top, bottom) of one resized channel plane, from the whole source plane:
-        each output row needs only its taps' source rows, so strips are independent (the
-        horizontal pass of the rows two strips share runs in both)."""
-        if self.vertical is None:
-            rows = plane[top:bottom]
-            return rows if self.horizontal is None else self._across(rows)
-        bounds, weights = (t[top:bottom] for t in self.vertical)
-        if self.horizontal is not None and not self.vertical_first:
-            first, last = bounds[0, 0], bounds[-1, 0] + bounds[-1, 1]
-            plane = self._across(plane[first:last])
-            bounds = bounds - np.array([first, 0], np.int32)
-        rows = np.empty((bottom - top, plane.shape[1]), np.uint8)
-        kernels.vertical_pass(plane, rows, bounds, weights, _PRECISION)
-        return rows if self.horizontal is None or not self.vertical_first else self._across(rows)
-
-    def _across(self, rows: np.ndarray) -> np.ndarray:
-        bounds, weights = self.horizontal
-        out = np.empty((rows.shape[0], len(bounds)), np.uint8)
-        kernels.horizontal_pass(rows, out, bounds, weights, _PRECISION)
-        return out
+        vertical_first = rule(width, height, w, h)
+    return kernels.Resize(_pillow_taps(height, h, resample) if height != h else None,
+                          _pillow_taps(width, w, resample) if width != w else None,
+                          vertical_first)
 
 
 # Pillow's filters the kernels reproduce: (support, weight of a distance), as
@@ -302,10 +273,9 @@ _PRECISION = 22  # Resample.c PRECISION_BITS (32 - 8 - 2): the 8-bit passes' wei
 
 
 @functools.lru_cache(maxsize=128)
-def _pillow_taps(in_size: int, out_size: int, resample: int) -> tuple[np.ndarray, np.ndarray]:
-    """Pillow's taps for one side (Resample.c precompute_coeffs, then normalize_coeffs_8bpc):
-    bounds [out_size, 2] int32 (first source index, count) and weights [out_size, ksize]
-    int32, computed in float64 in the C code's order of operations."""
+def _pillow_taps(in_size: int, out_size: int, resample: int) -> kernels.Taps:
+    """Pillow's taps for one side (Resample.c precompute_coeffs, then normalize_coeffs_8bpc),
+    computed in float64 in the C code's order of operations."""
     support, weight = _FILTERS[resample]
     scale = float(in_size) / out_size
     filterscale = max(scale, 1.0)
@@ -323,7 +293,7 @@ def _pillow_taps(in_size: int, out_size: int, resample: int) -> tuple[np.ndarray
     k = np.divide(k, total[:, None], out=k, where=total[:, None] != 0.0)
     scaled = k * (1 << _PRECISION)
     weights = np.where(k < 0, np.trunc(-0.5 + scaled), np.trunc(0.5 + scaled)).astype(np.int32)
-    return np.stack([first, count], axis=1).astype(np.int32), weights
+    return kernels.Taps(np.stack([first, count], axis=1).astype(np.int32), weights, _PRECISION)
 
 
 def _vertical_first_pillow13(width: int, height: int, w: int, h: int) -> bool:

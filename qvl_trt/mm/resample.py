@@ -37,27 +37,15 @@ def resize_frames(frames: Sequence[Image.Image], height: int, width: int) \
 def resize_frame(frame: Image.Image, height: int, width: int) -> list[np.ndarray]:
     """One RGB frame -> its channel planes resized to [height, width] uint8: the width pass
     first, rounded to uint8, then the height pass, as the kernel does."""
-    planes = []
-    for plane in channel_planes(frame):
-        if plane.shape[1] != width:
-            bounds, weights, precision = _taps(plane.shape[1], width)
-            across = np.empty((plane.shape[0], width), np.uint8)
-            kernels.horizontal_pass(plane, across, bounds, weights, precision)
-            plane = across
-        if plane.shape[0] != height:
-            bounds, weights, precision = _taps(plane.shape[0], height)
-            down = np.empty((height, width), np.uint8)
-            kernels.vertical_pass(plane, down, bounds, weights, precision)
-            plane = down
-        planes.append(plane)
-    return planes
+    resize = kernels.Resize(_taps(frame.height, height) if frame.height != height else None,
+                            _taps(frame.width, width) if frame.width != width else None)
+    return [resize.rows(plane, 0, height) for plane in channel_planes(frame)]
 
 
 @lru_cache(maxsize=64)
-def _taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """The kernels' taps of each output position: bounds (first source index, count), int16
-    weights (as int32) and their fractional bits (PyTorch
-    `_compute_indices_min_size_weights_aa` with double weights)."""
+def _taps(in_size: int, out_size: int) -> kernels.Taps:
+    """PyTorch's taps for one side: int16 weights (held as int32) at the precision it picks
+    (`_compute_indices_min_size_weights_aa` with double weights)."""
     scale = in_size / out_size
     support = 2.0 * scale if scale >= 1.0 else 2.0
     taps = int(math.ceil(support)) * 2 + 1
@@ -83,4 +71,4 @@ def _taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray, int]:
     rounded = np.where(scaled < 0, np.trunc(scaled - 0.5), np.trunc(scaled + 0.5))
     used = int(count.max())  # taps past every position's count weigh 0: skip them
     bounds = np.stack([first, count], axis=1).astype(np.int32)
-    return bounds, rounded[:, :used].astype(np.int32), precision
+    return kernels.Taps(bounds, rounded[:, :used].astype(np.int32), precision)
