@@ -54,6 +54,7 @@ LAYERS = (
     ("qvl_trt.triton.contract", "qvl_trt.triton.tensorrtllm_backend"),
     ("qvl_trt.triton.runtime",),
     ("qvl_trt.triton",),
+    ("qvl_trt.deploy",),
     ("qvl_trt.client",),
     ("qvl_trt.gateway",),
     ("qvl_trt.build",),
