@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -69,6 +70,16 @@ def _user_errors(fn: F) -> F:
             err.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False,
                       markup=True)
             raise typer.Exit(exc.exit_code) from None
+        except ModuleNotFoundError as exc:
+            if (exc.name or "qvl_trt").split(".")[0] == "qvl_trt":
+                raise  # our own module missing: a broken install, keep the traceback
+            from .console import err
+
+            # A dependency every command path imports (numba, xxhash, ...) is missing.
+            err.print(f"error: {exc.name} is not installed in this Python ({sys.executable}); "
+                      "reinstall qvl-trt there, or in a serving image regenerate its recipe "
+                      "with `qvl-trt image`", highlight=False, markup=False)
+            raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]
 

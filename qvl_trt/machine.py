@@ -141,6 +141,10 @@ def find_tritonserver() -> TritonInstall | None:
     if on_path:
         binary = Path(on_path).resolve()
         home = binary.parent.parent
+        if (home / PYTRITON_STUBS).is_dir():
+            # nvidia-pytriton's server reached through PATH (from another environment): it
+            # needs the same stub set-up as when found through the package.
+            return _pytriton_install(home)
         return TritonInstall(binary, home / "backends", "PATH", _version_file(home))
     ngc = NGC_TRITON_HOME / "bin" / "tritonserver"
     if ngc.is_file():
@@ -154,14 +158,21 @@ def find_tritonserver() -> TritonInstall | None:
     if spec and spec.submodule_search_locations:
         home = Path(next(iter(spec.submodule_search_locations))) / "tritonserver"
         if (home / "bin" / "tritonserver").is_file():
-            # nvidia-pytriton 0.7 bundles Triton 2.51; the binary has no --version.
-            return TritonInstall(
-                home / "bin" / "tritonserver",
-                home / "backends",
-                "pytriton",
-                f"bundled with nvidia-pytriton {metadata.version('nvidia-pytriton')}",
-            )
+            return _pytriton_install(home)
     return None
+
+
+# nvidia-pytriton's layout: python backend stubs per Python version beside the backends.
+PYTRITON_STUBS = "python_backend_stubs"
+
+
+def _pytriton_install(home: Path) -> TritonInstall:
+    # nvidia-pytriton 0.7 bundles Triton 2.51; the binary has no --version.
+    try:
+        version = f"bundled with nvidia-pytriton {metadata.version('nvidia-pytriton')}"
+    except metadata.PackageNotFoundError:
+        version = "bundled with nvidia-pytriton"
+    return TritonInstall(home / "bin" / "tritonserver", home / "backends", "pytriton", version)
 
 
 def _version_file(home: Path) -> str | None:

@@ -94,6 +94,15 @@ def tiny_vision_build(tiny_build: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def trt_repo(tmp_path_factory: pytest.TempPathFactory, tiny_vision_build: Path) -> Path:
+    """The trt repository of `tiny_vision_build` (a GeForce profile: TensorRT-RTX vision
+    engine) around a placeholder LLM engine laid out as TensorRT-LLM writes it. Read-only."""
+    from qvl_trt.testing.trt_layout import trt_repo_of
+
+    return trt_repo_of(tiny_vision_build, tmp_path_factory.mktemp("trt_repo"))
+
+
+@pytest.fixture(scope="session")
 def triton_server(tmp_path_factory: pytest.TempPathFactory, tiny_build: Path):
     """A real tritonserver (the nvidia-pytriton build) serving the reference-flavor
     repository of `tiny_build` on free ports, for the whole session. At the end it is stopped

@@ -163,8 +163,9 @@ class Readiness:
     detail: str
 
 
-def serve_readiness(plan: ServePlan) -> tuple[Readiness, ...]:
-    """`qvl-trt doctor --repo`: the checks `serve` makes before starting, as rows."""
+def serve_readiness(plan: ServePlan, *, load_models: bool = True) -> tuple[Readiness, ...]:
+    """`qvl-trt doctor --repo`: the checks `serve` makes before starting, then (with
+    `load_models`) whether each python model loads in this Python environment, as rows."""
     rows = []
     try:
         world = resolve_world_size(plan, None)
@@ -184,7 +185,20 @@ def serve_readiness(plan: ServePlan) -> tuple[Readiness, ...]:
                           warning or f"{have} for about {plan.shm_bytes / 2**30:.1f} GiB"))
     rows.append(Readiness("BLS threads", True, f"thread-pool-size {plan.thread_pool_size} for "
                           f"{plan.bls_callers} callers"))
+    if load_models:
+        rows += model_load_rows(plan.repo)
     return tuple(rows)
+
+
+def model_load_rows(repo: Path) -> list[Readiness]:
+    """One row per python model: loaded by a real tritonserver here, or why not."""
+    from .load_check import check_model_loads
+
+    try:
+        loads = check_model_loads(repo)
+    except QvlError as exc:  # no tritonserver, or it did not start
+        return [Readiness("python models", False, f"not loaded: {exc}")]
+    return [Readiness(f"{load.model} loads", load.ok, load.detail) for load in loads]
 
 
 def serve_container_command(plan: ServePlan) -> str:

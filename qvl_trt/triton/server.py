@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ..child import die_with_parent, kill_group
 from ..errors import ConfigError, DependencyError, ServerError
-from ..machine import TritonInstall, find_tritonserver
+from ..machine import PYTRITON_STUBS, TritonInstall, find_tritonserver
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,9 @@ class ServerOptions:
     thread_pool_size: int = DEFAULT_THREAD_POOL
     exit_timeout_s: int = 10
     log_verbose: int = 0
+    # Explicit model control with only these models loaded at start (None: load the whole
+    # repository); models are then loaded one by one through the repository API.
+    explicit_models: tuple[str, ...] | None = None
 
 
 def new_shm_prefix() -> str:
@@ -114,7 +117,7 @@ def prepare_tritonserver(install: TritonInstall) -> None:
     _check_numpy()
     target = install.backends / "python" / STUB_NAME
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    source = install.binary.parent.parent / "python_backend_stubs" / version / STUB_NAME
+    source = install.binary.parent.parent / PYTRITON_STUBS / version / STUB_NAME
     if target.is_file() and _same_file(source, target):
         return
     if not source.is_file():
@@ -190,6 +193,9 @@ def rank_command(install: TritonInstall, opts: ServerOptions, rank: int) -> list
         # Ranks > 0 only run the TensorRT-LLM workers that rank 0's backend drives over MPI.
         cmd.append("--model-control-mode=explicit")
         cmd += [f"--load-model={name}" for name in opts.llm_models]
+    elif opts.explicit_models is not None:
+        cmd.append("--model-control-mode=explicit")
+        cmd += [f"--load-model={name}" for name in opts.explicit_models]
     return cmd
 
 

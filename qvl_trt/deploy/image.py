@@ -1,0 +1,233 @@
+"""The serving image recipe: a Docker build context FROM the TensorRT-LLM container
+(container.py) that adds exactly what qvl-trt's python models and `qvl-trt serve` import and
+the container lacks, pinned so that nothing the container already has is upgraded.
+
+The container's package set is data (trtllm_container.toml, with its upstream sources); the
+image build checks the real base image against it before and after installing. This module
+runs inside that build too (`python3 -m qvl_trt.deploy.image check-base FILE`), so it
+imports nothing outside the standard library at module level.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+CONTAINER_PACKAGES = Path(__file__).with_name("trtllm_container.toml")
+# Inside the image: the qvl_trt package and its data folders (on PYTHONPATH), and the recipe.
+IMAGE_HOME = "/opt/qvl-trt"
+# The extras a serving image needs beside the core dependencies: the gateway of
+# `serve --openai-port`, video decoding in preprocessing; `rtx` for GeForce profiles, whose
+# vision engines run on TensorRT-RTX, which the container lacks.
+SERVING_EXTRAS = ("gateway", "video")
+RTX_EXTRA = "rtx"
+DOCKERFILE = "Dockerfile"
+REQUIREMENTS = "requirements.txt"
+
+
+def canonical(name: str) -> str:
+    """A distribution name as pip compares them (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@dataclass(frozen=True)
+class ContainerPackage:
+    name: str
+    spec: str  # what upstream pins ("" = unpinned, but present)
+    here: str | None  # version of the check environment; None = not installable there
+
+
+@dataclass(frozen=True)
+class ContainerPackages:
+    image: str
+    python: str
+    packages: tuple[ContainerPackage, ...]
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(canonical(p.name) for p in self.packages)
+
+    @property
+    def not_here(self) -> tuple[str, ...]:
+        """Packages the container has that a check environment cannot install."""
+        return tuple(p.name for p in self.packages if p.here is None)
+
+
+def load_container_packages(path: Path = CONTAINER_PACKAGES) -> ContainerPackages:
+    data = tomllib.loads(Path(path).read_text())
+    packages = tuple(
+        ContainerPackage(name, entry.get("spec", ""),
+                         None if entry.get("here", "none") == "none" else entry["here"])
+        for name, entry in data["packages"].items())
+    return ContainerPackages(data["image"], data["python"], packages)
+
+
+def check_environment_requirements(packages: ContainerPackages) -> list[str]:
+    """pip requirements that reproduce the container's packages where they install without
+    the container (`here` versions); tritonclient without its CUDA and perf_analyzer extras."""
+    extras = {"tritonclient": "[grpc,http]"}
+    return [f"{p.name}{extras.get(p.name, '')}=={p.here}" for p in packages.packages
+            if p.here is not None]
+
+
+def serving_requirements(*, rtx: bool, packages: ContainerPackages | None = None
+                         ) -> tuple[str, ...]:
+    """What the image adds: qvl-trt's core dependencies and SERVING_EXTRAS (and RTX_EXTRA)
+    that the container does not have. Those it has stay at its versions (the constraints),
+    and the container-equivalent check proves our code works with them."""
+    from packaging.requirements import Requirement
+
+    packages = packages or load_container_packages()
+    extras = {*SERVING_EXTRAS, *((RTX_EXTRA,) if rtx else ())}
+    python = {"python_version": packages.python, "python_full_version": f"{packages.python}.0"}
+    wanted = []
+    for line in _declared_requirements():
+        req = Requirement(line)
+        marker = req.marker
+        core = marker is None or marker.evaluate({**python, "extra": ""})
+        if not core and not any(marker.evaluate({**python, "extra": e}) for e in extras):
+            continue
+        if canonical(req.name) == "qvl-trt":  # an extra naming other extras of ours
+            continue
+        if canonical(req.name) in packages.names:
+            continue
+        req.marker = None
+        wanted.append(str(req))
+    return tuple(sorted(dict.fromkeys(wanted), key=str.lower))
+
+
+def _declared_requirements() -> list[str]:
+    """qvl-trt's requirements as PEP 508 lines with `extra == ...` markers: from pyproject.toml
+    in a source checkout, else from the installed distribution's metadata."""
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    if pyproject.is_file():
+        project = tomllib.loads(pyproject.read_text())["project"]
+        lines = list(project["dependencies"])
+        for extra, reqs in project.get("optional-dependencies", {}).items():
+            for req in reqs:
+                spec, _, marker = req.partition(";")
+                own = f" and ({marker.strip()})" if marker.strip() else ""
+                lines.append(f"{spec.strip()}; extra == '{extra}'{own}")
+        return lines
+    from importlib.metadata import requires
+
+    return list(requires("qvl-trt") or [])
+
+
+def image_tag(*, rtx: bool) -> str:
+    """The default tag of a serving image: qvl-trt's version and the TensorRT edition of
+    its vision engines."""
+    from .. import __version__
+
+    return f"qvl-trt:{__version__}-{'rtx' if rtx else 'trt'}"
+
+
+@dataclass(frozen=True)
+class ImageRecipe:
+    context: Path
+    tag: str
+    requirements: tuple[str, ...]
+
+    @property
+    def build_command(self) -> str:
+        return f"docker build -t {shlex.quote(self.tag)} {shlex.quote(str(self.context))}"
+
+
+def write_image_recipe(dest: Path, *, rtx: bool, tag: str | None = None) -> ImageRecipe:
+    """Write the build context `dest`: Dockerfile, requirements.txt, the container's package
+    data and a copy of the qvl_trt package with its data folders. Atomic: a failed write
+    leaves no `dest`."""
+    from ..atomic import staged_dir
+    from ..resources import data_dir
+
+    packages = load_container_packages()
+    requirements = serving_requirements(rtx=rtx, packages=packages)
+    tag = tag or image_tag(rtx=rtx)
+    source = Path(__file__).resolve().parents[1]
+    with staged_dir(Path(dest)) as ctx:
+        home = ctx / "qvl-trt"
+        shutil.copytree(source, home / "qvl_trt",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        for name in ("build_configs", "triton_repo"):
+            shutil.copytree(data_dir(name), home / name,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        (ctx / REQUIREMENTS).write_text(
+            "# What the serving image adds to the TensorRT-LLM container (qvl-trt image).\n"
+            + "".join(f"{r}\n" for r in requirements))
+        (ctx / DOCKERFILE).write_text(dockerfile(packages, tag=tag, rtx=rtx))
+    return ImageRecipe(Path(dest), tag, requirements)
+
+
+def dockerfile(packages: ContainerPackages, *, tag: str, rtx: bool) -> str:
+    data = f"{IMAGE_HOME}/qvl_trt/deploy/{CONTAINER_PACKAGES.name}"
+    recipe = f"{IMAGE_HOME}/image"
+    check = f"python3 -m qvl_trt.deploy.image check-base {data}"
+    edition = "TensorRT-RTX (GeForce profiles)" if rtx else "full TensorRT"
+    return f"""\
+# The qvl-trt serving image: {packages.image} plus what qvl-trt's python models and
+# `qvl-trt serve` import that it lacks; vision engines on {edition}.
+# Written by `qvl-trt image`; build it with: docker build -t {tag} .
+FROM {packages.image}
+COPY qvl-trt {IMAGE_HOME}
+COPY {REQUIREMENTS} {recipe}/{REQUIREMENTS}
+ENV PYTHONPATH={IMAGE_HOME}
+# The base must carry the packages the recipe was written against (their upstream pins).
+RUN {check}
+# Pin every package the base already has, so the additions upgrade none of them (TensorRT-LLM
+# and the stock backend were built against those); the image's Python is system-managed.
+RUN pip list --format=freeze > {recipe}/constraints.txt \\
+ && PIP_BREAK_SYSTEM_PACKAGES=1 pip install --no-cache-dir \\
+        -c {recipe}/constraints.txt -r {recipe}/{REQUIREMENTS} \\
+ && {check}
+RUN printf '#!/usr/bin/env python3\\nfrom qvl_trt.cli import main\\nmain()\\n' \\
+        > /usr/local/bin/qvl-trt && chmod +x /usr/local/bin/qvl-trt \\
+ && qvl-trt --version
+"""
+
+
+def check_base(path: Path) -> list[str]:
+    """Inside the image build: where the installed packages differ from the data file, one
+    line each (missing, or outside upstream's pin)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        from packaging.specifiers import SpecifierSet
+    except ImportError:  # pip vendors it
+        from pip._vendor.packaging.specifiers import SpecifierSet
+
+    problems = []
+    for package in load_container_packages(path).packages:
+        try:
+            have = version(package.name)
+        except PackageNotFoundError:
+            problems.append(f"{package.name} is not installed in the base image")
+            continue
+        if package.spec and not SpecifierSet(package.spec, prereleases=True).contains(
+                have, prereleases=True):
+            problems.append(f"{package.name} {have} is outside {package.spec}")
+    return problems
+
+
+def _main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] != "check-base":
+        print("usage: python3 -m qvl_trt.deploy.image check-base PACKAGES.toml",
+              file=sys.stderr)
+        return 2
+    problems = check_base(Path(argv[1]))
+    for line in problems:
+        print(f"error: {line}; this recipe was written for another base image: regenerate it "
+              "with `qvl-trt image` of a matching qvl-trt", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

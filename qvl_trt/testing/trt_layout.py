@@ -1,0 +1,56 @@
+"""trt-flavor repositories without TensorRT-LLM: the LLM engine folder laid out as
+TensorRT-LLM writes it, around a placeholder engine (validate, serve plans, image recipes and
+manifests read only those files)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+
+def linked_copy(src: Path, dst: Path) -> Path:
+    """A copy of the folder `src` made of hard links (the fixtures' builds are read-only)."""
+    shutil.copytree(src, dst, copy_function=os.link)
+    return dst
+
+
+def write_llm_engine_layout(build: Path) -> None:
+    """An LLM engine folder laid out as TensorRT-LLM 1.2's `engine.save` writes it: config.json
+    (pretrained_config: the converted checkpoint's config; build_config: what the llm stage
+    builds with) and one rank file per TP rank. TensorRT-LLM does not install here; validate
+    reads only these files, never the engine bytes, so the rank file holds a marker."""
+    from ..llm.engine import engine_build_config
+    from ..profiles import load_profile
+
+    manifest = json.loads((build / "manifest.json").read_text())
+    pretrained = json.loads((build / "llm_checkpoint" / "config.json").read_text())
+    settings = engine_build_config(load_profile(manifest["options"]["gpu"]),
+                                   deepstack_layers=pretrained["num_deepstack_layers"])
+    engine = build / "llm" / "engine"
+    engine.mkdir(parents=True)
+    (engine / "config.json").write_text(json.dumps(
+        {"version": "1.2.1", "pretrained_config": pretrained, "build_config": settings}))
+    (engine / "rank0.engine").write_bytes(b"TensorRT-LLM engine placeholder (not loadable)")
+
+
+def trt_repo_of(build: Path, root: Path) -> Path:
+    """The trt repository of a copy of `build` (which has its vision engine) in `root`."""
+    from ..triton.repository import BuildInput, write_repo
+
+    copy = linked_copy(build, root / "build")
+    write_llm_engine_layout(copy)
+    return write_repo([BuildInput(copy)], root / "repo").path
+
+
+def as_datacenter_vision(repo: Path) -> Path:
+    """Mark the repository's vision engine as a full-TensorRT one (a data-center profile's
+    edition; TensorRT-RTX built the bytes, which no check here loads)."""
+    for config in repo.glob("*/1/engine/config.json"):
+        data = json.loads(config.read_text())
+        if "edition" in data:
+            data["edition"] = "tensorrt"
+            config.unlink()  # a hard link into the build: write a file of its own
+            config.write_text(json.dumps(data))
+    return repo

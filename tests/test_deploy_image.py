@@ -1,0 +1,152 @@
+"""The serving image recipe (qvl_trt/deploy/image.py) against the container it builds on: in
+an environment holding only the TensorRT-LLM container's packages (at its versions, where
+they install here) plus what the recipe adds, every python model of a trt repository loads
+in a real tritonserver, as `qvl-trt doctor --repo` reports it. Broken on purpose (numba left
+out of the recipe) the check fails with a one-line reason."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from qvl_trt.container import TRTLLM_CONTAINER
+from qvl_trt.deploy.image import (
+    REQUIREMENTS,
+    check_base,
+    load_container_packages,
+    serving_requirements,
+    write_image_recipe,
+)
+from qvl_trt.machine import find_tritonserver
+from qvl_trt.testing.container_env import base_env, env_python, image_env_vars, layered_env
+from qvl_trt.testing.trt_layout import as_datacenter_vision, linked_copy
+
+pytestmark = pytest.mark.skipif(find_tritonserver() is None,
+                                reason="needs a tritonserver: pip install 'qvl-trt[serve]'")
+
+# What a row of doctor may fail on in the check environment and still pass in the image:
+# a package the container has that cannot be installed here, or the GPU this machine lacks.
+MACHINE_ROWS = {"shared memory"}
+
+
+def unexpected_failures(done: subprocess.CompletedProcess) -> list[str]:
+    """One line per thing that would fail in the image: doctor's failed rows, unless they
+    fail only on what the check environment cannot have; or doctor's own error line."""
+    try:
+        rows = json.loads(done.stdout)["serve_checks"]
+    except ValueError:
+        return [done.stderr.strip().splitlines()[-1] if done.stderr.strip() else
+                f"doctor exited {done.returncode} with no report"]
+    absent = [name.replace("-", "_") for name in load_container_packages().not_here]
+    failures = []
+    for row in rows:
+        if row["ok"] or row["check"] in MACHINE_ROWS:
+            continue
+        detail = row["detail"]
+        if any(re.search(rf"No module named '{m}'|\b{m} is needed", detail)
+               for m in absent) or "CUDA" in detail:
+            continue
+        failures.append(f"{row['check']}: {detail}")
+    return failures
+
+
+@pytest.fixture(scope="session")
+def container_base() -> Path:
+    """The container's packages that install here; kept between runs beside the checkout."""
+    return base_env(Path(__file__).resolve().parents[1] / ".venv-container")
+
+
+@pytest.fixture(scope="module")
+def datacenter_repo(tmp_path_factory, trt_repo) -> Path:
+    return as_datacenter_vision(linked_copy(trt_repo, tmp_path_factory.mktemp("dc") / "repo"))
+
+
+def run_doctor(env: Path, context: Path, repo: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(env_python(env)), "-m", "qvl_trt.cli", "doctor", "--repo",
+                           str(repo), "--json"], capture_output=True, text=True,
+                          env=image_env_vars(env, context), cwd=context, timeout=600)
+
+
+@pytest.mark.parametrize("profile", ["geforce", "datacenter"])
+def test_every_python_model_loads_in_the_container_environment(
+        tmp_path, container_base, trt_repo, datacenter_repo, profile) -> None:
+    rtx = profile == "geforce"
+    repo = trt_repo if rtx else datacenter_repo
+    recipe = write_image_recipe(tmp_path / "image", rtx=rtx)
+    dockerfile = (recipe.context / "Dockerfile").read_text()
+    assert f"FROM {TRTLLM_CONTAINER}\n" in dockerfile
+    names = {r.split(">")[0].split("<")[0].split("=")[0] for r in recipe.requirements}
+    assert {"numba", "xxhash", "av", "typer", "rich"} <= names
+    assert ("tensorrt-rtx-cu13-libs" in names) is rtx
+    # Nothing the container has is installed again: its versions stay.
+    assert not names & load_container_packages().names
+    env = layered_env(container_base, recipe.context / REQUIREMENTS, tmp_path / "env")
+    done = run_doctor(env, recipe.context, repo)
+    assert unexpected_failures(done) == [], done.stderr[-2000:]
+    rows = {r["check"]: r for r in json.loads(done.stdout)["serve_checks"]}
+    for model in ("preprocessing", "postprocessing", "tensorrt_llm_bls"):
+        assert rows[f"{model} loads"]["ok"], rows[f"{model} loads"]
+    # The vision engine's edition imports where the recipe installs it (TensorRT-RTX); full
+    # TensorRT is the container's own and cannot be installed here.
+    assert rows["vision_encoder engine"]["ok"] is rtx
+    # `serve --openai-port` runs the gateway in the same image.
+    gateway = subprocess.run([str(env_python(env)), "-c", "import qvl_trt.gateway.app"],
+                             capture_output=True, text=True,
+                             env=image_env_vars(env, recipe.context))
+    assert gateway.returncode == 0, gateway.stderr[-2000:]
+
+
+def test_a_recipe_without_numba_fails_the_check_with_the_reason(
+        tmp_path, container_base, trt_repo) -> None:
+    recipe = write_image_recipe(tmp_path / "image", rtx=True)
+    broken = tmp_path / "requirements-no-numba.txt"
+    broken.write_text("".join(f"{r}\n" for r in recipe.requirements if "numba" not in r))
+    env = layered_env(container_base, broken, tmp_path / "env")
+    failures = unexpected_failures(run_doctor(env, recipe.context, trt_repo))
+    assert len(failures) == 1 and "numba is not installed" in failures[0], failures
+    assert "\n" not in failures[0]
+
+
+def test_the_check_passes_a_failure_only_on_what_the_container_has() -> None:
+    """The allowance of `unexpected_failures`, on made-up reports: torch missing passes (the
+    container has it), numba missing and a shape error do not."""
+    def report(*rows):
+        return subprocess.CompletedProcess([], 1, json.dumps({"serve_checks": [
+            {"check": c, "ok": False, "detail": d} for c, d in rows]}), "")
+
+    torch = "DependencyError: torch is needed to run the vision engine but cannot be imported"
+    assert unexpected_failures(report(("vision_encoder loads", torch))) == []
+    assert unexpected_failures(report(("preprocessing loads", "ModuleNotFoundError: No module "
+                                       "named 'numba'"))) == [
+        "preprocessing loads: ModuleNotFoundError: No module named 'numba'"]
+    assert unexpected_failures(report(("postprocessing loads", "ValueError: bad shape"))) != []
+
+
+def test_the_image_build_checks_its_base_against_the_package_data(tmp_path,
+                                                                 container_base) -> None:
+    """`check-base`, as the Dockerfile runs it, in the check environment: only what cannot be
+    installed here is missing; a base with another transformers is refused."""
+    data = Path(load_container_packages.__defaults__[0])
+    context = write_image_recipe(tmp_path / "image", rtx=False).context
+    run = [str(env_python(container_base)), "-m", "qvl_trt.deploy.image", "check-base"]
+    done = subprocess.run([*run, str(data)], capture_output=True, text=True,
+                          env=image_env_vars(container_base, context))
+    missing = {line.split()[1] for line in done.stderr.splitlines()}
+    assert done.returncode == 1 and missing == set(load_container_packages().not_here)
+    other = tmp_path / "other.toml"
+    other.write_text(data.read_text().replace('spec = "==4.57.1"', 'spec = "==4.56.0"'))
+    done = subprocess.run([*run, str(other)], capture_output=True, text=True,
+                          env=image_env_vars(container_base, context))
+    assert "error: transformers 4.57.1 is outside ==4.56.0" in done.stderr
+    assert check_base(data) != []  # this environment is not the container either
+
+
+def test_serving_requirements_skip_what_the_container_has() -> None:
+    plain, rtx = serving_requirements(rtx=False), serving_requirements(rtx=True)
+    assert set(plain) < set(rtx)
+    assert not any(r.startswith(("numpy", "protobuf", "tritonclient", "transformers"))
+                   for r in rtx)
