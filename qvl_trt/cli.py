@@ -671,10 +671,56 @@ def repo(
     console.print(f"wrote the {flavor.value} repository {result.path}: {len(result.models)} "
                   f"models; ensemble{'s' if len(result.builds) > 1 else ''}: {ensembles}")
     if flavor is Flavor.TRT:
-        from .triton.serve_plan import read_serve_plan, serve_container_command
+        console.print("write its serving image recipe (the TensorRT-LLM container plus what "
+                      f"its models import) with: qvl-trt image --repo {result.path} --out "
+                      f"{result.path.parent / 'image'}", highlight=False, markup=False,
+                      soft_wrap=True)
 
-        console.print("serve it in the TensorRT-LLM container with: "
-                      f"{serve_container_command(read_serve_plan(result.path))}",
+
+@command(panel="Serve and measure")
+def image(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the Docker build "
+                                      "context to.", show_default=False)],
+    repo: Annotated[Path | None, typer.Option(
+        help="The repository the image will serve: its vision engines decide whether "
+        "TensorRT-RTX goes in, and the `docker run` line serves it.",
+        show_default=False)] = None,
+    rtx: Annotated[bool | None, typer.Option(
+        "--rtx/--no-rtx", help="Install TensorRT-RTX, which GeForce profiles' vision engines "
+        "run on [default: whether --repo has such an engine].", show_default=False)] = None,
+    tag: Annotated[str | None, typer.Option(
+        help="Image tag [default: qvl-trt:VERSION-rtx or -trt].", show_default=False)] = None,
+    force: Annotated[bool, typer.Option(help="Replace an existing --out folder.")] = False,
+) -> None:
+    """Write the serving image recipe: a Dockerfile FROM the TensorRT-LLM container that adds
+    exactly what qvl-trt's python models and `qvl-trt serve` import and the container lacks,
+    pinned so that nothing it already has is upgraded; qvl-trt itself goes in as source.
+    Print the `docker build` line, and the `docker run` line that serves --repo."""
+    from .console import out as console
+    from .deploy.image import write_image_recipe
+
+    if out.exists() and not force:
+        raise ConfigError(f"{out} exists; pass --force to replace it")
+    plan = None
+    if repo is not None:
+        from .profiles import TrtEdition
+        from .triton.serve_plan import read_serve_plan
+
+        if not repo.is_dir():
+            raise ConfigError(f"{repo} is not a folder; pass a model repository written by "
+                              "`qvl-trt repo`")
+        plan = read_serve_plan(repo)
+        if rtx is None:
+            rtx = TrtEdition.TENSORRT_RTX in plan.vision_editions.values()
+    recipe = write_image_recipe(out, rtx=bool(rtx), tag=tag)
+    console.print(f"wrote the image recipe {out}: adds {', '.join(recipe.requirements)}",
+                  highlight=False, markup=False, soft_wrap=True)
+    console.print(f"build it with: {recipe.build_command}", highlight=False, markup=False,
+                  soft_wrap=True)
+    if plan is not None:
+        from .triton.serve_plan import serve_container_command
+
+        console.print(f"serve {repo} with: {serve_container_command(plan, recipe.tag)}",
                       highlight=False, markup=False, soft_wrap=True)
 
 

@@ -150,3 +150,25 @@ def test_serving_requirements_skip_what_the_container_has() -> None:
     assert set(plain) < set(rtx)
     assert not any(r.startswith(("numpy", "protobuf", "tritonclient", "transformers"))
                    for r in rtx)
+
+
+def test_the_image_command_writes_the_recipe_and_prints_how_to_build_and_serve(
+        tmp_path, trt_repo, datacenter_repo) -> None:
+    from cli_harness import run_cli
+
+    from qvl_trt import __version__
+
+    out = tmp_path / "image"
+    done = run_cli("image", "--repo", str(trt_repo), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    tag = f"qvl-trt:{__version__}-rtx"  # the repository's vision engine runs on TensorRT-RTX
+    assert f"docker build -t {tag} {out}" in done.stdout
+    serve = next(line for line in done.stdout.splitlines() if line.startswith("serve "))
+    assert serve.endswith(f"{tag} qvl-trt serve {trt_repo}") and "pip" not in serve
+    assert "tensorrt-rtx-cu13-libs" in (out / REQUIREMENTS).read_text()
+    again = run_cli("image", "--repo", str(trt_repo), "--out", str(out))
+    assert again.returncode == 1 and "pass --force" in again.stderr
+    plain = run_cli("image", "--repo", str(datacenter_repo), "--out", str(out), "--force",
+                    "--tag", "registry.example/qvl:h100")
+    assert plain.returncode == 0 and "docker build -t registry.example/qvl:h100" in plain.stdout
+    assert "tensorrt-rtx" not in (out / REQUIREMENTS).read_text()

@@ -12,7 +12,9 @@ import sys
 import pytest
 from cli_harness import run_cli
 
+from qvl_trt import __version__
 from qvl_trt.build import Stage, resume_build
+from qvl_trt.build.context import IMAGE_DIR
 from qvl_trt.checkpoint import open_checkpoint
 from qvl_trt.container import TRTLLM_CONTAINER
 from qvl_trt.errors import BuildError, ConfigError, StageUnavailable
@@ -156,10 +158,14 @@ def test_llm_stage_stops_after_the_checkpoint_with_exit_3(stopped_build, tiny_ck
     assert "Traceback" not in result.stderr
     assert "tensorrt_llm" in message and "pip install 'qvl-trt[trtllm]'" in message
     assert f"converted checkpoint is kept in {out / 'llm_checkpoint'}" in message
-    docker = shlex.split(message.split("container: ", 1)[1])
-    assert TRTLLM_CONTAINER in docker
+    build, run = message.split("container: ", 1)[1].split(" && ")
+    # The serving image recipe is written into the build folder; its tag runs the resume.
+    tag = f"qvl-trt:{__version__}-rtx"
+    assert shlex.split(build) == ["docker", "build", "-t", tag, str(out / IMAGE_DIR)]
+    assert f"FROM {TRTLLM_CONTAINER}\n" in (out / IMAGE_DIR / "Dockerfile").read_text()
+    docker = shlex.split(run)
     assert f"{out}:{out}" in docker and f"{tiny_ckpt}:{tiny_ckpt}" in docker
-    assert docker[-1].endswith(f"qvl-trt build --resume {out}")
+    assert docker[docker.index(tag) + 1:] == ["qvl-trt", "build", "--resume", str(out)]
 
     manifest = json.loads((out / "manifest.json").read_text())
     assert set(manifest["stages"]) == {"inspect", "plan", "llm_checkpoint"}

@@ -131,14 +131,14 @@ def test_unparsable_onnx_is_a_build_error(tmp_path, tiny_ckpt, tiny_vision_onnx)
 @needs_rtx
 def test_edition_checks_before_export() -> None:
     with pytest.raises(ConfigError, match="compute capability 9.0.*--trt-edition tensorrt"):
-        check_edition_here(TrtEdition.TENSORRT_RTX, ("9.0",), "resume here")
-    check_edition_here(TrtEdition.TENSORRT_RTX, ("8.6", "8.9", "12.0"), "resume here")
+        check_edition_here(TrtEdition.TENSORRT_RTX, ("9.0",), lambda: "resume here")
+    check_edition_here(TrtEdition.TENSORRT_RTX, ("8.6", "8.9", "12.0"), lambda: "resume here")
 
 
 @pytest.mark.skipif(available("tensorrt"), reason="full TensorRT is installed here")
 def test_full_tensorrt_absent_stops_the_stage() -> None:
     with pytest.raises(StageUnavailable, match="needs full TensorRT.*resume here"):
-        check_edition_here(TrtEdition.TENSORRT, ("9.0",), "resume here")
+        check_edition_here(TrtEdition.TENSORRT, ("9.0",), lambda: "resume here")
 
 
 @needs_rtx

@@ -22,6 +22,8 @@ from ..typed_config import to_jsonable
 from ..vision.spec import ENGINE_DTYPES
 
 STAGES = tuple(Stage)
+# The serving image recipe in a build folder, written when the build must go on in it.
+IMAGE_DIR = "image"
 # Stages that always run (cheaply, usually skipped) because later ones read their results.
 PREREQUISITES = (Stage.INSPECT, Stage.PLAN)
 # Earlier stages a stage reads, run with it when `--only` names it.
@@ -91,16 +93,19 @@ class BuildContext:
         return {s.value: fingerprint(self.stage_outputs(s)) for s in stages}
 
     def container_command(self) -> str:
-        """The `docker run` line that resumes this build in the TensorRT-LLM container,
-        mounting the checkpoint and a user's own profile file (shipped ones come with
-        qvl-trt)."""
+        """The lines that resume this build in the serving image: `docker build` of the image
+        recipe written to IMAGE_DIR here (TensorRT-RTX in it for a GeForce profile, whose
+        vision engine the resumed build may touch), then `docker run`, mounting the
+        checkpoint and a user's own profile file (shipped ones come with qvl-trt)."""
+        from ..deploy.image import write_image_recipe
+
         own_profile = self.options.gpu.endswith(".toml")
         inputs = [Path(self.options.model)] + ([Path(self.profile.source)] if own_profile else [])
-        # A GeForce profile's TensorRT-RTX vision engine needs the rtx extra there too (the
-        # container ships full TensorRT only), should the resumed build touch it.
-        rtx = self.trt_edition is TrtEdition.TENSORRT_RTX
-        return container_command(self.out, inputs, extras=("rtx",) if rtx else (),
-                                 shm_bytes=make_plan(self.checkpoint, self.profile).shm_bytes)
+        recipe = write_image_recipe(self.out / IMAGE_DIR,
+                                    rtx=self.trt_edition is TrtEdition.TENSORRT_RTX)
+        run = container_command(self.out, inputs, image=recipe.tag,
+                                shm_bytes=make_plan(self.checkpoint, self.profile).shm_bytes)
+        return f"{recipe.build_command} && {run}"
 
     @cached_property
     def tools(self) -> dict[str, Any]:

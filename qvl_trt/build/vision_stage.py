@@ -60,7 +60,7 @@ def vision_stage_inputs(ctx: BuildContext) -> dict[str, Any]:
 def check_vision_stage(ctx: BuildContext) -> None:
     # The TensorRT-LLM container has full TensorRT; the target GPU must be there too.
     check_edition_here(ctx.trt_edition, (ctx.profile.gpu.compute_capability,),
-                       ctx.container_command())
+                       ctx.container_command)
 
 
 def run_vision_stage(ctx: BuildContext, work: Path) -> dict[str, Any]:

@@ -184,8 +184,8 @@ ENV PYTHONPATH={IMAGE_HOME}
 RUN {check}
 # Pin every package the base already has, so the additions upgrade none of them (TensorRT-LLM
 # and the stock backend were built against those); the image's Python is system-managed.
-RUN pip list --format=freeze > {recipe}/constraints.txt \\
- && PIP_BREAK_SYSTEM_PACKAGES=1 pip install --no-cache-dir \\
+RUN python3 -m pip list --format=freeze > {recipe}/constraints.txt \\
+ && PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir \\
         -c {recipe}/constraints.txt -r {recipe}/{REQUIREMENTS} \\
  && {check}
 RUN printf '#!/usr/bin/env python3\\nfrom qvl_trt.cli import main\\nmain()\\n' \\

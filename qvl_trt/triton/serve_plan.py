@@ -15,7 +15,6 @@ from pathlib import Path
 
 from ..container import container_run, shm_flag
 from ..errors import ConfigError, QvlError
-from ..machine import NGC_TRITON_HOME, TritonInstall
 from ..profiles import TrtEdition
 from .contract import llm_caller_parameters
 from .pbconfig import (
@@ -29,7 +28,7 @@ from .pbconfig import (
     write_config,
 )
 from .repository import BUILD_INFO, ENGINE_DIR, VERSION, BuildInfo
-from .server import DEFAULT_THREAD_POOL, SHM_DIR, Ports, ServerOptions, server_command
+from .server import DEFAULT_THREAD_POOL, SHM_DIR, Ports
 
 log = logging.getLogger(__name__)
 
@@ -201,17 +200,11 @@ def model_load_rows(repo: Path) -> list[Readiness]:
     return [Readiness(f"{load.model} loads", load.ok, load.detail) for load in loads]
 
 
-def serve_container_command(plan: ServePlan) -> str:
-    """The `docker run` line that serves the repository in the TensorRT-LLM container on the
-    default ports with the flags `serve` would use (world size, BLS threads, shared
-    memory)."""
+def serve_container_command(plan: ServePlan, image: str) -> str:
+    """The `docker run` line that serves the repository with `qvl-trt serve` in the serving
+    image `image` (deploy/image.py) on the default ports, with the shared memory its largest
+    requests need; serve takes the world size and BLS threads from the repository."""
     ports = Ports()
-    ngc = TritonInstall(NGC_TRITON_HOME / "bin" / "tritonserver", NGC_TRITON_HOME / "backends",
-                        "ngc", None)
-    opts = ServerOptions(plan.repo, ports, host="0.0.0.0",
-                         world_size=resolve_world_size(plan, None), llm_models=plan.llm_models,
-                         thread_pool_size=plan.thread_pool_size, shm_prefix="qvl_")
-    rtx = TrtEdition.TENSORRT_RTX in plan.vision_editions.values()
-    return container_run([plan.repo], shlex.join(server_command(ngc, opts)),
-                         shm_bytes=plan.shm_bytes, extras=("rtx",) if rtx else None,
+    return container_run([plan.repo], shlex.join(["qvl-trt", "serve", str(plan.repo)]),
+                         image=image, shm_bytes=plan.shm_bytes,
                          ports=(ports.http, ports.grpc, ports.metrics))

@@ -27,6 +27,7 @@ import logging
 import resource
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,9 +85,10 @@ def trt_module(edition: TrtEdition):
 
 
 def check_edition_here(edition: TrtEdition, compute_capabilities: tuple[str, ...],
-                       resume_hint: str) -> None:
+                       resume_hint: Callable[[], str]) -> None:
     """Raise unless this machine can build for `edition` and these compute capabilities
-    (checked before the export, so no work is wasted)."""
+    (checked before the export, so no work is wasted). `resume_hint` gives the command that
+    finishes the build elsewhere (it writes the image recipe: only called when needed)."""
     if edition is TrtEdition.TENSORRT_RTX:
         trt = trt_module(edition)
         for cc in compute_capabilities:
@@ -104,13 +106,13 @@ def check_edition_here(edition: TrtEdition, compute_capabilities: tuple[str, ...
         raise StageUnavailable(
             "the vision engine for this profile needs full TensorRT (data-center edition), "
             f"which is not installed here; finish the build in the NGC TensorRT-LLM container "
-            f"on a GPU of compute capability {'/'.join(compute_capabilities)}: {resume_hint}")
+            f"on a GPU of compute capability {'/'.join(compute_capabilities)}: {resume_hint()}")
     ccs = {g.compute_capability for g in detect_gpus()}
     if not ccs & set(compute_capabilities):
         raise StageUnavailable(
             "full TensorRT builds the vision engine on the target GPU, and this machine has "
             f"no GPU of compute capability {'/'.join(compute_capabilities)} (found: "
-            f"{', '.join(sorted(ccs)) or 'none'}); finish on such a machine: {resume_hint}")
+            f"{', '.join(sorted(ccs)) or 'none'}); finish on such a machine: {resume_hint()}")
 
 
 def build_vision_engine(folder: Path, config: EngineBuildConfig) -> dict[str, Any]:
