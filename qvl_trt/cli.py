@@ -183,8 +183,12 @@ def plan(model: ModelOpt, gpu: Annotated[str, typer.Option(
 def doctor(
     repo: Annotated[Path | None, typer.Option(
         help="Also check what serving this model repository needs here (world size, the "
-        "vision engines' TensorRT edition, shared memory); exit 1 on a failed check.",
+        "vision engines' TensorRT edition, shared memory, and that each python model loads "
+        "in a tritonserver of this Python); exit 1 on a failed check.",
         show_default=False)] = None,
+    load: Annotated[bool, typer.Option(
+        help="With --repo: load each python model (runs its initialize: seconds per model, "
+        "longer for the reference flavor's PyTorch models).")] = True,
     json_out: JsonOpt = False,
 ) -> None:
     """Report Python, GPUs, TensorRT editions, TensorRT-LLM and Triton found here, and which
@@ -198,7 +202,7 @@ def doctor(
     if repo is not None:
         from .triton.serve_plan import read_serve_plan, serve_readiness
 
-        readiness = serve_readiness(read_serve_plan(repo))
+        readiness = serve_readiness(read_serve_plan(repo), load_models=load)
     if json_out:
         print_json({**to_jsonable(report), "serve_checks": to_jsonable(readiness)})
     else:
