@@ -45,6 +45,9 @@ class GpuFacts:
     memory_bandwidth_gbs: float
     fp16_tensor_tflops: float
     trt_edition: TrtEdition
+    # The nvidia.com/gpu.product node label GPU feature discovery gives the card (`qvl-trt
+    # deploy` selects nodes by it); "" in a profile that names none.
+    product: str = ""
 
 
 @dataclass(frozen=True)
@@ -171,8 +174,33 @@ def load_profile(gpu: str) -> GpuProfile:
     return profile
 
 
+def gpu_product_label(device_name: str) -> str:
+    """The nvidia.com/gpu.product value GPU feature discovery makes of an NVML device name
+    ("NVIDIA H100 80GB HBM3" -> "NVIDIA-H100-80GB-HBM3"): characters other than letters,
+    digits, - _ . and blanks dropped, the words joined by '-' (NVIDIA/k8s-device-plugin
+    internal/lm/resource.go, sanitise). A label value passes unchanged."""
+    return "-".join(re.sub(r"[^A-Za-z0-9\-_. ]", "", device_name).split())
+
+
+# A Kubernetes label value: at most 63 characters, alphanumeric at both ends, - _ . inside
+# (k8s.io/apimachinery pkg/util/validation/validation.go, IsValidLabelValue).
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+
+
+def check_gpu_product(value: str, where: str) -> str:
+    """`value` if it can be the nvidia.com/gpu.product label, else a ConfigError."""
+    if not _LABEL_VALUE.fullmatch(value):
+        raise ConfigError(
+            f"{where} {value!r} is not a node label value: GPU feature discovery writes the "
+            "NVML device name with blanks as '-' (e.g. NVIDIA-H100-80GB-HBM3); "
+            "`kubectl get nodes -L nvidia.com/gpu.product` shows your nodes' values")
+    return value
+
+
 def _check(p: GpuProfile, where: str) -> None:
     """Reject values that no build could use, naming the key and the fix."""
+    if p.gpu.product:
+        check_gpu_product(p.gpu.product, f"{where}: gpu.product")
     if not re.fullmatch(r"\d+\.\d", p.gpu.compute_capability):
         raise ConfigError(
             f'{where}: gpu.compute_capability must look like "8.9", '

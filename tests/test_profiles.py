@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from qvl_trt.errors import ConfigError
-from qvl_trt.profiles import TrtEdition, load_profile, profile_argument, profile_names
+from qvl_trt.profiles import (
+    TrtEdition,
+    gpu_product_label,
+    load_profile,
+    profile_argument,
+    profile_names,
+)
 
 REQUIRED = {"4090d", "4090", "3090", "a10g", "l4", "l40s", "a100-40g", "a100-80g", "h100", "h200",
             "4060ti", "5090", "h20", "l20"}
@@ -32,6 +38,18 @@ DRIVER_MIB = {
     "h20": (97871, "an nvidia-smi table in a public repository's test notes"),
     "l20": (46068, "github.com/vllm-project/vllm/issues/14011"),
 }
+# NVML device names (nvidia-smi --query-gpu=name) of the shipped cards, held here apart from
+# the profiles; GPU feature discovery labels a node nvidia.com/gpu.product with it sanitised.
+# Checked against label values in public manifests (code index: "nvidia.com/gpu.product:
+# NVIDIA-..."), none found for the 4060 Ti and 5090, whose names follow the GeForce pattern.
+NVML_NAMES = {
+    "3090": "NVIDIA GeForce RTX 3090", "4060ti": "NVIDIA GeForce RTX 4060 Ti",
+    "4090": "NVIDIA GeForce RTX 4090", "4090d": "NVIDIA GeForce RTX 4090 D",
+    "5090": "NVIDIA GeForce RTX 5090", "a100-40g": "NVIDIA A100-SXM4-40GB",
+    "a100-80g": "NVIDIA A100-SXM4-80GB", "a10g": "NVIDIA A10G", "h100": "NVIDIA H100 80GB HBM3",
+    "h20": "NVIDIA H20", "h200": "NVIDIA H200", "l20": "NVIDIA L20", "l4": "NVIDIA L4",
+    "l40s": "NVIDIA L40S",
+}
 GOOD = (Path(__file__).parent.parent / "build_configs" / "4090d.toml").read_text()
 
 
@@ -54,6 +72,26 @@ def test_every_profile_has_the_memory_the_driver_reports():
         # The comment beside the key names where the figure comes from.
         assert f"memory_mib = {mib}" in Path(p.source).read_text()
         assert "# memory: nvidia-smi memory.total" in Path(p.source).read_text(), name
+
+
+def test_every_profile_names_the_node_label_of_its_card():
+    assert set(NVML_NAMES) == set(profile_names())  # a new profile needs its device name
+    for name, device in NVML_NAMES.items():
+        product = load_profile(name).gpu.product
+        assert product == gpu_product_label(device), name
+        assert gpu_product_label(product) == product  # a label value passes unchanged
+    # Upstream's sanitise: other characters dropped, runs of blanks joined by one '-'.
+    assert gpu_product_label(" NVIDIA  A100 (PCIe)/x ") == "NVIDIA-A100-PCIex"
+
+
+def test_a_profile_without_a_node_label_loads_and_a_bad_one_is_refused(tmp_path):
+    line = 'product = "NVIDIA-GeForce-RTX-4090-D"\n'
+    assert line in GOOD
+    assert load_profile(_write(tmp_path, GOOD.replace(line, ""))).gpu.product == ""
+    bad = GOOD.replace(line, 'product = "NVIDIA GeForce RTX 4090 D"\n')
+    with pytest.raises(ConfigError, match="gpu.product 'NVIDIA GeForce RTX 4090 D' is not a "
+                       "node label value"):
+        load_profile(_write(tmp_path, bad))
 
 
 def test_new_cards_facts():
