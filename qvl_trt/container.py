@@ -34,6 +34,11 @@ def container_run(mounts: Sequence[Path], command: str, *, image: str, shm_bytes
             f"{volumes} {shlex.quote(image)} {command}")
 
 
+def shm_gib(nbytes: int) -> int:
+    """Whole GiB of shared memory holding at least `nbytes` (1 at least)."""
+    return max(1, -(-nbytes // 2**30))
+
+
 def shm_flag(nbytes: int) -> str:
     """A docker --shm-size value of at least `nbytes`, in whole GiB."""
-    return f"{max(1, -(-nbytes // 2**30))}g"
+    return f"{shm_gib(nbytes)}g"

@@ -10,8 +10,8 @@ import json
 import logging
 import os
 import shlex
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 
 from ..container import container_run, shm_flag
 from ..errors import ConfigError, QvlError
@@ -45,6 +45,10 @@ class ServePlan:
     shm_bytes: int  # shared memory the builds' largest requests need in flight
     vision_editions: dict[str, TrtEdition]  # vision_encoder model -> its engine's edition
     ensembles: tuple[str, ...] = ()  # the models clients call (serve's end-to-end probe)
+    builds: tuple[BuildInfo, ...] = ()  # what each build holds (its GPU profile, its flavor)
+    # python-backend model -> its instances, each a stub process
+    instances: dict[str, int] = field(default_factory=dict)
+    engine_bytes: int = 0  # the engines' files, each read into host memory to load
 
     @property
     def world_size(self) -> int:
@@ -57,7 +61,8 @@ class ServePlan:
 
 def read_serve_plan(repo: Path) -> ServePlan:
     repo = Path(repo).resolve()
-    llm, worlds, callers, editions, shm, ensembles = [], {}, 0, {}, 0, []
+    llm, worlds, callers, editions, ensembles, builds, instances = [], {}, 0, {}, [], [], {}
+    engine_bytes = 0
     for path in sorted(repo.glob(f"*/{CONFIG_FILE}")):
         name = path.parent.name
         config = parse_config(path.read_text(), str(path))
@@ -70,13 +75,17 @@ def read_serve_plan(repo: Path) -> ServePlan:
         caller = llm_caller_parameters(parameters(config), str(path))
         callers += caller.workers * instance_count(config) if caller else 0
         vision = version / ENGINE_DIR / "config.json"
-        if config.backend == "python" and vision.is_file() and \
-                (version / ENGINE_DIR / "model.engine").is_file():
-            editions[name] = TrtEdition(json.loads(vision.read_text())["edition"])
+        if config.backend == "python":
+            instances[name] = instance_count(config)
+            if vision.is_file() and (version / ENGINE_DIR / "model.engine").is_file():
+                editions[name] = TrtEdition(json.loads(vision.read_text())["edition"])
+        engine_bytes += sum(f.stat().st_size for f in (version / ENGINE_DIR).rglob("*")
+                            if f.is_file())
         info = version / BUILD_INFO
         if info.is_file():
-            shm += BuildInfo.read(info).shm_bytes
-    return ServePlan(repo, tuple(llm), worlds, callers, shm, editions, tuple(ensembles))
+            builds.append(BuildInfo.read(info))
+    return ServePlan(repo, tuple(llm), worlds, callers, sum(b.shm_bytes for b in builds),
+                     editions, tuple(ensembles), tuple(builds), instances, engine_bytes)
 
 
 def _engine_world_size(engine: Path) -> int:
@@ -101,6 +110,26 @@ def point_engine_paths(plan: ServePlan) -> list[str]:
             changed.append(name)
             log.info("%s: gpt_model_path now %s", name, engine)
     return changed
+
+
+def written_root(plan: ServePlan) -> PurePosixPath | None:
+    """Where the repository was written to be served from (`qvl-trt repo --mount-path`, or
+    where it was written): the folder its tensorrtllm models' gpt_model_path names; None
+    without such a model (the reference flavor)."""
+    roots = set()
+    for name in plan.llm_models:
+        path = get_parameter(read_config(plan.repo / name), "gpt_model_path") or ""
+        engine = PurePosixPath(path)
+        if not engine.is_absolute() or engine.parts[-3:] != (name, VERSION, ENGINE_DIR):
+            raise ConfigError(f"{name}: gpt_model_path {path!r} is not <repository>/{name}/"
+                              f"{VERSION}/{ENGINE_DIR}; regenerate the repository with "
+                              "`qvl-trt repo --mount-path PATH`")
+        roots.add(engine.parents[2])
+    if len(roots) > 1:
+        raise ConfigError(f"{plan.repo}: the tensorrtllm models' gpt_model_path name "
+                          f"different folders ({', '.join(sorted(map(str, roots)))}); "
+                          "regenerate the repository with `qvl-trt repo --mount-path PATH`")
+    return next(iter(roots), None)
 
 
 def resolve_world_size(plan: ServePlan, requested: int | None) -> int:

@@ -47,6 +47,8 @@ DRAINED_LINE = "Found 0 model versions that have in-flight inferences"
 # How long the unloading may take after the drain before the server is ended (nothing is
 # in flight any more; the python models' finalize ran or is held by such a stream).
 UNLOAD_GRACE_S = 5.0
+# How long a start may take until the server answers ready (the engines load meanwhile).
+STARTUP_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -229,7 +231,8 @@ class TritonServer:
     """A running tritonserver. Use as a context manager, or call start() and stop()."""
 
     def __init__(self, opts: ServerOptions, *, install: TritonInstall | None = None,
-                 log_file: Path | None = None, startup_timeout_s: float = 300.0) -> None:
+                 log_file: Path | None = None,
+                 startup_timeout_s: float = STARTUP_TIMEOUT_S) -> None:
         self.opts = opts
         self.install = install or require_tritonserver()
         self.log_file = log_file

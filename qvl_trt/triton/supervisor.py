@@ -43,6 +43,11 @@ from .server import TritonServer
 log = logging.getLogger(__name__)
 
 PROBE_PROMPT = "Hi"
+# Defaults of the Supervisor: a probe every PROBE_INTERVAL_S, each given PROBE_TIMEOUT_S; a
+# server that fails to start is tried START_ATTEMPTS times before serve gives up.
+PROBE_INTERVAL_S = 5.0
+PROBE_TIMEOUT_S = 20.0
+START_ATTEMPTS = 3
 
 
 def probe(server: TritonServer, ensemble: str, timeout_s: float) -> str | None:
@@ -80,8 +85,9 @@ class Companion(Protocol):
 class Supervisor:
     def __init__(self, server: TritonServer, ensembles: tuple[str, ...], *,
                  health_port: int | None = None, watch_interval_s: float = 0.5,
-                 probe_interval_s: float = 5.0, probe_timeout_s: float = 20.0,
-                 probe_failures: int = 2, start_attempts: int = 3,
+                 probe_interval_s: float = PROBE_INTERVAL_S,
+                 probe_timeout_s: float = PROBE_TIMEOUT_S, probe_failures: int = 2,
+                 start_attempts: int = START_ATTEMPTS,
                  companions: Sequence[Companion] = (), companion_retry_s: float = 5.0,
                  on_ready=None) -> None:
         self.server = server
