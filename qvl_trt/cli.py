@@ -855,6 +855,95 @@ def serve(
 
 
 @command(panel="Serve and measure")
+def deploy(
+    repo: Annotated[Path, typer.Option(
+        help="trt model repository (`qvl-trt repo` / `qvl-trt build`) the pods serve.",
+        show_default=False)],
+    image: Annotated[str, typer.Option(
+        help="Serving image with `qvl-trt` and `tritonserver` on PATH, e.g. "
+        "registry.example.com/qvl-trt-serve:4090d.", show_default=False)],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the manifests into.",
+                                      show_default=False)],
+    name: Annotated[str | None, typer.Option(
+        help="Name of the Deployment, the Service and the rest [default: qvl-trt].",
+        show_default=False)] = None,
+    namespace: Annotated[str | None, typer.Option(
+        help="Namespace [default: kubectl's current one].", show_default=False)] = None,
+    replicas: Annotated[int | None, typer.Option(
+        help="Pods, each a whole server on one node (with --hpa: the minimum) [default: one].",
+        show_default=False)] = None,
+    openai_port: Annotated[int | None, typer.Option(
+        help="Port of the OpenAI gateway in the pod and the Service [default: the gateway's "
+        "default port].", show_default=False)] = None,
+    health_port: Annotated[int | None, typer.Option(
+        help="serve's --health-port, which the probes ask [default: the port after Triton's "
+        "three].", show_default=False)] = None,
+    mount_path: Annotated[str | None, typer.Option(
+        help="Where the pods see the repository [default: the path it was written for; "
+        "another needs `qvl-trt repo --mount-path`].", show_default=False)] = None,
+    claim: Annotated[str | None, typer.Option(
+        help="PersistentVolumeClaim holding the repository, mounted read-only (ReadOnlyMany "
+        "for pods on several nodes) [default: NAME-repository].", show_default=False)] = None,
+    claim_path: Annotated[str, typer.Option(
+        help="The repository's folder inside the claim [default: its root].",
+        show_default=False)] = "",
+    host_path: Annotated[str | None, typer.Option(
+        help="Instead of a claim: the repository's folder on every GPU node.",
+        show_default=False)] = None,
+    gpu_product: Annotated[str | None, typer.Option(
+        help="Value of the nvidia.com/gpu.product node label to schedule on (or the NVML "
+        "device name, which becomes it) [default: the GPU profile's gpu.product].",
+        show_default=False)] = None,
+    cpu: Annotated[float | None, typer.Option(
+        help="CPU cores per pod [default: one per process the pod runs].",
+        show_default=False)] = None,
+    memory_gib: Annotated[float | None, typer.Option(
+        help="Memory per pod in GiB [default: /dev/shm + the engines + an allowance per "
+        "process].", show_default=False)] = None,
+    hpa: Annotated[bool, typer.Option(
+        help="Also a HorizontalPodAutoscaler on Triton's nv_inference_pending_request_count "
+        "(needs a custom metrics adapter, e.g. prometheus-adapter).")] = False,
+    max_replicas: Annotated[int | None, typer.Option(
+        help="The autoscaler's maximum pods [default: four].", show_default=False)] = None,
+    target_pending: Annotated[float | None, typer.Option(
+        help="The autoscaler's target: requests queued per pod, on average [default: two].",
+        show_default=False)] = None,
+    api_key_secret: Annotated[str | None, typer.Option(
+        help="Secret whose key `api-key` the gateway asks clients for (optional: without the "
+        "Secret, no key) [default: NAME-api-key].", show_default=False)] = None,
+    force: Annotated[bool, typer.Option(help="Replace an existing --out folder.")] = False,
+) -> None:
+    """Write Kubernetes manifests that serve a trt repository with `qvl-trt serve`: a
+    Deployment on the repository's GPU (its world size in GPUs, /dev/shm, CPU and memory from
+    the repository, probes on serve's /ready and /live), a Service, a PodDisruptionBudget and
+    optionally an autoscaler. Prints the `kubectl apply` line."""
+    from .console import out as console
+    from .deploy.kubernetes import DeployOptions, write_manifests
+
+    given = {"name": name, "replicas": replicas, "openai_port": openai_port,
+             "health_port": health_port, "max_replicas": max_replicas,
+             "target_pending": target_pending}
+    opts = DeployOptions(
+        image=image, namespace=namespace, mount_path=mount_path, claim=claim,
+        claim_path=claim_path, host_path=host_path, gpu_product=gpu_product, cpu=cpu,
+        memory_gib=memory_gib, hpa=hpa, api_key_secret=api_key_secret,
+        **{k: v for k, v in given.items() if v is not None})
+    result = write_manifests(repo, out, opts, force=force)
+    needs = result.needs
+    console.print(f"wrote {', '.join(result.files)} into {result.out}", highlight=False)
+    for note in needs.notes:
+        console.print(f"  {note}", highlight=False, markup=False)
+    where = f"the claim {result.claim}" if result.claim else f"the node folder {host_path}"
+    console.print(f"the pods mount {where} at {needs.mount_path} (it must hold the "
+                  f"repository{f' under {claim_path}' if claim_path else ''}); the gateway's "
+                  f"key, if any, comes from the Secret {result.secret} (kubectl create secret "
+                  f"generic {result.secret} --from-file=api-key=KEYFILE)",
+                  highlight=False, markup=False, soft_wrap=True)
+    console.print(f"apply them with: {result.apply_command}", highlight=False, markup=False,
+                  soft_wrap=True)
+
+
+@command(panel="Serve and measure")
 def gateway(
     url: Annotated[str, typer.Option(help="Triton's gRPC endpoint: grpc://HOST:PORT.")]
     = "grpc://127.0.0.1:8001",

@@ -32,7 +32,20 @@ def write_llm_engine_layout(build: Path) -> None:
     engine.mkdir(parents=True)
     (engine / "config.json").write_text(json.dumps(
         {"version": "1.2.1", "pretrained_config": pretrained, "build_config": settings}))
-    (engine / "rank0.engine").write_bytes(b"TensorRT-LLM engine placeholder (not loadable)")
+    for rank in range(pretrained["mapping"]["world_size"]):
+        (engine / f"rank{rank}.engine").write_bytes(
+            b"TensorRT-LLM engine placeholder (not loadable)")
+
+
+def write_vision_engine_layout(build: Path, edition: str) -> None:
+    """The vision stage's engine and the config.json naming its TensorRT edition, around a
+    placeholder engine: for a profile whose edition cannot build here (full TensorRT)."""
+    from ..manifest import VISION_CONFIG_NAME, VISION_ENGINE_NAME
+
+    vision = build / "vision"
+    vision.mkdir()
+    (vision / VISION_ENGINE_NAME).write_bytes(b"vision engine placeholder (not loadable)")
+    (vision / VISION_CONFIG_NAME).write_text(json.dumps({"edition": edition}))
 
 
 def trt_repo_of(build: Path, root: Path) -> Path:

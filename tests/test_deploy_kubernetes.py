@@ -1,0 +1,272 @@
+"""`qvl-trt deploy`: Kubernetes manifests for trt repositories of a data-center profile (h100,
+tensor-parallel) and a GeForce one (4090d), validated against the Kubernetes API schemas by
+kubernetes-validate (strict: unknown fields fail), with the facts read back; bad input is
+refused in one line and leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+from cli_harness import run_cli
+
+from qvl_trt.atomic import leftovers
+from qvl_trt.build import BuildOptions, Stage, run_build
+from qvl_trt.errors import ConfigError
+from qvl_trt.machine import find_tritonserver
+from qvl_trt.profiles import load_profile
+from qvl_trt.testing.trt_layout import write_llm_engine_layout, write_vision_engine_layout
+from qvl_trt.triton.repository import BUILD_INFO, BuildInput, RepoOptions, write_repo
+
+yaml = pytest.importorskip("yaml", reason="deploy writes YAML: pip install 'qvl-trt[deploy]'")
+kubernetes_validate = pytest.importorskip(
+    "kubernetes_validate", reason="needs kubernetes-validate: pip install 'qvl-trt[dev]'")
+pytest.importorskip("tritonclient", reason="needs tritonclient: pip install 'qvl-trt[deploy]'")
+
+from qvl_trt.deploy.kubernetes import (  # noqa: E402 (needs yaml's skip first)
+    STARTUP_WINDOW_S,
+    DeployOptions,
+    write_manifests,
+)
+from qvl_trt.triton.pbconfig import instance_count, read_config  # noqa: E402
+from qvl_trt.triton.serve_plan import point_engine_paths, read_serve_plan  # noqa: E402
+
+IMAGE = "registry.example.com/qvl-trt-serve:test"
+# The oldest schemas kubernetes-validate bundles (every field used exists there) and its newest.
+VERSIONS = ("1.25", kubernetes_validate.latest_version())
+
+
+def trt_repository(root: Path, ckpt: Path, gpu: str, *, tp_size: int = 1,
+                   mount_path: str | None = None) -> Path:
+    """A trt repository of the tiny checkpoint for the shipped profile `gpu`: its converted LLM
+    checkpoint is real, its engines are laid out as the build writes them."""
+    build = root / "build"
+    run_build(BuildOptions(model=str(ckpt), gpu=gpu, tp_size=tp_size), build,
+              only=(Stage.LLM_CHECKPOINT,))
+    write_llm_engine_layout(build)
+    write_vision_engine_layout(build, load_profile(gpu).gpu.trt_edition.value)
+    options = RepoOptions(mount_path=mount_path, preprocessing_instances=3,
+                          postprocessing_instances=2)
+    return write_repo([BuildInput(build)], root / "repo", options).path
+
+
+@pytest.fixture(scope="module")
+def h100_repo(tmp_path_factory, tiny_ckpt) -> Path:
+    """Tensor-parallel over 2 GPUs, written to be served from /models/qwen."""
+    return trt_repository(tmp_path_factory.mktemp("h100"), tiny_ckpt, "h100", tp_size=2,
+                          mount_path="/models/qwen")
+
+
+@pytest.fixture(scope="module")
+def rtx_repo(tmp_path_factory, tiny_ckpt) -> Path:
+    return trt_repository(tmp_path_factory.mktemp("4090d"), tiny_ckpt, "4090d")
+
+
+def validated(out: Path) -> dict[str, dict]:
+    """Kind -> object of every manifest in `out`, each validated against the schemas."""
+    docs = {}
+    for path in sorted(out.glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        for version in VERSIONS:
+            kubernetes_validate.validate(doc, version, strict=True)
+        docs[doc["kind"]] = doc
+    return docs
+
+
+def pod(docs: dict[str, dict]) -> tuple[dict, dict]:
+    spec = docs["Deployment"]["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    return spec, container
+
+
+def test_h100_manifests_are_valid_and_carry_the_repository_needs(tmp_path, h100_repo) -> None:
+    opts = DeployOptions(image=IMAGE, name="qwen-vl", namespace="inference", hpa=True,
+                         replicas=2, max_replicas=6, target_pending=1.5)
+    result = write_manifests(h100_repo, tmp_path / "k8s", opts)
+    docs = validated(result.out)
+    assert set(docs) == {"Deployment", "Service", "PodDisruptionBudget",
+                         "HorizontalPodAutoscaler"}
+    assert {d["metadata"]["namespace"] for d in docs.values()} == {"inference"}
+    spec, container = pod(docs)
+    plan = read_serve_plan(h100_repo)
+    # The engine's two ranks share one pod, on H100 nodes as GPU feature discovery labels them.
+    limits = container["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == 2 == plan.world_size
+    assert container["resources"]["requests"] == limits
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    # /dev/shm in memory, as large as the plan's requests need, in whole GiB.
+    (shm,) = [v for v in spec["volumes"] if v["name"] == "dshm"]
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert shm["emptyDir"]["sizeLimit"] == f"{max(1, math.ceil(plan.shm_bytes / 2**30))}Gi"
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    # Mounted read-only where it was written for, so serve rewrites no config.
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "repository"]
+    assert mount == {"name": "repository", "mountPath": "/models/qwen", "readOnly": True}
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "repository"]
+    assert volume["persistentVolumeClaim"] == {"claimName": "qwen-vl-repository",
+                                               "readOnly": True}
+    args = container["args"]
+    assert args[:3] == ["qvl-trt", "serve", "/models/qwen"]
+    flags = dict(zip(args[3::2], args[4::2], strict=True))
+    assert flags == {"--host": "0.0.0.0", "--http-port": "8000", "--grpc-port": "8001",
+                     "--metrics-port": "8002", "--health-port": "8003", "--openai-port": "9000"}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"openai": 9000, "http": 8000, "grpc": 8001, "metrics": 8002,
+                     "health": 8003}
+    # Every probe asks serve's health port; the startup probe waits out serve's own starts.
+    probes = {k: container[k] for k in ("startupProbe", "readinessProbe", "livenessProbe")}
+    assert {k: (p["httpGet"]["path"], ports[p["httpGet"]["port"]]) for k, p in probes.items()} \
+        == {"startupProbe": ("/ready", 8003), "readinessProbe": ("/ready", 8003),
+            "livenessProbe": ("/live", 8003)}
+    startup = probes["startupProbe"]
+    assert startup["failureThreshold"] * startup["periodSeconds"] >= STARTUP_WINDOW_S >= 900
+    # The key comes from an optional Secret, never from the command line.
+    assert container["env"] == [{"name": "QVL_TRT_API_KEY", "valueFrom": {"secretKeyRef": {
+        "name": "qwen-vl-api-key", "key": "api-key", "optional": True}}}]
+    assert not any("KEY" in a.upper() for a in args)
+    # CPU: one per python model instance, per rank and for the gateway.
+    stubs = sum(instance_count(read_config(p.parent)) for p in h100_repo.glob("*/config.pbtxt")
+                if read_config(p.parent).backend == "python")
+    assert stubs == 3 + 1 + 2 + 2  # preprocessing, vision_encoder, postprocessing, bls
+    assert limits["cpu"] == stubs + 2 + 1
+    memory = int(limits["memory"].removesuffix("Gi")) * 2**30
+    assert memory >= plan.shm_bytes + plan.engine_bytes + 2 * 2 * 2**30
+    # The gateway and Triton behind the Service; the autoscaler on Triton's queue owns the count.
+    assert {p["name"]: p["port"] for p in docs["Service"]["spec"]["ports"]} == \
+        {"openai": 9000, "http": 8000, "grpc": 8001, "metrics": 8002}
+    assert "replicas" not in docs["Deployment"]["spec"]
+    hpa = docs["HorizontalPodAutoscaler"]["spec"]
+    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (2, 6)
+    assert hpa["metrics"] == [{"type": "Pods", "pods": {
+        "metric": {"name": "nv_inference_pending_request_count"},
+        "target": {"type": "AverageValue", "averageValue": "1500m"}}}]
+    assert docs["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
+    assert spec["terminationGracePeriodSeconds"] >= 5 + 15 + 15
+    assert result.apply_command == f"kubectl apply -f {tmp_path / 'k8s'}"
+
+
+def test_geforce_manifests_select_the_card_and_mount_the_repository_where_written(
+        tmp_path, rtx_repo) -> None:
+    opts = DeployOptions(image=IMAGE, claim="models", claim_path="qwen/4090d/repo",
+                         openai_port=8080)
+    docs = validated(write_manifests(rtx_repo, tmp_path / "k8s", opts).out)
+    assert "HorizontalPodAutoscaler" not in docs
+    assert docs["Deployment"]["spec"]["replicas"] == 1
+    spec, container = pod(docs)
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-GeForce-RTX-4090-D"}
+    # Written where it lies, so it is mounted at that path (the claim's folder as subPath),
+    # and there serve finds nothing to re-point: a read-only volume suffices.
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "repository"]
+    assert mount == {"name": "repository", "mountPath": str(rtx_repo), "readOnly": True,
+                     "subPath": "qwen/4090d/repo"}
+    assert point_engine_paths(read_serve_plan(rtx_repo)) == []
+    # The pod's command line is one serve takes (its options, this repository).
+    assert container["args"][2] == str(rtx_repo)
+    if find_tritonserver() is not None:
+        dry = run_cli(*container["args"][1:], "--dry-run")
+        assert dry.returncode == 0 and "tritonserver" in dry.stdout, dry.stderr
+    assert {p["name"]: p["port"] for p in docs["Service"]["spec"]["ports"]}["openai"] == 8080
+    # The operator's label value, or the NVML device name it is made from.
+    for given in ("NVIDIA GeForce RTX 4090", "NVIDIA-GeForce-RTX-4090"):
+        out = tmp_path / given.replace(" ", "_")
+        docs = validated(write_manifests(rtx_repo, out, DeployOptions(
+            image=IMAGE, gpu_product=given, host_path="/srv/qvl/repo")).out)
+        spec, _ = pod(docs)
+        assert spec["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-GeForce-RTX-4090"
+        assert spec["volumes"][0]["hostPath"] == {"path": "/srv/qvl/repo", "type": "Directory"}
+
+
+def test_the_validator_refuses_a_broken_manifest(tmp_path, rtx_repo) -> None:
+    """The schema check above can fail: a wrong type, and an unknown field (strict)."""
+    docs = validated(write_manifests(rtx_repo, tmp_path / "k8s", DeployOptions(IMAGE)).out)
+    deployment = docs["Deployment"]
+    _, container = pod(docs)
+    container["ports"][0]["containerPort"] = "9000"
+    with pytest.raises(kubernetes_validate.ValidationError, match="'9000' is not of type"):
+        kubernetes_validate.validate(deployment, VERSIONS[0], strict=True)
+    container["ports"][0]["containerPort"] = 9000
+    kubernetes_validate.validate(deployment, VERSIONS[0], strict=True)
+    container["readinessProbe"]["httpGet"]["paht"] = "/ready"
+    with pytest.raises(kubernetes_validate.ValidationError, match="paht"):
+        kubernetes_validate.validate(deployment, VERSIONS[0], strict=True)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"image": "a b"}, "--image 'a b' is empty or has blanks"),
+    ({"name": "Qwen_VL"}, "--name 'Qwen_VL' is not a Kubernetes name"),
+    ({"name": "4090d"}, "--name '4090d' is not a Kubernetes name: use a lowercase DNS label "
+     "starting with a letter"),
+    ({"namespace": "-x"}, "--namespace '-x' is not a Kubernetes name"),
+    ({"replicas": 0}, "--replicas 0 must be at least 1"),
+    ({"hpa": True, "replicas": 5}, "--max-replicas 4 is below --replicas 5"),
+    ({"health_port": 8001}, "must differ from each other and from Triton's ports"),
+    ({"openai_port": 70000}, "--openai-port 70000 is not a TCP port"),
+    ({"mount_path": "models"}, "--mount-path 'models' must be an absolute path"),
+    ({"claim": "c", "host_path": "/srv"}, "as --claim or --host-path, not both"),
+    ({"claim_path": "../up"}, "--claim-path '../up' must be a relative path"),
+    ({"gpu_product": "NVIDIA H100 ("}, None),  # the NVML name's punctuation is dropped
+    ({"gpu_product": "-"}, "--gpu-product '-' is not a node label value"),
+    ({"memory_gib": 0}, "--memory-gib 0 must be positive"),
+])
+def test_bad_options_are_refused_naming_the_option(options, message) -> None:
+    if message is None:
+        assert DeployOptions(**{"image": IMAGE, **options}).gpu_product == "NVIDIA H100 ("
+        return
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        DeployOptions(**{"image": IMAGE, **options})
+
+
+def test_what_the_repository_cannot_give_is_refused_with_the_fix(tmp_path, h100_repo) -> None:
+    out = tmp_path / "k8s"
+    with pytest.raises(ConfigError, match=r"written to be served from /models/qwen .* "
+                       "`qvl-trt repo --build ... --mount-path /srv/qwen`"):
+        write_manifests(h100_repo, out, DeployOptions(IMAGE, mount_path="/srv/qwen"))
+    with pytest.raises(ConfigError, match="is below /dev/shm and the engines"):
+        write_manifests(h100_repo, out, DeployOptions(IMAGE, memory_gib=0.5))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="holds no tensorrt_llm model .* trt flavor"):
+        write_manifests(tmp_path / "empty", out, DeployOptions(IMAGE))
+    # A profile that names no node label (a user's older file): the operator must give it.
+    old = shutil.copytree(h100_repo, tmp_path / "old", symlinks=True)
+    info = old / "ensemble" / "1" / BUILD_INFO
+    data = json.loads(info.read_text())
+    del data["profile"]["gpu"]["product"]
+    info.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=r"profile \(h100\) names no gpu.product.*"
+                       "pass --gpu-product LABEL"):
+        write_manifests(old, out, DeployOptions(IMAGE))
+    assert not out.exists() and leftovers(tmp_path) == []
+    done = write_manifests(old, out, DeployOptions(IMAGE, gpu_product="NVIDIA H100 PCIe"))
+    assert done.needs.gpu_product == "NVIDIA-H100-PCIe"
+
+
+def test_deploy_command(tmp_path, rtx_repo) -> None:
+    out = tmp_path / "k8s"
+    args = ("deploy", "--repo", str(rtx_repo), "--image", IMAGE, "--out", str(out))
+    # Neither PyTorch, TensorRT nor the gateway's server packages are needed to write them.
+    light = ("torch", "transformers", "onnx", "tensorrt", "tensorrt_rtx", "tensorrt_llm",
+             "aiohttp", "prometheus_client", "grpc")
+    done = run_cli(*args, "--hpa", block=light)
+    assert done.returncode == 0, done.stderr
+    assert f"apply them with: kubectl apply -f {out}" in done.stdout
+    assert "GPUs: 1" in done.stdout and "NVIDIA-GeForce-RTX-4090-D" in done.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["deployment.yaml", "hpa.yaml", "pdb.yaml",
+                                                    "service.yaml"]
+    assert validated(out)["Deployment"]["metadata"]["name"] == "qvl-trt"
+    # The header states what was derived.
+    assert (out / "deployment.yaml").read_text().startswith("# qvl-trt deploy of repo")
+    again = run_cli(*args)
+    assert again.returncode == 1
+    assert again.stderr.strip().splitlines() == [
+        f"error: {out} exists; pass --force to replace it or pick another --out"]
+    assert run_cli(*args, "--force").returncode == 0
+    assert not (out / "hpa.yaml").exists()  # replaced whole
+    bad = run_cli("deploy", "--repo", str(rtx_repo), "--image", IMAGE, "--out",
+                  str(tmp_path / "bad"), "--name", "Qwen")
+    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1
+    assert "--name 'Qwen' is not a Kubernetes name" in bad.stderr
+    assert not (tmp_path / "bad").exists() and leftovers(tmp_path) == []
