@@ -187,12 +187,12 @@ class PodNeeds:
 def pod_needs(plan: ServePlan, opts: DeployOptions) -> PodNeeds:
     """GPUs, node label, mount path, /dev/shm, CPU and memory of one pod serving `plan`.
 
-    CPU: one core per process that works at once, requested and limited alike: each python
-    model instance (a stub process running one request at a time), each tritonserver rank
-    and the gateway. Memory, likewise requested and limited (a pod of GPU nodes is not to be
-    evicted or squeezed): the memory-backed /dev/shm (its files count against the pod's
-    memory limit; Kubernetes' EmptyDirVolumeSource.sizeLimit), the engines' bytes (each is
-    read into host memory to be deserialized) and an allowance per process (STUB_BYTES,
+    Requests equal limits (the Guaranteed QoS class: the last a node evicts under memory
+    pressure). CPU: one core per process that works at once: each python model instance (a
+    stub process running one request at a time), each tritonserver rank and the gateway.
+    Memory: the memory-backed /dev/shm (its files count against the pod's memory limit;
+    Kubernetes' EmptyDirVolumeSource.sizeLimit), the engines' bytes (each is read into host
+    memory to be deserialized) and an allowance per process (STUB_BYTES,
     CUDA_PROCESS_BYTES), rounded up to GiB.
     """
     repo = plan.repo
@@ -316,8 +316,10 @@ def _deployment(opts: DeployOptions, needs: PodNeeds, meta: dict[str, Any],
     container = {
         "name": "serve",
         "image": opts.image,
-        # args, not command: the image's entrypoint stays in front (the NGC containers' CUDA
-        # base runs /opt/nvidia/nvidia_entrypoint.sh, its setup scripts, then the arguments).
+        # args, not command: the image's entrypoint stays in front. The NGC containers' is
+        # /opt/nvidia/nvidia_entrypoint.sh, which sources entrypoint.d/ (their environment
+        # setup) and then execs its arguments, so serve still gets the kubelet's SIGTERM
+        # (triton-inference-server/server docker/cpu_only/nvidia_entrypoint.sh).
         "args": serve,
         # The gateway's key from an optional Secret: never on a command line, and without
         # the Secret the gateway asks for no key.
