@@ -1,17 +1,18 @@
 """postprocessing's Outbox (qvl_trt/triton/runtime/postprocessing.py): streamed tokens that
 arrive while a response is on its way ride in the next one, nothing is sent after close, a
-cancelled or failed send stops it, and one sender thread serves every request in turn. The
-served token path (text, counts, cancellation) is tested on a real tritonserver in
+cancelled or failed send stops it, and one sender thread serves every request in turn; the
+client's cancel flag is asked at a bounded rate. The served token path (text, counts, cancellation) is tested on a real tritonserver in
 test_triton_server.py and test_triton_runtime_tensorrt_llm_bls.py."""
 
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from qvl_trt.triton.runtime.postprocessing import Outbox
+from qvl_trt.triton.runtime.postprocessing import CANCEL_CHECK_S, Outbox, _polled
 
 WAIT = 30  # seconds; only reached when something is broken
 
@@ -136,3 +137,23 @@ def test_a_pool_already_shut_down_leaves_the_tokens_for_close() -> None:
     outbox = Outbox(GatedSend(), pool)
     outbox.put([1, 2])
     assert outbox.close() == [1, 2]
+
+
+def test_the_cancel_flag_is_asked_at_most_every_period_and_stays_true(monkeypatch) -> None:
+    """Each ask is a round trip to Triton: between asks the last answer holds, and once the
+    client has cancelled it is not asked again (the clock is the test's)."""
+    now = [0.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    asked: list[float] = []
+
+    def is_cancelled() -> bool:
+        asked.append(now[0])
+        return len(asked) > 1  # cancelled from the second ask on
+
+    cancelled = _polled(is_cancelled)
+    seen = []
+    for step in range(12):  # a token every quarter period, for three periods
+        now[0] = 10 + step * CANCEL_CHECK_S / 4
+        seen.append(cancelled())
+    assert asked == [10, 10 + CANCEL_CHECK_S]
+    assert seen == [False] * 4 + [True] * 8

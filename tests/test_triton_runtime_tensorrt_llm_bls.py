@@ -1,11 +1,12 @@
 """Cancellation and the stock backend's request contract on the session's real tritonserver
 (`triton_server` in conftest.py): the reference tensorrt_llm refuses a request that does not
 ask for both outputs, tensorrt_llm_bls answers like the ensemble, and a client that cancels
-its tensorrt_llm_bls stream stops the generation."""
+its tensorrt_llm_bls request, streamed or not, stops the generation."""
 
 from __future__ import annotations
 
 import queue
+import time
 
 import numpy as np
 import pytest
@@ -26,6 +27,10 @@ grpcclient = pytest.importorskip("tritonclient.grpc", reason="needs tritonclient
 __all__ = ["pipeline"]  # the fixture, imported for pytest
 
 TOKENS = "qvl_reference_llm_tokens_total"
+LONG_STORY = "Tell me a long story."
+STARTED = 10  # tokens made before the client cancels
+SETTLE_S = 0.5  # the token counter unchanged this long: nothing is generating
+WAIT_S = 120  # only reached when something is broken
 
 
 def infer_input(name: str, value: np.ndarray, data_type: str):
@@ -68,40 +73,58 @@ def test_tensorrt_llm_bls_answers_like_the_ensemble(triton_server, pipeline) -> 
         grpc_ask(triton_server, prompt="Hi", images=[png(1)[:60]], model=c.TENSORRT_LLM_BLS)
 
 
-def test_a_cancelled_bls_stream_stops_the_generation(triton_server, pipeline) -> None:
+@pytest.fixture(scope="module")
+def long_story(pipeline) -> int:
+    """max_tokens for LONG_STORY, nearly all the room the tiny profile's max_seq_len (1024)
+    leaves its prompt: the greedy answer uses every one, so a request not stopped makes them."""
     from qvl_trt.llm.sampling import FinishReason
 
-    prompt, max_tokens, read = "Tell me a long story.", 400, 3
-    assert expected(pipeline, prompt, max_tokens=max_tokens).finish_reason is FinishReason.LENGTH
-    values = {c.TEXT_INPUT: np.array([[prompt.encode()]], object),
-              c.MAX_TOKENS: np.array([[max_tokens]], np.int32),
-              c.TEMPERATURE: np.array([[0.0]], np.float32), c.STREAM: np.array([[True]])}
-    inputs = [infer_input(k, v, ENSEMBLE_TYPES[k])
-              for k, v in values.items()]
-    before = metric(triton_server, TOKENS)
+    max_tokens = 1000
+    assert expected(pipeline, LONG_STORY, max_tokens=max_tokens).finish_reason is \
+        FinishReason.LENGTH
+    return max_tokens
+
+
+def settled_tokens(server) -> float:
+    """The reference tensorrt_llm's token counter once it stops growing (no request is
+    generating), polled for at most WAIT_S."""
+    deadline = time.monotonic() + WAIT_S
+    last = metric(server, TOKENS)
+    while time.monotonic() < deadline:
+        time.sleep(SETTLE_S)
+        now = metric(server, TOKENS)
+        if now == last:
+            return now
+        last = now
+    raise AssertionError(f"tokens were still being made after {WAIT_S} s")
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "one-response"])
+def test_a_cancelled_bls_request_stops_the_generation(triton_server, pipeline, long_story,
+                                                      stream: bool) -> None:
+    """A client that cancels its request, streamed or not, stops tensorrt_llm: the loop reads
+    tensorrt_llm's tokens as a stream either way and asks for the cancel between them (a
+    request sent with streaming=false would answer only at max_tokens)."""
+    values = {c.TEXT_INPUT: np.array([[LONG_STORY.encode()]], object),
+              c.MAX_TOKENS: np.array([[long_story]], np.int32),
+              c.TEMPERATURE: np.array([[0.0]], np.float32), c.STREAM: np.array([[stream]])}
+    inputs = [infer_input(k, v, ENSEMBLE_TYPES[k]) for k, v in values.items()]
+    before = settled_tokens(triton_server)
     client = grpcclient.InferenceServerClient(triton_server.grpc_url)
-    results: queue.Queue = queue.Queue()
-    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    client.start_stream(callback=lambda result, error: None)
     try:
         client.async_stream_infer(c.TENSORRT_LLM_BLS, inputs)
-        for _ in range(read):
-            result, error = results.get(timeout=120)
-            assert error is None, error
-        received = int(result.as_numpy(c.COMPLETION_TOKENS).reshape(-1)[0])
+        deadline = time.monotonic() + WAIT_S
+        while metric(triton_server, TOKENS) - before < STARTED:
+            assert time.monotonic() < deadline, "the generation did not start"
+            time.sleep(0.02)
     finally:
         client.stop_stream(cancel_requests=True)  # the client's cancel
         client.close()
-    # The server keeps serving; the cancelled request's batch has ended once a later request
-    # is answered (the reference tensorrt_llm runs one batch at a time).
-    follow = grpc_ask(triton_server, prompt="Still there?", max_tokens=4,
+    made = settled_tokens(triton_server) - before
+    print(f"cancelled after {STARTED}+ tokens; the reference tensorrt_llm made {made:.0f} "
+          f"(of max_tokens {long_story})")
+    assert made < long_story // 2, "the generation was not stopped"
+    follow = grpc_ask(triton_server, prompt="Still there?", max_tokens=4, stream=stream,
                       model=c.TENSORRT_LLM_BLS)
     assert follow.text == expected(pipeline, "Still there?", max_tokens=4).text
-    total = metric(triton_server, TOKENS) - before
-    again = metric(triton_server, TOKENS)
-    grpc_ask(triton_server, prompt="Still there?", max_tokens=4, model=c.TENSORRT_LLM_BLS)
-    follow_tokens = metric(triton_server, TOKENS) - again
-    cancelled_tokens = total - follow_tokens
-    print(f"cancelled after {received} tokens received; the reference tensorrt_llm made "
-          f"{cancelled_tokens:.0f} in all, {cancelled_tokens - received:.0f} after the cancel "
-          f"(of max_tokens {max_tokens})")
-    assert received <= cancelled_tokens < max_tokens // 2, "the generation was not stopped"

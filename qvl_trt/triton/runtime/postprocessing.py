@@ -3,7 +3,10 @@ responses into text.
 
 It receives every tensorrt_llm input the earlier steps made and forwards them as a BLS
 request (decoupled: tokens arrive as the engine makes them), the MRoPE table built from the
-position ids first (llm_inputs.py). Each request is read in its own
+position ids first (llm_inputs.py). That request always streams, also for a client that asked
+for one response: the stock backend answers `streaming=false` once, at the end, and only
+between tokens can the loop see that its client went away. A non-streamed answer gathers the
+tokens and goes out in one final response. Each request is read in its own
 worker thread with its own `StreamDecoder`, so a character whose bytes are split across
 streamed responses comes out whole and concurrent requests share nothing. Streamed text is
 sent by the instance's sender thread through each request's `Outbox`: tokens that arrive
@@ -42,15 +45,16 @@ log = logging.getLogger(__name__)
 LLM_REQUESTED_OUTPUTS = (c.OUTPUT_IDS, c.SEQUENCE_LENGTH)
 UNLOADING = "the model is unloading; send the request again once the server is back"
 CANCELLED = object()  # why generate's loop left: the client cancelled
-# How often a streaming request asks whether its client cancelled: each ask is a round trip
-# to Triton (python_backend pb_cancel.cc), which, asked once a token, cost about 7 of the 44
-# context switches per token at 16 streams (scripts/bench_pipeline_overhead.py). The stock
-# backend polls its own requests every cancellation_check_period_ms (100 in our configs).
+# How often a request, streaming or not, asks whether its client cancelled: each ask is a
+# round trip to Triton (python_backend pb_cancel.cc), which, asked once a token, cost about 7
+# of the 44 context switches per token at 16 streams (scripts/bench_pipeline_overhead.py). The
+# stock backend polls its own requests every cancellation_check_period_ms (100 in our configs).
 CANCEL_CHECK_S = 0.05
 # Threads per instance sending streamed responses, each send a round trip to Triton. One
 # serves every request in turn and woke the fewest threads per token (9 context switches per
 # token in the stub against 12-16 with 2-16 senders, at 16 streams); instances add more.
 SENDERS = 1
+TRUE = np.ones((1, 1), bool)  # a BOOL input of one batch row
 
 # run(request, sender): handle one request, sending its responses (the last one final).
 Run = Callable[[Any, Any], None]
@@ -99,12 +103,13 @@ class Postprocessor:
     def generate(self, tensors: Mapping[str, Any], sender: Any,
                  is_cancelled: Callable[[], bool]) -> None:
         """Run tensorrt_llm on `tensors` (its inputs by name as `llm_inputs` makes them, absent
-        optional ones None) and send the text to `sender`, the last response final. Streamed
+        optional ones None) and send the text to `sender`, the last response final; `streaming`
+        among them is the client's choice, tensorrt_llm is always asked to stream. Streamed
         text goes through an `Outbox`: tokens that arrive while a response is being sent ride
-        in the next one. `is_cancelled` (the client's request) is asked before a streamed
-        response, at most every CANCEL_CHECK_S (not streaming: after each tensorrt_llm
-        response); a cancelled request gets an empty final response and tensorrt_llm is
-        stopped."""
+        in the next one; a non-streamed answer is one final response. `is_cancelled` (the
+        client's request) is asked as tokens arrive, at most every CANCEL_CHECK_S (streaming:
+        before a response is sent); a cancelled request gets an empty final response and
+        tensorrt_llm is stopped."""
         final = pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
         row = row_of(tensors, c.POSTPROCESSING_INPUTS)
         streaming = bool(row[c.STREAMING])
@@ -112,18 +117,23 @@ class Postprocessor:
         counts = {c.PROMPT_TOKENS: np.array([row[c.INPUT_LENGTHS]], np.int32)}
         # The id lets a stop request name this request (see _stop).
         request_id = uuid.uuid4().hex
+        # Streaming also for a non-streamed answer: with streaming=false the backend sends its
+        # executor's one result at the end (model_instance_state.cc WaitForResponse), and the
+        # loop would read a cancel only then, the engine busy to max_tokens meanwhile.
         llm_request = pb().InferenceRequest(
             model_name=self.llm_model, request_id=request_id,
-            inputs=[t for t in tensors.values() if t is not None],
+            inputs=[t for t in {**tensors, c.STREAMING: pb().Tensor(c.STREAMING, TRUE)}.values()
+                    if t is not None],
             requested_output_names=list(LLM_REQUESTED_OUTPUTS))
         stream = StreamDecoder(self.token_bytes)
-        outbox = Outbox(self._streamer(stream, sender, counts, is_cancelled) if streaming
+        cancelled = _polled(is_cancelled)
+        outbox = Outbox(self._streamer(stream, sender, counts, cancelled) if streaming
                         else None, self.senders)
         responses = llm_request.exec(decoupled=True)
         early, finished = None, False
         try:
             early = self._read(responses, outbox, end_id,
-                               (lambda: outbox.stopped) if streaming else is_cancelled)
+                               (lambda: outbox.stopped) if streaming else cancelled)
             finished = early is None
         finally:
             rest = outbox.close()  # no response may follow the final one
@@ -157,19 +167,13 @@ class Postprocessor:
         return None
 
     def _streamer(self, stream: StreamDecoder, sender: Any, counts: dict[str, np.ndarray],
-                  is_cancelled: Callable[[], bool]) -> Callable[[list[int]], bool]:
+                  cancelled: Callable[[], bool]) -> Callable[[list[int]], bool]:
         """The outbox's `send` of a streaming request: one response with the text of the
-        tokens read since the last; False once the client has cancelled (asked at most every
-        CANCEL_CHECK_S)."""
-        next_check = 0.0
+        tokens read since the last; False once `cancelled()` (the client's, `_polled`)."""
 
         def send(ids: list[int]) -> bool:
-            nonlocal next_check
-            now = time.monotonic()
-            if now >= next_check:
-                if is_cancelled():
-                    return False
-                next_check = now + CANCEL_CHECK_S
+            if cancelled():
+                return False
             text = stream.push(ids)
             if text:
                 sender.send(self._chunk(text, stream, counts))
@@ -272,10 +276,26 @@ class Outbox:
                 self._lock.notify_all()
 
 
+def _polled(is_cancelled: Callable[[], bool]) -> Callable[[], bool]:
+    """`is_cancelled`, asked at most every CANCEL_CHECK_S (the answer in between: the last
+    one); once true, true (a cancel is never taken back)."""
+    next_check, cancelled = 0.0, False
+
+    def check() -> bool:
+        nonlocal next_check, cancelled
+        now = time.monotonic()
+        if not cancelled and now >= next_check:
+            cancelled = is_cancelled()
+            next_check = now + CANCEL_CHECK_S
+        return cancelled
+
+    return check
+
+
 def _stop_request_inputs() -> list[Any]:
     one = np.ones((1, 1), np.int32)
     values = {c.INPUT_IDS: one, c.INPUT_LENGTHS: one, c.REQUEST_OUTPUT_LEN: one,
-              c.STOP_REQUEST: np.ones((1, 1), bool)}
+              c.STOP_REQUEST: TRUE}
     return [pb().Tensor(name, value) for name, value in values.items()]
 
 

@@ -6,7 +6,8 @@ Why it exists: Triton's ensemble scheduler passes a client's cancel only to step
 started (core ensemble_scheduler.cc; server issue #6739), so a cancelled ensemble request
 keeps its postprocessing step, and tensorrt_llm, generating to max_tokens. Here the request
 the client cancels is this model's own: `request.is_cancelled()` turns true (the loop asks
-it before a streamed response, at most every CANCEL_CHECK_S) and tensorrt_llm is stopped.
+it as tokens arrive, at most every CANCEL_CHECK_S, for a non-streamed answer too: tensorrt_llm
+always streams to the loop) and tensorrt_llm is stopped.
 """
 
 from __future__ import annotations
