@@ -129,6 +129,24 @@ def test_unparsable_onnx_is_a_build_error(tmp_path, tiny_ckpt, tiny_vision_onnx)
 
 
 @needs_rtx
+def test_uint8_input_cast_to_int32_is_refused(tmp_path, tiny_ckpt, tiny_vision_onnx) -> None:
+    """TensorRT-RTX builds a network whose uint8 input is cast to int32 (the vision graph was
+    once made so); full TensorRT documents no such cast, so the build refuses it whichever
+    edition builds."""
+    onnx = pytest.importorskip("onnx")
+    folder = _folder_with_onnx(tmp_path, tiny_vision_onnx("float16"))
+    path = folder / "onnx" / "model.onnx"
+    model = onnx.load(str(path), load_external_data=False)
+    cast = next(n for n in model.graph.node if "pixel_values" in n.input)
+    next(a for a in cast.attribute if a.name == "to").i = onnx.TensorProto.INT32
+    onnx.save(model, str(path))
+    with pytest.raises(BuildError, match="network of .*model.onnx: uint8 input 'pixel_values' "
+                                         "feeds Cast to int32; full TensorRT takes"):
+        build_vision_engine(folder, _config(open_checkpoint(tiny_ckpt)))
+    assert not (folder / ENGINE_NAME).exists()
+
+
+@needs_rtx
 def test_edition_checks_before_export() -> None:
     with pytest.raises(ConfigError, match="compute capability 9.0.*--trt-edition tensorrt"):
         check_edition_here(TrtEdition.TENSORRT_RTX, ("9.0",), lambda: "resume here")

@@ -6,15 +6,17 @@ onnxruntime on six image sizes, only one of them the traced size. Graphs for Ten
 from __future__ import annotations
 
 import collections
+import re
 
 import numpy as np
 import pytest
 
 from qvl_trt.checkpoint import open_checkpoint
 from qvl_trt.errors import BuildError, ConfigError
+from qvl_trt.mm.pixels import PixelConfig
 from qvl_trt.profiles import TrtEdition
 from qvl_trt.vision.export import EXAMPLE_GRID, OPSETS, check_onnx_io, export_vision_onnx
-from qvl_trt.vision.spec import vision_graph_spec
+from qvl_trt.vision.spec import GraphSpec, GraphTensor, vision_graph_spec
 from qvl_trt.vision.validate import (
     DEFAULT_GRIDS,
     TOLERANCES,
@@ -151,6 +153,84 @@ def test_graph_structure(tiny_ckpt, tiny_vision_onnx, dtype, edition) -> None:
         half = [i for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT16]
         assert sum(int(np.prod(i.dims)) for i in half) > 0.9 * sum(
             int(np.prod(i.dims)) for i in model.graph.initializer)
+
+
+@pytest.mark.parametrize("dtype,edition", [("float32", RTX), ("float16", TRT)])
+def test_graph_normalises_pixels_as_the_processor_does(tiny_ckpt, tiny_vision_onnx, dtype,
+                                                       edition) -> None:
+    """What the patch embedding gets from the graph, run by onnxruntime on every uint8 value
+    in every column, is the processor's float pixel to the last bit (cast to the graph's
+    dtype)."""
+    import onnxruntime as ort
+
+    ckpt = open_checkpoint(tiny_ckpt)
+    model = onnx.load(str(tiny_vision_onnx(dtype, edition).path))
+    embed = next(n for n in model.graph.node if n.op_type in ("Gemm", "MatMul"))
+    head = onnx.utils.Extractor(model).extract_model(["pixel_values"], [embed.input[0]])
+    session = ort.InferenceSession(head.SerializeToString(), providers=["CPUExecutionProvider"])
+    rows = np.arange(256)[:, None] + np.arange(ckpt.vision.patch_dim)[None, :]
+    pixels = (rows % 256).astype(np.uint8)  # every column sees all 256 values
+    (got,) = session.run(None, {"pixel_values": pixels})
+    want = PixelConfig.of_checkpoint(ckpt).normalise(pixels).astype(got.dtype)
+    assert got.dtype == np.dtype(dtype) and got.tobytes() == want.tobytes()
+
+
+def _toy_graph(path, *nodes, initializers=()) -> None:
+    """A graph from uint8 `pixels` [n, 4] to float32 `y` [n, 4] made of `nodes`."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        list(nodes), "toy", [helper.make_tensor_value_info("pixels", TensorProto.UINT8,
+                                                           ["n", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])],
+        initializer=list(initializers))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+
+
+def _cast(x: str, to: int, out: str):
+    return onnx.helper.make_node("Cast", [x], [out], to=to)
+
+
+_TOY_SPEC = GraphSpec((GraphTensor("pixels", "uint8", ("n", 4)),),
+                      (GraphTensor("y", "float32", ("n", 4)),))
+
+
+def test_uint8_input_may_feed_one_cast_to_float32(tmp_path) -> None:
+    _toy_graph(tmp_path / "ok.onnx", _cast("pixels", onnx.TensorProto.FLOAT, "y"))
+    check_onnx_io(tmp_path / "ok.onnx", _TOY_SPEC)
+
+
+@pytest.mark.parametrize("uses,found", [
+    ("int32", "Cast to int32"),  # TensorRT-RTX builds it; full TensorRT documents no such cast
+    ("float16", "Cast to float16"),
+    ("reshape", "Reshape"),  # no layer but a cast may take uint8 (NVIDIA/TensorRT#3985)
+    ("two casts", "Cast to float32, Cast to float32"),
+    ("in branches", "Cast to float32, Cast to float32"),  # each If branch casts it
+])
+def test_uint8_input_feeding_anything_else_is_refused(tmp_path, uses, found) -> None:
+    from onnx import TensorProto, helper, numpy_helper
+
+    branch = helper.make_graph([_cast("pixels", TensorProto.FLOAT, "t")], "branch", [],
+                               [helper.make_tensor_value_info("t", TensorProto.FLOAT, ["n", 4])])
+    nodes = {
+        "int32": [_cast("pixels", TensorProto.INT32, "i"), _cast("i", TensorProto.FLOAT, "y")],
+        "float16": [_cast("pixels", TensorProto.FLOAT16, "h"),
+                    _cast("h", TensorProto.FLOAT, "y")],
+        "reshape": [onnx.helper.make_node("Reshape", ["pixels", "shape"], ["r"]),
+                    _cast("r", TensorProto.FLOAT, "y")],
+        "two casts": [_cast("pixels", TensorProto.FLOAT, "a"),
+                      _cast("pixels", TensorProto.FLOAT, "b"),
+                      onnx.helper.make_node("Add", ["a", "b"], ["y"])],
+        "in branches": [onnx.helper.make_node("If", ["cond"], ["y"], then_branch=branch,
+                                              else_branch=branch)],
+    }[uses]
+    constants = [numpy_helper.from_array(np.array([-1, 4], np.int64), "shape"),
+                 numpy_helper.from_array(np.array(True), "cond")]
+    _toy_graph(tmp_path / "bad.onnx", *nodes, initializers=constants)
+    with pytest.raises(BuildError, match=f"^{re.escape(str(tmp_path / 'bad.onnx'))}: uint8 "
+                                         f"input 'pixels' feeds {found}; full TensorRT takes a "
+                                         "uint8 input only into one Cast to float32 .*re-export"):
+        check_onnx_io(tmp_path / "bad.onnx", _TOY_SPEC)
 
 
 def test_bfloat16_export(tiny_ckpt, tiny_vision_onnx) -> None:

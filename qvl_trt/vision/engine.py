@@ -40,7 +40,7 @@ from ..errors import BuildError, ConfigError, StageUnavailable
 from ..hashing import FileHasher
 from ..profiles import TrtEdition, sm_digits
 from ..typed_config import load_dataclass, to_jsonable
-from .spec import GraphSpec, GraphTensor, PatchRange
+from .spec import GraphSpec, GraphTensor, PatchRange, check_uint8_input
 
 # Fixed names: the child runs this module as __main__.
 log = logging.getLogger("qvl_trt.vision.engine")
@@ -186,6 +186,7 @@ def _build_in_this_process(folder: Path, config: EngineBuildConfig) -> None:
     if not parser.parse_from_file(str(onnx_path)):
         errors = "; ".join(str(parser.get_error(i)) for i in range(min(parser.num_errors, 5)))
         raise BuildError(f"{name} cannot parse {onnx_path}: {errors}")
+    _check_uint8_inputs(trt, network, f"{name} network of {onnx_path}")
     builder_config = builder.create_builder_config()
     builder_config.builder_optimization_level = config.builder_optimization_level
     builder_config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE,
@@ -230,6 +231,25 @@ def _build_in_this_process(folder: Path, config: EngineBuildConfig) -> None:
     log.info("wrote %s (%.1f MiB) in %.1f s, peak RSS %.0f MiB", ENGINE_NAME,
              engine.stat().st_size / 2**20, seconds,
              resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def _check_uint8_inputs(trt, network, where: str) -> None:
+    """Hold the parsed network's uint8 inputs to full TensorRT's rule (check_uint8_input)
+    with either edition: TensorRT-RTX alone would build more than full TensorRT does."""
+    layers = [network.get_layer(i) for i in range(network.num_layers)]
+    for tensor in (network.get_input(i) for i in range(network.num_inputs)):
+        if tensor.dtype != trt.uint8:
+            continue
+        uses: list[tuple[str, str | None]] = [("graph output", None)] * tensor.is_network_output
+        for layer in layers:
+            to = None
+            if layer.type == trt.LayerType.CAST:
+                out = layer.get_output(0).dtype
+                to = next((d.value for d in Dtype if getattr(trt, d.value) == out),
+                          out.name.lower())
+            names = [t.name for t in map(layer.get_input, range(layer.num_inputs)) if t]
+            uses += [("Cast" if to else layer.type.name, to)] * names.count(tensor.name)
+        check_uint8_input(where, tensor.name, uses)
 
 
 def _attach_timing_cache(builder_config, path: Path):

@@ -29,7 +29,14 @@ from ..mm.geometry import MIN_BLOCKS
 from ..mm.pixels import PixelConfig
 from ..profiles import TrtEdition
 from ..typed_config import to_jsonable
-from .spec import MERGE_BLOCKS, PATCHES, GraphSpec, vision_graph_spec
+from .spec import (
+    MERGE_BLOCKS,
+    PATCHES,
+    UINT8_INPUT_CAST,
+    GraphSpec,
+    check_uint8_input,
+    vision_graph_spec,
+)
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +82,8 @@ def export_inputs(ckpt: Checkpoint, dtype: Dtype, edition: TrtEdition, hash_file
             "spec": to_jsonable(vision_graph_spec(ckpt.vision, dtype)),
             # The graph normalises the 8-bit pixels with the processor's table.
             "pixel_lut": fingerprint(pixels.lut.tolist()),
+            # The uint8 pixels' one cast: an export made before that rule is not reused.
+            "pixel_cast": UINT8_INPUT_CAST.value,
             "vision_config": ckpt.config.get("vision_config", {}),
             "weights": {f: hash_file(ckpt.path / f) for f in files}}
 
@@ -141,7 +150,8 @@ def read_export_meta(folder: Path) -> dict[str, Any] | None:
 
 def check_onnx_io(path: Path, spec: GraphSpec) -> None:
     """Raise BuildError unless the graph's inputs/outputs have the spec's names, dtypes and
-    ranks (static dims must match; dynamic ones must be symbolic)."""
+    ranks (static dims must match; dynamic ones must be symbolic) and each uint8 input feeds
+    one cast to float32, all full TensorRT takes (spec.check_uint8_input)."""
     onnx = require("onnx", extra="export", why="read the ONNX graph")
     graph = onnx.load(str(path), load_external_data=False).graph
     for kind, values, specs in (("input", graph.input, spec.inputs),
@@ -153,6 +163,32 @@ def check_onnx_io(path: Path, spec: GraphSpec) -> None:
         if got != want:
             raise BuildError(f"{path}: graph {kind}s {got} differ from the vision spec {want}; "
                              "the export is broken: report it with `qvl-trt doctor` output")
+    for value in graph.input:
+        if value.type.tensor_type.elem_type == onnx.TensorProto.UINT8:
+            check_uint8_input(str(path), value.name, _uses(graph, value.name))
+
+
+def _uses(graph, name: str) -> list[tuple[str, str | None]]:
+    """Each use of the value `name` in `graph` and its subgraphs, as check_uint8_input takes
+    them."""
+    uses: list[tuple[str, str | None]] = [("graph output", None)
+                                          for o in graph.output if o.name == name]
+    for node in _nodes(graph):
+        to = None
+        if node.op_type == "Cast" and node.domain in ("", "ai.onnx"):
+            cast = next(a.i for a in node.attribute if a.name == "to")
+            to = _ONNX_DTYPES.get(cast, f"ONNX type {cast}")
+        uses += [(node.op_type, to)] * list(node.input).count(name)
+    return uses
+
+
+def _nodes(graph) -> Iterator[Any]:
+    """The graph's nodes and those of the subgraphs in their attributes (If, Loop, Scan)."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                yield from _nodes(sub)
 
 
 @contextlib.contextmanager

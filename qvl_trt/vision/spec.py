@@ -6,10 +6,12 @@ they are in triton/contract.py. Light (no torch, no TensorRT)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..checkpoint import VisionDims
 from ..dtypes import Dtype, pick
+from ..errors import BuildError
 from ..mm.geometry import MIN_BLOCKS, smart_resize
 from ..profiles import BuildLimits
 
@@ -20,6 +22,13 @@ ENGINE_DTYPES = (Dtype.FLOAT16, Dtype.BFLOAT16)
 
 # The pixels' dtype at every step: the resized image's 8-bit values (qvl_trt/mm/pixels.py).
 PIXEL_DTYPE = "uint8"
+# Full TensorRT takes a uint8 network input only into a cast to float: "kUINT8 conversions are
+# only supported for {kFLOAT, kHALF}", "not supported for {kINT8, kINT32, kBOOL}" (the
+# DataType::kUINT8 comment, include/NvInferRuntimeBase.h); "All UINT8 inputs must directly feed
+# into a cast layer", not even a reshape (NVIDIA/TensorRT issue #3985). TensorRT-RTX 1.7 builds
+# a uint8 -> int32 cast too, so its build proves nothing: the graph's uint8 input feeds one
+# cast to this, and both the export check and the engine build refuse anything else.
+UINT8_INPUT_CAST = Dtype.FLOAT32
 
 # Named dynamic axes.
 PATCHES = "num_patches"
@@ -60,6 +69,17 @@ class GraphSpec:
 
     def tensor(self, name: str) -> GraphTensor:
         return next(t for t in self.inputs + self.outputs if t.name == name)
+
+
+def check_uint8_input(where: str, name: str, uses: Sequence[tuple[str, str | None]]) -> None:
+    """Raise BuildError unless the uint8 input `name` has one use, a cast to
+    UINT8_INPUT_CAST. `uses`: per use, (operation, the dtype name a cast makes or None)."""
+    if list(uses) == [("Cast", UINT8_INPUT_CAST.value)]:
+        return
+    found = ", ".join(op if to is None else f"{op} to {to}" for op, to in uses) or "nothing"
+    raise BuildError(f"{where}: uint8 input {name!r} feeds {found}; full TensorRT takes a uint8 "
+                     f"input only into one Cast to {UINT8_INPUT_CAST} (NvInferRuntimeBase.h, "
+                     "DataType::kUINT8): re-export the vision graph with this qvl-trt version")
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ Numerically it is the Hugging Face tower (`Qwen3VLVisionModel`) for one image, f
 pixels that HF's processor rescales and normalises: the graph does that itself, by looking
 each value up in the processor's fp32 table (qvl_trt.mm.pixels.PixelConfig.lut), which gives
 HF's float pixels to the last bit, before the patch embedding casts them to the graph's
-dtype (as a float input would be). Precision
+dtype (as a float input would be). The table index goes through float32 (exact for 0..255)
+because full TensorRT casts a uint8 input to nothing else (spec.UINT8_INPUT_CAST); a lookup,
+not arithmetic, keeps the values exact whatever a backend's float math fuses. Precision
 policy of a reduced-precision graph (the graph must carry it: TensorRT-RTX and strongly typed
 TensorRT take precision from the graph, not from builder flags): LayerNorms run in fp32
 between explicit casts; the position-table weighting and the rotary rotation of q/k run in
@@ -28,6 +30,7 @@ from ..dtypes import Dtype
 from ..errors import CheckpointError
 from ..mm.pixels import PixelConfig
 from ..mm.vision_index import vision_index_tensors
+from .spec import UINT8_INPUT_CAST
 
 LAYER_NORM_EPS = 1e-6
 DEFAULT_ROPE_THETA = 10_000.0
@@ -139,7 +142,8 @@ class VisionTower(nn.Module):
             -> tuple[torch.Tensor, ...]:
         dtype = self.patch_embed.weight.dtype
         n = pixel_values.shape[0]
-        index = (pixel_values.to(torch.int32) + self.lut_offsets).reshape(-1)
+        pixels = pixel_values.to(UINT8_INPUT_CAST.torch()).to(torch.int32)
+        index = (pixels + self.lut_offsets).reshape(-1)
         x = self.patch_embed(self.pixel_lut.index_select(0, index).reshape(n, -1).to(dtype))
         # Bilinear resampling of the learned position table: 4 weighted rows per patch.
         rows = self.pos_embed.index_select(0, pos_interp_indices.reshape(-1))
