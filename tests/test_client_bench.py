@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 from rich.console import Console
 
+from qvl_trt.cli.console import bench_tables, infer_json, infer_line
 from qvl_trt.client.bench import (
     BenchReport,
     BenchSettings,
@@ -34,7 +35,6 @@ from qvl_trt.client.generate import (
     request_fields,
 )
 from qvl_trt.client.metrics import RequestRecord, level_metrics
-from qvl_trt.console import bench_tables, infer_json, infer_line
 from qvl_trt.errors import InputError
 from qvl_trt.triton import contract as c
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from qvl_trt.cli.console import verify_json, verify_line
 from qvl_trt.client.verify import Case, compare, first_divergence, load_cases, verify
-from qvl_trt.console import verify_json, verify_line
 from qvl_trt.errors import InputError
 
 

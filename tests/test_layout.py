@@ -58,7 +58,7 @@ LAYERS = (
     ("qvl_trt.gateway",),
     ("qvl_trt.deploy",),
     ("qvl_trt.build",),
-    ("qvl_trt.console", "qvl_trt.cli"),
+    ("qvl_trt.cli",),
     ("qvl_trt.testing",),
 )
 

@@ -11,25 +11,25 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
-from .client.metrics import (
+from ..client.metrics import (
     output_token_throughput_per_user,
     request_latency,
     time_to_first_token,
 )
-from .machine import Report
-from .plan import GIB, Plan, TypicalRequest
-from .profiles import GpuProfile
-from .typed_config import to_jsonable
+from ..machine import Report
+from ..plan import GIB, Plan, TypicalRequest
+from ..profiles import GpuProfile
+from ..typed_config import to_jsonable
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from .build import BuildResult
-    from .client.bench import Measurement
-    from .client.metrics import LevelMetrics
-    from .client.verify import CaseResult
-    from .triton.serve_plan import Readiness
-    from .triton.validate import ValidationReport
+    from ..build import BuildResult
+    from ..client.bench import Measurement
+    from ..client.metrics import LevelMetrics
+    from ..client.verify import CaseResult
+    from ..triton.serve_plan import Readiness
+    from ..triton.validate import ValidationReport
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)

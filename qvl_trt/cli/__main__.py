@@ -1,0 +1,5 @@
+"""`python -m qvl_trt.cli`: the python entry the gateway process and tests run."""
+
+from . import main
+
+main()

@@ -1,0 +1,265 @@
+"""Commands of the "Build" panel: plan, build (and its single steps) and write the
+repository."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..dtypes import Dtype
+from ..errors import ConfigError
+from ..profiles import TrtEdition
+from ..triton.model_configs import Flavor
+from .app import (
+    JsonOpt,
+    ModelOpt,
+    command,
+)
+
+
+@command(panel="Build")
+def plan(model: ModelOpt, gpu: Annotated[str, typer.Option(
+            "--gpu", "-g", help="GPU profile name (see `qvl-trt gpus`), path to a profile "
+            ".toml, or `all`: one row per shipped profile (exit 0 whatever fits).")],
+         json_out: JsonOpt = False) -> None:
+    """Check that a checkpoint fits a GPU profile: weights, KV cache, prompt table, capacity."""
+    from ..checkpoint import open_checkpoint
+    from ..plan import check_fits, make_plan, plan_every_profile
+    from ..profiles import load_profile
+    from ..typed_config import to_jsonable
+    from .console import out, plan_all_notes, plan_all_table, plan_table, print_json
+
+    ckpt = open_checkpoint(model)
+    if gpu.strip().lower() == "all":
+        rows = plan_every_profile(ckpt)
+        if json_out:
+            print_json([{**to_jsonable(p), "fits": p.fits, "resident_bytes": p.resident_bytes}
+                        for _, p in rows])
+        else:
+            out.print(plan_all_table(rows))
+            for note in plan_all_notes(rows):
+                out.print(note, markup=False, highlight=False)
+        return
+    profile = load_profile(gpu)
+    result = make_plan(ckpt, profile)
+    if json_out:
+        print_json({**to_jsonable(result), "fits": result.fits})
+    else:
+        out.print(plan_table(result, profile))
+    check_fits(result)
+
+
+@command(panel="Build")
+def build(
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            "--model", "-m", help="Hugging Face Qwen3-VL checkpoint folder."
+        ),
+    ] = None,
+    gpu: Annotated[
+        str | None,
+        typer.Option(
+            "--gpu", "-g", help="GPU profile name or .toml path."
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", "-o", help="Build folder [default: build/GPU]."
+        ),
+    ] = None,
+    only: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated stages to run (inspect and plan always run; llm runs "
+            "llm_checkpoint too): vision,llm,repo,manifest."
+        ),
+    ] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            help="Continue the build in this folder with the options in its manifest.json."
+        ),
+    ] = None,
+    trt_edition: Annotated[
+        TrtEdition | None,
+        typer.Option(
+            help="TensorRT edition for the vision engine [default: the profile's]."
+        ),
+    ] = None,
+    vision_dtype: Annotated[
+        Dtype,
+        typer.Option(
+            help="Vision engine precision: float16, or bfloat16 for checkpoints whose "
+            "activations overflow fp16."
+        ),
+    ] = Dtype.FLOAT16,
+    tp_size: Annotated[int, typer.Option(help="Tensor-parallel size of the LLM engine.")] = 1,
+    force: Annotated[
+        bool, typer.Option(help="Rebuild stages whose inputs did not change.")
+    ] = False,
+) -> None:
+    """Build engines and the Triton repository: inspect -> plan -> vision -> llm_checkpoint ->
+    llm -> repo -> manifest. Unchanged stages are skipped; exit code 3 means a stage needs
+    another machine (the message says which command finishes it)."""
+    from ..build import BuildOptions, Stage, resume_build, run_build
+    from ..profiles import profile_argument
+    from .console import build_line
+    from .console import out as console
+
+    started = time.perf_counter()
+    stages = Stage.parse_list(only) if only else None
+    if resume:
+        if model or gpu:
+            raise ConfigError(
+                "--resume takes its options from the manifest; drop --model and --gpu"
+            )
+        result = resume_build(resume, only=stages, force=force)
+    else:
+        if model is None or gpu is None:
+            raise ConfigError("build needs --model and --gpu (or --resume DIR)")
+        options = BuildOptions(
+            model=str(model.resolve()),
+            gpu=profile_argument(gpu),
+            trt_edition=trt_edition,
+            vision_dtype=vision_dtype,
+            tp_size=tp_size,
+        )
+        result = run_build(options, out or Path("build") / Path(gpu).stem, only=stages, force=force)
+    console.print(build_line(result, time.perf_counter() - started))
+
+
+@command(panel="Build")
+def convert(
+    model: ModelOpt,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the TensorRT-LLM "
+                                      "checkpoint into.", show_default=False)],
+    gpu: Annotated[str | None, typer.Option(
+        "--gpu", "-g", help="GPU profile whose limits.max_seq_len bounds "
+        "max_position_embeddings.")] = None,
+    max_seq_len: Annotated[int | None, typer.Option(
+        help="Engine max_seq_len (instead of --gpu).")] = None,
+    dtype: Annotated[Dtype, typer.Option(help="float16, bfloat16 (or float32 for tests).")]
+    = Dtype.FLOAT16,
+    tp_size: Annotated[int, typer.Option(help="Tensor-parallel ranks.")] = 1,
+    force: Annotated[bool, typer.Option(help="Replace an existing --out folder.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Convert the language model of an HF Qwen3-VL checkpoint into a TensorRT-LLM checkpoint
+    (config.json + rank{N}.safetensors), streaming one tensor at a time."""
+    from ..llm.convert import convert_checkpoint, resolve_max_seq_len
+    from .console import out as console
+    from .console import print_json
+
+    result = convert_checkpoint(model, out, max_seq_len=resolve_max_seq_len(gpu, max_seq_len),
+                                dtype=dtype, tp_size=tp_size, force=force)
+    if json_out:
+        print_json({"out": str(result.out), "rank_files": result.rank_files,
+                    "total_bytes": result.total_bytes, "seconds": round(result.seconds, 3),
+                    "config": result.config})
+        return
+    console.print(f"converted {model} -> {result.out}: {result.config.dtype}, TP "
+                  f"{result.config.tp_size}, max_position_embeddings "
+                  f"{result.config.max_position_embeddings}, "
+                  f"{result.total_bytes / 2**30:.2f} GiB in {result.seconds:.1f} s")
+
+
+@command(panel="Build")
+def matrix(
+    model: ModelOpt,
+    gpus: Annotated[str, typer.Option(help="`all`, or comma-separated profile names or "
+                                      ".toml paths.")] = "all",
+    build_root: Annotated[str, typer.Option(help="Folder holding one build folder per "
+                                            "profile.")] = "build",
+) -> None:
+    """Print a CI job matrix as JSON: one job per GPU profile with runner labels by compute
+    capability, container image and the build's cache key (computed without building).
+    GitHub Actions: `strategy.matrix: ${{ fromJSON(...) }}`; see .github/workflows/engines.yml."""
+    import json
+
+    from ..build.matrix import ci_matrix
+
+    typer.echo(json.dumps(ci_matrix(model, gpus, build_root=build_root), indent=2))
+
+
+@command("export-vision", panel="Build")
+def export_vision(
+    model: ModelOpt,
+    dtype: Annotated[Dtype, typer.Option(
+        help="float16 or bfloat16 (what the engine is built from), or float32 (the reference "
+        "graph).")] = Dtype.FLOAT16,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Folder to create for model.onnx + its weights "
+        "[default: build/vision-onnx-DTYPE].", show_default=False)] = None,
+    trt_edition: Annotated[TrtEdition, typer.Option(
+        help="The TensorRT edition the graph is for: tensorrt_rtx writes attention as the "
+        "ONNX Attention op (opset 23), tensorrt as MatMul-Softmax-MatMul (opset 18, "
+        "TensorRT 10.13).")] = TrtEdition.TENSORRT_RTX,
+) -> None:
+    """Export the vision tower to ONNX with a dynamic patch count, then check it against the
+    Hugging Face tower: one line per output with the max difference and PASS/FAIL."""
+    from ..checkpoint import open_checkpoint
+    from ..vision.validate import export_and_validate
+    from .console import out as console
+
+    onnx, validation = export_and_validate(
+        open_checkpoint(model), out or Path("build") / f"vision-onnx-{dtype}", dtype=dtype,
+        edition=trt_edition)
+    console.print(f"validation vs Hugging Face ({validation.graph}):", highlight=False)
+    for line in validation.lines():
+        console.print(f"  {line}", highlight=False)
+    validation.raise_if_failed()
+    console.print(f"exported {onnx.path} ({dtype}, opset {onnx.opset}, dynamic "
+                  f"num_patches) in {onnx.seconds:.1f} s", highlight=False)
+
+
+@command(panel="Build")
+def repo(
+    build: Annotated[list[str], typer.Option(
+        "--build", "-b", help="Build folder, or NAME=FOLDER; repeat for several builds in one "
+        "repository (each gets its own model names: NAME, NAME_preprocessing, ...).",
+        show_default=False)],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Repository folder to write.",
+                                      show_default=False)],
+    flavor: Annotated[Flavor, typer.Option(
+        help="trt: vision engine + stock tensorrtllm backend; reference: PyTorch vision tower "
+        "and reference decoder (any machine, CPU included).")] = Flavor.TRT,
+    mount_path: Annotated[str | None, typer.Option(
+        help="Where the repository will be mounted when served (the tensorrtllm backend takes "
+        "an absolute engine path) [default: --out].")] = None,
+    default_max_tokens: Annotated[int, typer.Option(
+        help="max_tokens of requests that give none.")] = 512,
+    vision_cache_mib: Annotated[int, typer.Option(
+        help="Size of the vision encoder's cache of image embeddings.")] = 512,
+    allow_image_host: Annotated[list[str] | None, typer.Option(
+        help="Host whose http(s) image URLs the server may fetch (repeatable) [default: none, "
+        "images come as data URIs or bytes].")] = None,
+    postprocessing_instances: Annotated[int | None, typer.Option(
+        min=1, help="Instances of postprocessing and tensorrt_llm_bls, which turn the "
+        "engine's tokens into streamed text [default: one per 4 cores of this machine, 1 to "
+        "4].")] = None,
+    force: Annotated[bool, typer.Option(help="Replace an existing --out folder.")] = False,
+) -> None:
+    """Write a Triton model repository from one or more build folders."""
+    from ..triton.repository import BuildInput, RepoOptions, write_repo
+    from .console import out as console
+
+    counts = {} if postprocessing_instances is None else {
+        "postprocessing_instances": postprocessing_instances}
+    options = RepoOptions(flavor=flavor, mount_path=mount_path,
+                          default_max_tokens=default_max_tokens,
+                          vision_cache_mib=vision_cache_mib,
+                          image_url_allow_list=tuple(allow_image_host or ()), **counts)
+    result = write_repo([BuildInput.parse(b) for b in build], out, options, force=force)
+    ensembles = ", ".join(b.names.ensemble for b in result.builds)
+    console.print(f"wrote the {flavor.value} repository {result.path}: {len(result.models)} "
+                  f"models; ensemble{'s' if len(result.builds) > 1 else ''}: {ensembles}")
+    if flavor is Flavor.TRT:
+        console.print("write its serving image recipe (the TensorRT-LLM container plus what "
+                      f"its models import) with: qvl-trt image --repo {result.path} --out "
+                      f"{result.path.parent / 'image'}", highlight=False, markup=False,
+                      soft_wrap=True)

@@ -1,0 +1,445 @@
+"""Commands of the "Serve and measure" panel: serve, talk to and measure a deployment, and
+package it (image, Kubernetes)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..errors import ConfigError
+from .app import (
+    JsonOpt,
+    ServedModelOpt,
+    UrlOpt,
+    VideoFpsOpt,
+    VideoOpt,
+    command,
+)
+
+
+@command(panel="Serve and measure")
+def infer(
+    prompt: Annotated[str, typer.Option(help="The question.", show_default=False)],
+    url: UrlOpt = "grpc://127.0.0.1:8001",
+    image: Annotated[list[Path] | None, typer.Option(
+        help="Image file (repeat for several).")] = None,
+    video: VideoOpt = None,
+    video_fps: VideoFpsOpt = None,
+    stream: Annotated[bool, typer.Option(help="Print the answer as it is generated.")] = False,
+    max_tokens: Annotated[int, typer.Option(help="Most tokens to generate.")] = 128,
+    temperature: Annotated[float, typer.Option(help="0 is greedy.")] = 0.0,
+    top_p: Annotated[float | None, typer.Option(help="Nucleus sampling.")] = None,
+    top_k: Annotated[int | None, typer.Option(help="Top-k sampling.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
+    stop: Annotated[list[str] | None, typer.Option(help="Stop string (repeatable).")] = None,
+    served_model: ServedModelOpt = "ensemble",
+    json_out: JsonOpt = False,
+) -> None:
+    """Ask a deployment one question about images and videos; prints the answer, then time to
+    first token, tokens/s and token counts."""
+    from ..client.bench import ask
+    from ..client.generate import GenerateRequest
+    from ..mm.image_input import read_image_files
+    from .console import infer_json, infer_line, print_json
+    from .console import out as console
+
+    req = GenerateRequest(prompt, tuple(read_image_files(image or [])), max_tokens,
+                          temperature, top_p, top_k, seed, tuple(stop or ()), stream,
+                          tuple(read_image_files(video or [], option="--video")), video_fps)
+
+    def show(response) -> None:
+        console.print(response.text, end="", markup=False, highlight=False)
+
+    answer = ask(url, req, model=served_model,
+                 on_response=show if stream and not json_out else None)
+    answer.raise_if_failed()
+    if json_out:
+        print_json(infer_json(answer))
+        return
+    console.print(answer.text if not stream else "", markup=False, highlight=False)
+    console.print(infer_line(answer))
+
+
+@command(panel="Serve and measure")
+def bench(
+    url: UrlOpt = "grpc://127.0.0.1:8001",
+    images: Annotated[Path | None, typer.Option(help="Folder of images, sent in turn.")]
+    = None,
+    synthetic: Annotated[str | None, typer.Option(
+        help="WIDTHxHEIGHT: random-noise images, a different one per request.")] = None,
+    synthetic_video: Annotated[str | None, typer.Option(
+        help="WIDTHxHEIGHTxFRAMES: MP4 clips of moving colour ramps at 2 fps (the model sees "
+             "every frame), a different one per request.")] = None,
+    videos_per_request: Annotated[int, typer.Option(
+        help="Videos per request (with --synthetic-video).")] = 1,
+    seed: Annotated[int | None, typer.Option(
+        help="Repeat the --synthetic images and videos of a run with this seed (default: new "
+             "ones every run, so the server's vision cache does not answer them).")] = None,
+    concurrency: Annotated[str, typer.Option(help="Requests in flight, per level.")] = "1,4,16",
+    requests: Annotated[int, typer.Option(help="Requests per concurrency level.")] = 32,
+    max_tokens: Annotated[int, typer.Option(help="Tokens generated per request.")] = 128,
+    prompt: Annotated[str, typer.Option(help="The question of every request.")]
+    = "Describe this image.",
+    images_per_request: Annotated[int, typer.Option(help="Images per request.")] = 1,
+    warmup: Annotated[int, typer.Option(help="Unmeasured requests sent first.")] = 1,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for bench.json, bench.csv "
+                                      "and bench.png.")] = Path("bench-results"),
+    allow_remote: Annotated[bool, typer.Option(help="Allow a server that is not on this "
+                                               "machine.")] = False,
+    served_model: ServedModelOpt = "ensemble",
+) -> None:
+    """Benchmark a deployment at several concurrencies: TTFT, inter-token latency, request
+    latency, throughput (genai-perf's definitions, see the README). Writes JSON, CSV and a
+    PNG plot of latency vs throughput."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from ..client.bench import (
+        BenchSettings,
+        image_source,
+        parse_concurrency,
+        run_benchmark,
+        synthetic_videos,
+    )
+    from ..client.bench_report import write_reports
+    from .console import bench_tables
+    from .console import out as console
+
+    source, name = image_source(images, synthetic, seed)
+    videos = synthetic_videos(synthetic_video, seed) if synthetic_video else None
+    settings = BenchSettings(url, parse_concurrency(concurrency), requests, max_tokens, prompt,
+                             images_per_request, warmup, served_model, allow_remote,
+                             videos_per_request)
+    with Progress("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        tasks = {c: progress.add_task(f"concurrency {c}", total=requests)
+                 for c in settings.concurrency}
+        report = run_benchmark(settings, source, source=name,
+                               on_done=lambda c, _: progress.advance(tasks[c]), videos=videos)
+    for table in bench_tables(report.levels):
+        console.print(table)
+    paths = write_reports(report, out)
+    console.print(f"wrote {', '.join(str(p) for p in paths.values())}")
+
+
+@command(panel="Serve and measure")
+def verify(
+    cases: Annotated[Path, typer.Option(help="JSON (list) or JSON-lines file of cases: "
+                                        "prompt, images, videos, video_fps, max_tokens, "
+                                        "must_match, name.", show_default=False)],
+    against: Annotated[str, typer.Option(help="`reference` (in-process PyTorch pipeline) or "
+                                         "a second deployment's grpc://HOST:PORT.",
+                                         show_default=False)],
+    url: UrlOpt = "grpc://127.0.0.1:8001",
+    model: Annotated[Path | None, typer.Option(
+        "--model", "-m", help="HF checkpoint of the deployment (for --against reference).")]
+    = None,
+    llm_checkpoint: Annotated[Path | None, typer.Option(
+        help="Converted TensorRT-LLM checkpoint for the reference (a build's "
+        "llm_checkpoint folder) [default: convert --model on the fly].")] = None,
+    must_match: Annotated[int | None, typer.Option(
+        help="Leading tokens that must agree per case [default: all].")] = None,
+    served_model: ServedModelOpt = "ensemble",
+    json_out: JsonOpt = False,
+) -> None:
+    """Compare a deployment's greedy token ids with a reference, case by case; report the
+    first divergence; exit 1 if any case differs within its must-match prefix."""
+    from ..client.verify import load_cases, open_sides
+    from ..client.verify import verify as run_verify
+    from .console import out as console
+    from .console import print_json, verify_json, verify_line
+
+    case_list = load_cases(cases)
+
+    def show(result) -> None:
+        console.print(verify_line(result), highlight=False)
+
+    with open_sides(url, against, served_model=served_model, model=model,
+                    llm_checkpoint=llm_checkpoint) as (reference, candidate):
+        results = run_verify(case_list, reference, candidate, must_match=must_match,
+                             on_case=None if json_out else show)
+    failed = [r for r in results if not r.passed]
+    if json_out:
+        print_json(verify_json(results))
+    else:
+        console.print(f"{len(results) - len(failed)} of {len(results)} cases match")
+    if failed:
+        raise typer.Exit(1)
+
+
+@command(panel="Serve and measure")
+def image(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the Docker build "
+                                      "context to.", show_default=False)],
+    repo: Annotated[Path | None, typer.Option(
+        help="The repository the image will serve: its vision engines decide whether "
+        "TensorRT-RTX goes in, and the `docker run` line serves it.",
+        show_default=False)] = None,
+    rtx: Annotated[bool | None, typer.Option(
+        "--rtx/--no-rtx", help="Install TensorRT-RTX, which GeForce profiles' vision engines "
+        "run on [default: whether --repo has such an engine].", show_default=False)] = None,
+    tag: Annotated[str | None, typer.Option(
+        help="Image tag [default: qvl-trt:VERSION-rtx or -trt].", show_default=False)] = None,
+    force: Annotated[bool, typer.Option(help="Replace an existing --out folder.")] = False,
+) -> None:
+    """Write the serving image recipe: a Dockerfile FROM the TensorRT-LLM container that adds
+    exactly what qvl-trt's python models and `qvl-trt serve` import and the container lacks,
+    pinned so that nothing it already has is upgraded; qvl-trt itself goes in as source.
+    Print the `docker build` line, and the `docker run` line that serves --repo."""
+    from ..deploy.image import write_image_recipe
+    from .console import out as console
+
+    if out.exists() and not force:
+        raise ConfigError(f"{out} exists; pass --force to replace it")
+    plan = None
+    if repo is not None:
+        from ..profiles import TrtEdition
+        from ..triton.serve_plan import read_serve_plan
+
+        if not repo.is_dir():
+            raise ConfigError(f"{repo} is not a folder; pass a model repository written by "
+                              "`qvl-trt repo`")
+        plan = read_serve_plan(repo)
+        if rtx is None:
+            rtx = TrtEdition.TENSORRT_RTX in plan.vision_editions.values()
+    recipe = write_image_recipe(out, rtx=bool(rtx), tag=tag)
+    console.print(f"wrote the image recipe {out}: adds {', '.join(recipe.requirements)}",
+                  highlight=False, markup=False, soft_wrap=True)
+    console.print(f"build it with: {recipe.build_command}", highlight=False, markup=False,
+                  soft_wrap=True)
+    if plan is not None:
+        from ..triton.serve_plan import serve_container_command
+
+        console.print(f"serve {repo} with: {serve_container_command(plan, recipe.tag)}",
+                      highlight=False, markup=False, soft_wrap=True)
+
+
+@command(panel="Serve and measure")
+def serve(
+    repository: Annotated[Path, typer.Argument(help="Model repository folder.",
+                                               show_default=False)],
+    http_port: Annotated[int, typer.Option(help="HTTP port.")] = 8000,
+    grpc_port: Annotated[int, typer.Option(help="gRPC port.")] = 8001,
+    metrics_port: Annotated[int, typer.Option(help="Prometheus metrics port.")] = 8002,
+    free_ports: Annotated[bool, typer.Option(
+        help="Pick three free ports instead of the port options.")] = False,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    world_size: Annotated[int | None, typer.Option(
+        help="GPUs (tensor-parallel ranks) of the LLM engine: > 1 launches one tritonserver "
+        "rank per GPU through mpirun [default: the engines' world size; a different value "
+        "is refused].", show_default=False)] = None,
+    log_file: Annotated[Path | None, typer.Option(
+        help="Write the server's log here instead of the terminal.")] = None,
+    log_verbose: Annotated[int, typer.Option(help="Triton's --log-verbose level.")] = 0,
+    health_port: Annotated[int | None, typer.Option(
+        help="Answer GET /ready (200 only while the end-to-end probe passes and no restart "
+        "is under way, else 503) and /live on this port [default: none].",
+        show_default=False)] = None,
+    openai_port: Annotated[int | None, typer.Option(
+        help="Also run the OpenAI-compatible gateway and chat page (`qvl-trt gateway`) on "
+        "this port, in front of the server's gRPC endpoint; QVL_TRT_API_KEY in the "
+        "environment makes it ask for that key [default: none].",
+        show_default=False)] = None,
+    openai_host: Annotated[str | None, typer.Option(
+        help="Address the gateway listens on [default: --host].", show_default=False)] = None,
+    dry_run: Annotated[bool, typer.Option(
+        help="Print the command it would run, and exit.")] = False,
+) -> None:
+    """Run tritonserver on a repository (PATH, /opt/tritonserver or the nvidia-pytriton
+    binary); wait until it is ready, print its addresses, restart it when a model dies or
+    stops answering, stop it cleanly on Ctrl-C or SIGTERM (a second one forces it). With
+    --openai-port, the gateway starts once the server is ready, starts again if it exits on
+    its own, and stops before the server."""
+    from ..triton.serve_plan import (
+        check_vision_editions,
+        point_engine_paths,
+        read_serve_plan,
+        resolve_world_size,
+        shm_size_bytes,
+        warn_small_shm,
+    )
+    from ..triton.server import (
+        Ports,
+        ServerOptions,
+        TritonServer,
+        client_host,
+        format_command,
+        require_tritonserver,
+        server_command,
+    )
+    from ..triton.server import free_ports as pick_ports
+    from ..triton.supervisor import Supervisor
+    from .console import out as console
+
+    if not repository.is_dir():
+        raise ConfigError(f"{repository} is not a folder; pass a model repository written by "
+                          "`qvl-trt repo`")
+    needs = read_serve_plan(repository)
+    install = require_tritonserver()
+    ports = pick_ports(host if host != "0.0.0.0" else "127.0.0.1") if free_ports else \
+        Ports(http_port, grpc_port, metrics_port)
+    opts = ServerOptions(repository, ports, host=host,
+                         world_size=resolve_world_size(needs, world_size),
+                         llm_models=needs.llm_models, thread_pool_size=needs.thread_pool_size,
+                         log_verbose=log_verbose)
+    if dry_run:
+        console.print(format_command(server_command(install, opts), install), highlight=False,
+                      markup=False, soft_wrap=True)
+        return
+    gateway = None
+    if openai_port is not None:
+        from ..gateway.app import API_KEY_ENV, GatewayOptions
+        from ..gateway.process import GatewayProcess
+
+        gateway = GatewayProcess(GatewayOptions(f"{client_host(host)}:{ports.grpc}",
+                                                host=openai_host or host, port=openai_port,
+                                                api_key=os.environ.get(API_KEY_ENV)))
+    check_vision_editions(needs)
+    warn_small_shm(needs, shm_size_bytes())
+    point_engine_paths(needs)
+    server = TritonServer(opts, install=install, log_file=log_file)
+    health = f", readiness http://{server.client_host}:{health_port}/ready" \
+        if health_port is not None else ""
+
+    def ready() -> None:
+        console.print(f"tritonserver ({install.origin}) ready: HTTP {server.http_url}, gRPC "
+                      f"{server.grpc_url}, metrics {server.metrics_url}{health}; Ctrl-C stops "
+                      "it", highlight=False)
+        if gateway is not None:
+            gateway.wait_ready()
+            console.print(f"OpenAI endpoint {gateway.url}/v1, chat page {gateway.url}/",
+                          highlight=False)
+
+    supervisor = Supervisor(server, needs.ensembles, health_port=health_port, on_ready=ready,
+                            companions=(gateway,) if gateway is not None else ())
+    code = supervisor.run()
+    if code not in (0, None):
+        raise typer.Exit(code)
+
+
+@command(panel="Serve and measure")
+def deploy(
+    repo: Annotated[Path, typer.Option(
+        help="trt model repository (`qvl-trt repo` / `qvl-trt build`) the pods serve.",
+        show_default=False)],
+    image: Annotated[str, typer.Option(
+        help="Serving image with `qvl-trt` and `tritonserver` on PATH, e.g. "
+        "registry.example.com/qvl-trt-serve:4090d.", show_default=False)],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the manifests into.",
+                                      show_default=False)],
+    name: Annotated[str | None, typer.Option(
+        help="Name of the Deployment, the Service and the rest [default: qvl-trt].",
+        show_default=False)] = None,
+    namespace: Annotated[str | None, typer.Option(
+        help="Namespace [default: kubectl's current one].", show_default=False)] = None,
+    replicas: Annotated[int | None, typer.Option(
+        help="Pods, each a whole server on one node (with --hpa: the minimum) [default: one].",
+        show_default=False)] = None,
+    openai_port: Annotated[int | None, typer.Option(
+        help="Port of the OpenAI gateway in the pod and the Service [default: the gateway's "
+        "default port].", show_default=False)] = None,
+    health_port: Annotated[int | None, typer.Option(
+        help="serve's --health-port, which the probes ask [default: the port after Triton's "
+        "three].", show_default=False)] = None,
+    mount_path: Annotated[str | None, typer.Option(
+        help="Where the pods see the repository [default: the path it was written for; "
+        "another needs `qvl-trt repo --mount-path`].", show_default=False)] = None,
+    claim: Annotated[str | None, typer.Option(
+        help="PersistentVolumeClaim holding the repository, mounted read-only (ReadOnlyMany "
+        "for pods on several nodes) [default: NAME-repository].", show_default=False)] = None,
+    claim_path: Annotated[str, typer.Option(
+        help="The repository's folder inside the claim [default: its root].",
+        show_default=False)] = "",
+    host_path: Annotated[str | None, typer.Option(
+        help="Instead of a claim: the repository's folder on every GPU node.",
+        show_default=False)] = None,
+    gpu_product: Annotated[str | None, typer.Option(
+        help="Value of the nvidia.com/gpu.product node label to schedule on (or the NVML "
+        "device name, which becomes it) [default: the GPU profile's gpu.product].",
+        show_default=False)] = None,
+    cpu: Annotated[float | None, typer.Option(
+        help="CPU cores per pod [default: one per process the pod runs].",
+        show_default=False)] = None,
+    memory_gib: Annotated[float | None, typer.Option(
+        help="Memory per pod in GiB [default: /dev/shm + the engines + an allowance per "
+        "process].", show_default=False)] = None,
+    hpa: Annotated[bool, typer.Option(
+        help="Also a HorizontalPodAutoscaler on Triton's nv_inference_pending_request_count "
+        "(needs a custom metrics adapter, e.g. prometheus-adapter).")] = False,
+    max_replicas: Annotated[int | None, typer.Option(
+        help="The autoscaler's maximum pods [default: four].", show_default=False)] = None,
+    target_pending: Annotated[float | None, typer.Option(
+        help="The autoscaler's target: requests queued per pod, on average [default: two].",
+        show_default=False)] = None,
+    api_key_secret: Annotated[str | None, typer.Option(
+        help="Secret whose key `api-key` the gateway asks clients for (optional: without the "
+        "Secret, no key) [default: NAME-api-key].", show_default=False)] = None,
+    force: Annotated[bool, typer.Option(help="Replace an existing --out folder.")] = False,
+) -> None:
+    """Write Kubernetes manifests that serve a trt repository with `qvl-trt serve`: a
+    Deployment on the repository's GPU (its world size in GPUs, /dev/shm, CPU and memory from
+    the repository, probes on serve's /ready and /live), a Service, a PodDisruptionBudget and
+    optionally an autoscaler. Prints the `kubectl apply` line."""
+    from ..deploy.kubernetes import DeployOptions, write_manifests
+    from .console import out as console
+
+    given = {"name": name, "replicas": replicas, "openai_port": openai_port,
+             "health_port": health_port, "max_replicas": max_replicas,
+             "target_pending": target_pending}
+    opts = DeployOptions(
+        image=image, namespace=namespace, mount_path=mount_path, claim=claim,
+        claim_path=claim_path, host_path=host_path, gpu_product=gpu_product, cpu=cpu,
+        memory_gib=memory_gib, hpa=hpa, api_key_secret=api_key_secret,
+        **{k: v for k, v in given.items() if v is not None})
+    result = write_manifests(repo, out, opts, force=force)
+    needs = result.needs
+    console.print(f"wrote {', '.join(result.files)} into {result.out}", highlight=False)
+    for note in needs.notes:
+        console.print(f"  {note}", highlight=False, markup=False)
+    where = f"the claim {result.claim}" if result.claim else f"the node folder {host_path}"
+    console.print(f"the pods mount {where} at {needs.mount_path} (it must hold the "
+                  f"repository{f' under {claim_path}' if claim_path else ''}); the gateway's "
+                  f"key, if any, comes from the Secret {result.secret} (kubectl create secret "
+                  f"generic {result.secret} --from-file=api-key=KEYFILE)",
+                  highlight=False, markup=False, soft_wrap=True)
+    console.print(f"apply them with: {result.apply_command}", highlight=False, markup=False,
+                  soft_wrap=True)
+
+
+@command(panel="Serve and measure")
+def gateway(
+    url: Annotated[str, typer.Option(help="Triton's gRPC endpoint: grpc://HOST:PORT.")]
+    = "grpc://127.0.0.1:8001",
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 9000,
+    max_concurrency: Annotated[int, typer.Option(
+        help="Chat requests in flight; more get 429.")] = 256,
+    max_body_bytes: Annotated[int | None, typer.Option(
+        help="Largest request body; larger get 413 [default: the deployment's "
+        "max_request_bytes + 64 KiB].", show_default=False)] = None,
+    shutdown_timeout: Annotated[float, typer.Option(
+        help="Seconds the answers in flight get to finish after SIGTERM.")] = 10.0,
+) -> None:
+    """OpenAI-compatible endpoint and chat page in front of a running Triton (`qvl-trt serve`,
+    or the container): POST /v1/chat/completions, GET /v1/models, the chat page at /, /ready,
+    /live and /metrics. With the environment variable QVL_TRT_API_KEY set, /v1/ asks for that
+    key (Authorization: Bearer KEY). Stops on Ctrl-C or SIGTERM."""
+    from ..client.generate import parse_url
+    from ..gateway.app import API_KEY_ENV, GatewayOptions, run_gateway
+    from ..triton.server import client_host
+    from .console import out as console
+
+    endpoint = parse_url(url)
+    if endpoint.protocol != "grpc":
+        raise ConfigError(f"--url {url}: the gateway talks to Triton over gRPC; pass "
+                          "grpc://HOST:PORT (Triton's --grpc-port, 8001 by default)")
+    opts = GatewayOptions(endpoint.address, host=host, port=port,
+                          max_concurrency=max_concurrency, max_body_bytes=max_body_bytes,
+                          shutdown_timeout_s=shutdown_timeout,
+                          api_key=os.environ.get(API_KEY_ENV))
+    shown = f"http://{client_host(host)}:{port}"
+    run_gateway(opts, on_ready=lambda: console.print(
+        f"gateway listening: OpenAI endpoint {shown}/v1, chat page {shown}/ (Triton gRPC "
+        f"{endpoint.address}); Ctrl-C stops it", highlight=False))
