@@ -7,7 +7,8 @@ calls (postprocessing -> tensorrt_llm; tensorrt_llm_bls -> preprocessing, vision
 tensorrt_llm) match the called models' inputs and run as many instances as serve plans for
 (the callers KIND_CPU with a count of 1 or more, tensorrt_llm one), and the engines and
 weights each model reads exist and agree with the GPU profile and TensorRT edition the
-repository was built for (`<ensemble>/1/build.json`).
+repository was built for (`<ensemble>/1/build.json`) and, for the LLM engine, with the MRoPE
+table its callers build.
 """
 
 from __future__ import annotations
