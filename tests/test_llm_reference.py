@@ -22,6 +22,7 @@ from qvl_trt.errors import CheckpointError, InputError
 from qvl_trt.llm.convert import convert_checkpoint
 from qvl_trt.llm.reference import ReferenceDecoder
 from qvl_trt.llm.sampling import (
+    TOP_K_MAX,
     DecodeRequest,
     FinishReason,
     SamplingParams,
@@ -345,6 +346,20 @@ def test_choose_token_filters() -> None:
     assert draws(top_p=0.5) == {0}
     assert draws(top_p=1.0) == {0, 1, 2, 3}
     assert draws(temperature=0.05) == {0}
+
+
+def test_top_k_above_tensorrt_llms_limit_is_clipped(caplog) -> None:
+    """top_k 5000 over 2000 tokens would keep them all; TensorRT-LLM clips it to TOP_K_MAX
+    (1024) with a warning, and so do the sampling parameters: only the 1024 likeliest are
+    drawn from nearly uniform logits."""
+    logits = -torch.arange(2000, dtype=torch.float32) * 1e-6
+    generator = torch.Generator().manual_seed(0)
+    with caplog.at_level("WARNING"):
+        params = SamplingParams(top_k=5000)
+    assert params.top_k == TOP_K_MAX == 1024
+    assert "top_k 5000 is larger than the 1024 TensorRT-LLM samples from" in caplog.text
+    drawn = {choose_token(logits, params, generator) for _ in range(300)}
+    assert max(drawn) < TOP_K_MAX and len(drawn) > 100
 
 
 # ---- bad input -------------------------------------------------------------------------------

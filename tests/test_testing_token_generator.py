@@ -17,7 +17,10 @@ from qvl_trt.triton.runtime.reference_tensorrt_llm import LlmLimits, LlmRequest,
 
 VOCAB = 100
 CONFIG = SimpleNamespace(vocab_size=VOCAB, hidden_size=8)
-LIMITS = LlmLimits(hidden_size=8, table_dtype="float32")
+# Sequences as long as request_output_len (int32) can ask for: the streams here run until
+# cancelled.
+LIMITS = LlmLimits(hidden_size=8, table_dtype="float32", max_input_len=16,
+                   max_seq_len=2**31 - 1)
 
 
 def request(max_tokens: int, ids=(5, 6, 0, VOCAB + 3)) -> LlmRequest:

@@ -257,7 +257,7 @@ def _retype_pixels(repo: Path) -> None:
     edit_config(repo / "vision_encoder", retype)
 
 
-def _set_llm_parameter(key: str, value: str | None):
+def _set_parameter(key: str, value: str | None, model: str = "tensorrt_llm"):
     def edit(repo: Path) -> None:
         def change(config) -> None:
             if value is None:
@@ -265,7 +265,7 @@ def _set_llm_parameter(key: str, value: str | None):
             else:
                 config.parameters[key].string_value = value
 
-        edit_config(repo / "tensorrt_llm", change)
+        edit_config(repo / model, change)
 
     return edit
 
@@ -303,28 +303,28 @@ BREAKAGES = {
     "edition": (_replace_in("vision_encoder/1/engine/config.json", '"tensorrt_rtx"',
                             '"tensorrt"'),
                 "vision engine was built with tensorrt, the repository's profile"),
-    "placeholder": (_set_llm_parameter("gpt_model_path", "${engine_dir}"),
+    "placeholder": (_set_parameter("gpt_model_path", "${engine_dir}"),
                     "holds an unfilled ${...} placeholder"),
     "stray folder": (lambda r: (r / ".cache").mkdir(), "no config.pbtxt: Triton loads every folder"),
     # the stock backend's no-fallback keys, booleans and enums (tensorrtllm_backend.py)
-    "no tokenizer_dir": (_set_llm_parameter("tokenizer_dir", None),
+    "no tokenizer_dir": (_set_parameter("tokenizer_dir", None),
                          "tensorrt_llm: parameter tokenizer_dir is missing"),
-    "no xgrammar path": (_set_llm_parameter("xgrammar_tokenizer_info_path", None),
+    "no xgrammar path": (_set_parameter("xgrammar_tokenizer_info_path", None),
                          "tensorrt_llm: parameter xgrammar_tokenizer_info_path is missing"),
-    "no guided backend": (_set_llm_parameter("guided_decoding_backend", None),
+    "no guided backend": (_set_parameter("guided_decoding_backend", None),
                           "tensorrt_llm: parameter guided_decoding_backend is missing"),
-    "chunked yes": (_set_llm_parameter("enable_chunked_context", "yes"),
+    "chunked yes": (_set_parameter("enable_chunked_context", "yes"),
                     "tensorrt_llm: parameter enable_chunked_context is 'yes'"),
-    "policy misspelled": (_set_llm_parameter("batch_scheduler_policy", "guaranted_no_evict"),
+    "policy misspelled": (_set_parameter("batch_scheduler_policy", "guaranted_no_evict"),
                           "tensorrt_llm: parameter batch_scheduler_policy is 'guaranted_no_evict'"),
-    "sink tokens": (_set_llm_parameter("sink_token_length", "4"),
+    "sink tokens": (_set_parameter("sink_token_length", "4"),
                     "parameter sink_token_length is '4': sink tokens"),
     # what this pipeline needs of the backend and the engine
-    "no kv budget": (_set_llm_parameter("max_tokens_in_paged_kv_cache", None),
+    "no kv budget": (_set_parameter("max_tokens_in_paged_kv_cache", None),
                      "max_tokens_in_paged_kv_cache is not set"),
-    "kv over budget": (_set_llm_parameter("max_tokens_in_paged_kv_cache", "99999999"),
+    "kv over budget": (_set_parameter("max_tokens_in_paged_kv_cache", "99999999"),
                        "exceeds the planned KV budget"),
-    "input in output": (_set_llm_parameter("exclude_input_in_output", "false"),
+    "input in output": (_set_parameter("exclude_input_in_output", "false"),
                         "exclude_input_in_output must be true"),
     "fp32 engine": (_edit_engine_config(lambda c: c["pretrained_config"].update(dtype="float32")),
                     "LLM engine dtype is float32: MRoPE needs fused context attention"),
@@ -345,6 +345,44 @@ BREAKAGES = {
     "build.json type": (_replace_in("ensemble/1/build.json", '"tp_size": 1', '"tp_size": "1"'),
                         "build.json.tp_size: expected an integer, got '1'; regenerate the "
                         "repository with `qvl-trt repo`"),
+    # the MRoPE table the callers build against the engine's config
+    "engine rope_theta": (_edit_engine_config(
+        lambda c: c["pretrained_config"].update(rotary_base=10000.0)),
+        "postprocessing -> tensorrt_llm: builds the MRoPE table with rope_theta"),
+    "bls rope_theta": (_set_parameter("rope_theta", "10000", model="tensorrt_llm_bls"),
+                       "tensorrt_llm_bls -> tensorrt_llm: builds the MRoPE table with "
+                       "rope_theta 10000.0, the LLM engine has rotary_base"),
+    "engine positions": (_edit_engine_config(
+        lambda c: c["pretrained_config"].update(max_position_embeddings=2048)),
+        "builds the MRoPE table with max_seq_len 1024, the LLM engine has "
+        "max_position_embeddings 2048"),
+    "engine max_seq_len": (_edit_engine_config(lambda c: c["build_config"].update(max_seq_len=2048)),
+                           "max_position_embeddings 1024 is not its max_seq_len 2048"),
+    "engine mrope_section": (_edit_engine_config(
+        lambda c: c["pretrained_config"]["rotary_scaling"].update(mrope_section=[1, 2, 3])),
+        "the LLM engine has rotary_scaling.mrope_section [1, 2, 3]"),
+    "engine not interleaved": (_edit_engine_config(
+        lambda c: c["pretrained_config"]["rotary_scaling"].update(mrope_interleaved=False)),
+        "builds the MRoPE table with mrope_interleaved True, the LLM engine has "
+        "rotary_scaling.mrope_interleaved False"),
+    "engine head size": (_edit_engine_config(
+        lambda c: c["pretrained_config"].update(head_size=7)), "the LLM engine has head_size 7"),
+    "engine rotary dim": (_edit_engine_config(
+        lambda c: c["pretrained_config"].update(rotary_embedding_dim=7)),
+        "the LLM engine has rotary_embedding_dim 7"),
+    "use_mrope off": (_edit_engine_config(lambda c: c["build_config"].update(use_mrope=False)),
+                      "LLM engine was built without use_mrope"),
+    "plain rope": (_edit_engine_config(
+        lambda c: c["pretrained_config"].update(position_embedding_type="rope_gpt_neox")),
+        "position_embedding_type is rope_gpt_neox, not mrope"),
+    "caller mrope_section": (_set_parameter("mrope_section", "8,8", model="postprocessing"),
+                             "mrope_section '8,8' is not three slot counts"),
+    # the longest prompt the executor takes against the profile's max_input_len
+    "no chunked context": (lambda r: (
+        _set_parameter("enable_chunked_context", "false")(r),
+        _edit_engine_config(lambda c: c["build_config"].update(max_num_tokens=512))(r)),
+        "without enable_chunked_context the executor refuses prompts above 512 tokens "
+        "(min(max_seq_len - 1, max_num_tokens)), preprocessing admits 768"),
     "world size": (_edit_engine_config(
         lambda c: c["pretrained_config"]["mapping"].update(world_size=2)),
         "LLM engine has world size 2, the build says tp_size 1"),

@@ -4,6 +4,8 @@ decoder: step counts, no timing)."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import threading
 from dataclasses import dataclass
 
@@ -19,7 +21,10 @@ from qvl_trt.triton.runtime.reference_tensorrt_llm import (
     check_requested_outputs,
 )
 
-LIMITS = LlmLimits(hidden_size=8, table_dtype="float32", rows_per_request=6)
+# Sequences as long as request_output_len (int32) can ask for: the streams of the scheduling
+# tests run until cancelled.
+LIMITS = LlmLimits(hidden_size=8, table_dtype="float32", max_input_len=16,
+                   max_seq_len=2**31 - 1, rows_per_request=6)
 
 
 def good_inputs() -> dict[str, np.ndarray]:
@@ -38,7 +43,7 @@ def test_a_request_by_the_contract_is_read() -> None:
     assert r.input_ids == (1, 2, 100, 101, 3) and r.max_tokens == 4
     # The row cap is optional (parameter absent): 7 rows pass without it.
     table = {**good_inputs(), c.PROMPT_EMBEDDING_TABLE: np.zeros((7, 8), np.float32)}
-    LlmRequest.from_inputs(table, LlmLimits(8, "float32"))
+    LlmRequest.from_inputs(table, dataclasses.replace(LIMITS, rows_per_request=None))
 
 
 BROKEN = {
@@ -62,6 +67,67 @@ def test_each_contract_rule_broken_is_refused(case) -> None:
     inputs = {k: v for k, v in {**good_inputs(), **change}.items() if v is not None}
     with pytest.raises(InputError, match=message):
         LlmRequest.from_inputs(inputs, LIMITS)
+
+
+def test_the_executors_length_rules(caplog) -> None:
+    """LlmRequest::validate: a prompt above max_input_len (not at it) is refused; a prompt
+    plus request_output_len above max_seq_len has its output length clipped to what fits,
+    with a warning (5 + 3 = 8 fits exactly)."""
+    limits = dataclasses.replace(LIMITS, max_input_len=5, max_seq_len=8)
+
+    def read(ids: int, output_len: int) -> LlmRequest:
+        return LlmRequest.from_inputs({
+            **good_inputs(), c.INPUT_IDS: np.arange(1, ids + 1, dtype=np.int32),
+            c.PROMPT_TABLE_EXTRA_IDS: np.zeros(ids, np.uint64),
+            c.REQUEST_OUTPUT_LEN: np.int32(output_len)}, limits)
+
+    with caplog.at_level("WARNING"):
+        assert read(5, 3).max_tokens == 3
+        assert not caplog.records
+        assert read(5, 4).max_tokens == 3
+    assert "(5 + 4) exceeds maximum sequence length (8)" in caplog.text
+    with pytest.raises(InputError, match=r"Prompt length \(6\) exceeds maximum input length "
+                       r"\(5\); send a shorter prompt"):
+        read(6, 1)
+
+
+MALFORMED_STOP_LISTS = {
+    "rank": (np.array([5, 6, 2, -1], np.int32), "shape [4]; send [2, L]"),
+    "first dim": (np.array([[5, 6], [2, -1], [0, 0]], np.int32), "shape [3, 2]"),
+    "past the ids": (np.array([[5, 6], [3, -1]], np.int32), "offset 3 is past its 2 token ids"),
+    "not increasing": (np.array([[5, 6, 7], [2, 2, -1]], np.int32), "[2, 2, -1] do not increase"),
+    "decreasing": (np.array([[5, 6, 7], [2, 1, -1]], np.int32), "[2, 1, -1] do not increase"),
+    "empty first": (np.array([[5, 6], [0, 2]], np.int32), "[0, 2] do not increase"),
+    "after padding": (np.array([[5, 6, 7], [1, -1, 3]], np.int32),
+                      "[1, -1, 3] go on after the -1 padding"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED_STOP_LISTS))
+def test_a_malformed_stop_words_list_is_refused(case) -> None:
+    words, message = MALFORMED_STOP_LISTS[case]
+    with pytest.raises(InputError, match=re.escape(message)):
+        LlmRequest.from_inputs({**good_inputs(), c.STOP_WORDS_LIST: words}, LIMITS)
+
+
+def test_a_well_formed_stop_words_list_is_read() -> None:
+    """Offsets up to the last id, -1 padding after the last word, ids past the last offset
+    are padding (the stock backend reads them the same way)."""
+    words = np.array([[5, 6, 7, 0], [2, 3, -1, -1]], np.int32)
+    read = LlmRequest.from_inputs({**good_inputs(), c.STOP_WORDS_LIST: words}, LIMITS)
+    assert read.stop_words == ((5, 6), (7,))
+
+
+def test_top_k_above_the_sampling_layers_limit_is_clipped(caplog) -> None:
+    """TensorRT-LLM clips top_k to TOP_K_MAX with a warning; the decoder's request gets 1024."""
+    pytest.importorskip("torch")
+    from qvl_trt.llm.sampling import TOP_K_MAX
+    from qvl_trt.triton.runtime.reference_tensorrt_llm import _decode_request
+
+    request = LlmRequest.from_inputs({**good_inputs(), c.RUNTIME_TOP_K: np.int32(5000)}, LIMITS)
+    with caplog.at_level("WARNING"):
+        assert _decode_request(request).sampling.top_k == TOP_K_MAX == 1024
+    assert "top_k 5000 is larger than the 1024" in caplog.text
 
 
 def test_prompt_vocab_size_and_input_lengths_are_not_read() -> None:

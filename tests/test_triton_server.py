@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from small_profile import LIMITS
 
 from qvl_trt.triton import contract as c
 
@@ -544,3 +545,42 @@ def test_an_oversized_stop_list_is_refused_before_generation(triton_server) -> N
     assert "max_stop_words" in str(refused.value)
     assert metric(triton_server, "qvl_reference_llm_tokens_total") == tokens
     assert grpc_ask(triton_server, prompt="Still there?", max_tokens=2).completion_tokens == 2
+
+
+def llm_answer(server, input_ids, output_len: int, **extra: np.ndarray) -> list[int]:
+    """One text-only request straight to tensorrt_llm in the stock backend's tensors (as
+    `qvl-trt verify` sends them, MRoPE table at identity positions): its token ids; a
+    refusal raises RequestError with the model's message."""
+    from qvl_trt.client.verify import StepwiseDeployment
+
+    deployment = StepwiseDeployment(f"grpc://{server.grpc_url}")
+    try:
+        n = len(input_ids)
+        values = {c.INPUT_IDS: np.array([input_ids], np.int32),
+                  c.INPUT_LENGTHS: np.array([[n]], np.int32),
+                  c.REQUEST_OUTPUT_LEN: np.array([[output_len]], np.int32),
+                  c.STREAMING: np.array([[True]]),
+                  c.MROPE_ROTARY_COS_SIN: deployment.mrope(np.tile(np.arange(n), (3, 1)))[None],
+                  c.MROPE_POSITION_DELTAS: np.array([[0]], np.int64), **extra}
+        return deployment._generate(deployment.llm_model,
+                                    deployment._inputs({k: k for k in values}, values))
+    finally:
+        deployment.close()
+
+
+def test_tensorrt_llm_applies_the_executors_rules(triton_server) -> None:
+    """Called directly, the reference tensorrt_llm refuses what the TensorRT-LLM executor
+    refuses (a prompt above its maximum input length, max_seq_len - 1 with chunked context;
+    a malformed stop_words_list) with an error response, clips what it clips (an output
+    length past max_seq_len), and keeps serving."""
+    from qvl_trt.errors import RequestError
+
+    positions = LIMITS["max_seq_len"]  # the tiny build's
+    with pytest.raises(RequestError, match=rf"Prompt length \({positions}\) exceeds maximum "
+                       rf"input length \({positions - 1}\)"):
+        llm_answer(triton_server, [100] * positions, 2)
+    with pytest.raises(RequestError, match=re.escape("offsets [2, 1, -1] do not increase")):
+        llm_answer(triton_server, [100, 101], 2,
+                   **{c.STOP_WORDS_LIST: np.array([[[5, 6, 7], [2, 1, -1]]], np.int32)})
+    assert len(llm_answer(triton_server, [100] * (positions - 3), 10)) == 3
+    assert len(llm_answer(triton_server, [100, 101], 2)) == 2

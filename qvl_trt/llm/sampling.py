@@ -4,6 +4,7 @@ token choice itself (greedy, or temperature -> top-k -> top-p -> multinomial).""
 from __future__ import annotations
 
 import enum
+import logging
 import math
 import numbers
 import os
@@ -15,6 +16,13 @@ import numpy as np
 from ..deps import require
 from ..errors import InputError
 
+log = logging.getLogger(__name__)
+
+# The largest top_k TensorRT-LLM samples with: a larger one is clipped to it, with a warning
+# (cpp/tensorrt_llm/kernels/samplingTopKKernels.h TOP_K_MAX; TopKSamplingLayer::setup in
+# cpp/tensorrt_llm/layers/topKSamplingLayer.cpp clamps every request's top_k).
+TOP_K_MAX = 1024
+
 
 class FinishReason(str, enum.Enum):
     STOP = "stop"  # a stop token was generated (it is the last token returned)
@@ -24,7 +32,8 @@ class FinishReason(str, enum.Enum):
 @dataclass(frozen=True)
 class SamplingParams:
     """How tokens are chosen. Greedy when `greedy`, `temperature == 0` or `top_k == 1`;
-    otherwise temperature scaling, then top-k (0 = off), then top-p (1 = off)."""
+    otherwise temperature scaling, then top-k (0 = off; above TOP_K_MAX clipped to it, as
+    TensorRT-LLM does), then top-p (1 = off)."""
 
     max_tokens: int = 16
     greedy: bool = False
@@ -52,6 +61,10 @@ class SamplingParams:
         for name, kind in (("max_tokens", int), ("temperature", float), ("top_k", int),
                            ("top_p", float)):
             object.__setattr__(self, name, kind(getattr(self, name)))
+        if self.top_k > TOP_K_MAX:
+            log.warning("top_k %d is larger than the %d TensorRT-LLM samples from; clipped to "
+                        "%d", self.top_k, TOP_K_MAX, TOP_K_MAX)
+            object.__setattr__(self, "top_k", TOP_K_MAX)
         if self.seed is not None:
             object.__setattr__(self, "seed", int(self.seed))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))

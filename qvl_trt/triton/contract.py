@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, InputError
 from ..mm.rope import MropeTable
 from ..typed_config import load_parameters, to_parameters
 
@@ -138,6 +138,9 @@ class ReferenceLlmParameters(ModelParameters):
     # max_prompt_embedding_table_size / max_batch_size: the stand-in refuses bigger tables,
     # as the executor does.
     prompt_table_rows_per_request: int
+    # The longest prompt the executor would take with the trt flavor's engine and parameters
+    # (tensorrtllm_backend.executor_max_input_len); the stand-in refuses longer ones.
+    max_input_len: int
     # The stock backend's parameter of this name: how often a request's cancel flag is polled.
     cancellation_check_period_ms: int
 
@@ -395,8 +398,31 @@ def stop_words_list(sequences: Sequence[Sequence[int]]) -> np.ndarray:
 
 
 def word_list_sequences(word_list: np.ndarray) -> list[list[int]]:
-    """Inverse of stop_words_list: the token sequences of a [2, L] word list."""
-    flat, offsets = np.asarray(word_list).reshape(2, -1)
-    ends = [int(o) for o in offsets if o >= 0]
+    """Inverse of stop_words_list: the token sequences of a [2, L] word list, refused (one
+    InputError naming the fault) where the stock backend refuses it: its convertWordList
+    (TensorRT-LLM triton_backend/inflight_batcher_llm/src/utils.cc) reads the end offsets up
+    to the first -1 and throws on an offset past the L ids, a non-increasing offset or a
+    value after the -1 padding. Stricter than it: the shape must be [2, L] (Triton's dims for
+    the input; the backend only flattens it), and an empty first word (offset 0 or below),
+    which the backend passes on, is refused too."""
+    array = np.asarray(word_list)
+    if array.ndim != 2 or array.shape[0] != 2:
+        raise InputError(f"stop_words_list has shape {list(array.shape)}; send [2, L]: the "
+                         "token ids of all words, then each word's end offset padded with -1")
+    flat, offsets = (row.tolist() for row in array)
+    ends: list[int] = []
+    for i, end in enumerate(offsets):
+        if end == -1:
+            if any(o != -1 for o in offsets[i:]):
+                raise InputError(f"stop_words_list offsets {offsets} go on after the -1 "
+                                 "padding; pad the end offsets with -1 only at the end")
+            break
+        if end > len(flat):
+            raise InputError(f"stop_words_list offset {end} is past its {len(flat)} token ids; "
+                             "each offset ends a word within row 0")
+        if end <= (ends[-1] if ends else 0):
+            raise InputError(f"stop_words_list offsets {offsets} do not increase (an empty "
+                             "stop word); give each word's end offset, cumulative")
+        ends.append(end)
     starts = [0, *ends][: len(ends)]
-    return [[int(t) for t in flat[a:b]] for a, b in zip(starts, ends, strict=True) if b > a]
+    return [flat[a:b] for a, b in zip(starts, ends, strict=True)]

@@ -21,6 +21,10 @@ EXECUTOR_WORKER_PATH = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWor
 # How often tensorrt_llm polls its requests for a client's cancel: the stock backend's
 # parameter, and the reference model's (an ask is a round trip to Triton there).
 CANCELLATION_CHECK_PERIOD_MS = 100
+# Prefill long multimodal prompts in chunks beside running decodes (the stock backend's
+# enable_chunked_context); it also sets the longest prompt the executor takes
+# (tensorrtllm_backend.executor_max_input_len), which the reference model applies too.
+ENABLE_CHUNKED_CONTEXT = True
 
 
 @dataclass(frozen=True)
@@ -137,8 +141,7 @@ def trtllm_parameters(s: StepSettings) -> dict[str, str | int | float | bool]:
         "batch_scheduler_policy": s.batch_scheduler_policy,
         "kv_cache_free_gpu_mem_fraction": s.kv_cache_free_gpu_mem_fraction,
         "max_tokens_in_paged_kv_cache": s.max_tokens_in_paged_kv_cache,
-        # Prefill long multimodal prompts in chunks beside running decodes.
-        "enable_chunked_context": True,
+        "enable_chunked_context": ENABLE_CHUNKED_CONTEXT,
         # Safe with images: preprocessing sends prompt_table_extra_ids (the image hash on every
         # visual token), so cached blocks of one image are never reused for another.
         "enable_kv_cache_reuse": True,

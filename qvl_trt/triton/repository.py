@@ -41,8 +41,15 @@ from ..profiles import GpuProfile, TrtEdition
 from ..resources import data_dir
 from ..typed_config import load_dataclass, to_jsonable
 from . import contract as c
-from .model_configs import CANCELLATION_CHECK_PERIOD_MS, Flavor, StepSettings, step_configs
+from .model_configs import (
+    CANCELLATION_CHECK_PERIOD_MS,
+    ENABLE_CHUNKED_CONTEXT,
+    Flavor,
+    StepSettings,
+    step_configs,
+)
 from .pbconfig import write_config
+from .tensorrtllm_backend import executor_max_input_len
 
 log = logging.getLogger(__name__)
 
@@ -321,9 +328,13 @@ def _python_parameters(build: _Build, options: RepoOptions) -> dict[str, c.Model
             cache_bytes=options.vision_cache_mib * 2**20),
     }
     if options.flavor is Flavor.REFERENCE:
+        lim = build.profile.limits
         parameters[c.TENSORRT_LLM] = c.ReferenceLlmParameters(
             device=options.device, dtype=options.reference_dtype,
             prompt_table_rows_per_request=build.plan.prompt_table_rows_per_request,
+            max_input_len=executor_max_input_len(
+                max_seq_len=lim.max_seq_len, max_num_tokens=lim.max_num_tokens,
+                chunked_context=ENABLE_CHUNKED_CONTEXT),
             cancellation_check_period_ms=CANCELLATION_CHECK_PERIOD_MS)
     return parameters
 

@@ -134,6 +134,18 @@ def parse_float(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def executor_max_input_len(*, max_seq_len: int, max_num_tokens: int,
+                           chunked_context: bool) -> int:
+    """The longest prompt the TensorRT-LLM executor takes (it refuses a longer one with
+    "Prompt length (N) exceeds maximum input length (M)"), as TrtGptModel's constructor sets
+    it (cpp/tensorrt_llm/batch_manager/trtGptModel.h): max_seq_len - 1 with chunked
+    context, else min(max_seq_len - 1, max_num_tokens), since our engines always have
+    context FMHA and packed input (the build's max_input_len counts only without them)."""
+    if chunked_context:
+        return max_seq_len - 1
+    return min(max_seq_len - 1, max_num_tokens)
+
+
 def check_parameters(params: Mapping[str, str]) -> list[str]:
     """Problems of a tensorrtllm model's parameters (key -> string_value), each naming the
     key and the fix; empty when the backend loads them as written."""

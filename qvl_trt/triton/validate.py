@@ -7,7 +7,8 @@ calls (postprocessing -> tensorrt_llm; tensorrt_llm_bls -> preprocessing, vision
 tensorrt_llm) match the called models' inputs and run as many instances as serve plans for
 (the callers KIND_CPU with a count of 1 or more, tensorrt_llm one), and the engines and
 weights each model reads exist and agree with the GPU profile and TensorRT edition the
-repository was built for (`<ensemble>/1/build.json`).
+repository was built for (`<ensemble>/1/build.json`) and, for the LLM engine, with the MRoPE
+table its callers build.
 """
 
 from __future__ import annotations
@@ -46,7 +47,13 @@ from .repository import (
     VERSION,
     BuildInfo,
 )
-from .tensorrtllm_backend import check_parameters, parse_bool, parse_float, parse_int
+from .tensorrtllm_backend import (
+    check_parameters,
+    executor_max_input_len,
+    parse_bool,
+    parse_float,
+    parse_int,
+)
 
 
 @dataclass(frozen=True)
@@ -93,7 +100,7 @@ def validate_repo(repo: Path) -> ValidationReport:
     configs = _read_configs(repo, report)
     report.models = sorted(configs)
     report.check(bool(configs), str(repo), "holds no model")
-    llms: set[str] = set()  # the tensorrt_llm models the others call
+    callers: dict[str, c.PostprocessingParameters] = {}  # model -> how it calls tensorrt_llm
     for name, config in configs.items():
         if config.platform == "ensemble":
             _check_ensemble(name, config, configs, report)
@@ -106,15 +113,15 @@ def validate_repo(repo: Path) -> ValidationReport:
             _check_llm_call(name, _llm_inputs_sent(name, caller, config, configs, report),
                             caller.tensorrt_llm_model, configs, report)
             _check_caller_instances(name, config, report)
-            llms.add(caller.tensorrt_llm_model)
-    for llm in sorted(llms & configs.keys()):
+            callers[name] = caller
+    for llm in sorted({p.tensorrt_llm_model for p in callers.values()} & configs.keys()):
         # Each instance would load its own executor: engine and KV cache (the plan has one).
         report.check(instance_count(configs[llm]) == 1, llm,
                      f"runs {instance_count(configs[llm])} instances, each with its own engine "
                      "and KV cache (the plan holds one); write an instance count of 1")
     for name, config in configs.items():
         if config.platform == "ensemble":
-            _check_artifacts(repo, name, configs, report)
+            _check_artifacts(repo, name, configs, callers, report)
     return report
 
 
@@ -357,6 +364,7 @@ def _check_python_model(folder: Path, name: str, report: ValidationReport) -> No
 
 
 def _check_artifacts(repo: Path, ensemble: str, configs: dict[str, Any],
+                     callers: dict[str, c.PostprocessingParameters],
                      report: ValidationReport) -> None:
     """Engines and weights of a repository written by `qvl-trt repo`, against build.json."""
     info_path = repo / ensemble / VERSION / BUILD_INFO
@@ -391,9 +399,10 @@ def _check_artifacts(repo: Path, ensemble: str, configs: dict[str, Any],
                 ["config.json"] + [f"rank{r}.safetensors" for r in range(info.tp_size)])
         return
     _check_vision_engine(models["vision_encoder"], vision / ENGINE_DIR, info, report)
-    if models["tensorrt_llm"] in configs:
-        _check_llm_engine(models["tensorrt_llm"], configs[models["tensorrt_llm"]],
-                          llm / ENGINE_DIR, info, report)
+    llm_name = models["tensorrt_llm"]
+    if llm_name in configs:
+        _check_llm_engine(llm_name, configs[llm_name], llm / ENGINE_DIR, info, report,
+                          {n: p for n, p in callers.items() if p.tensorrt_llm_model == llm_name})
 
 
 def _check_vision_engine(name: str, folder: Path, info: BuildInfo,
@@ -425,7 +434,8 @@ def _check_vision_engine(name: str, folder: Path, info: BuildInfo,
 
 
 def _check_llm_engine(name: str, config: Any, folder: Path, info: BuildInfo,
-                      report: ValidationReport) -> None:
+                      report: ValidationReport,
+                      callers: dict[str, c.PostprocessingParameters]) -> None:
     path = get_parameter(config, "gpt_model_path") or ""
     report.check(path.rstrip("/").endswith(f"{name}/{VERSION}/{ENGINE_DIR}"), name,
                  f"gpt_model_path {path!r} does not name this model's engine folder "
@@ -459,6 +469,8 @@ def _check_llm_engine(name: str, config: Any, folder: Path, info: BuildInfo,
                  f"LLM engine has world size {world}, the build says tp_size {info.tp_size}; "
                  "rebuild the engine")
     _check_mrope_engine(name, pretrained, build, report)
+    for caller, params in callers.items():
+        _check_mrope_table(caller, params, name, pretrained, report)
     _check_budgets(name, parameters(config), build, info, report)
 
 
@@ -480,15 +492,73 @@ def _check_mrope_engine(name: str, pretrained: dict[str, Any], build: dict[str, 
     report.check(not plugins.get("streamingllm"), name,
                  f"LLM engine was built with streamingllm: its rope kernel ignores the MRoPE "
                  f"table; {rebuild}")
+    # The C++ runtime feeds the MRoPE inputs only with build_config.use_mrope
+    # (cpp/tensorrt_llm/runtime/gptJsonConfig.cpp parseBuilderConfig).
+    report.check(build.get("use_mrope") is True, name,
+                 f"LLM engine was built without use_mrope: the runtime would not feed "
+                 f"mrope_rotary_cos_sin; {rebuild}")
+    report.check(pretrained.get("position_embedding_type") == "mrope", name,
+                 f"LLM engine's position_embedding_type is "
+                 f"{pretrained.get('position_embedding_type')}, not mrope: its attention "
+                 f"ignores the MRoPE table; {rebuild}")
+    positions = pretrained.get("max_position_embeddings")
+    report.check(positions == build.get("max_seq_len"), name,
+                 f"LLM engine's max_position_embeddings {positions} is not its max_seq_len "
+                 f"{build.get('max_seq_len')} (the build makes them equal; below it the rope "
+                 f"kernel that ignores the MRoPE table runs); {rebuild}")
+
+
+def _check_mrope_table(caller: str, params: c.PostprocessingParameters, llm: str,
+                       pretrained: dict[str, Any], report: ValidationReport) -> None:
+    """The MRoPE table `caller` builds for each request (contract mrope_table()) against the
+    engine's config. The C++ runtime sizes each request's slot max_position_embeddings x
+    rotary_embedding_dim (cpp/tensorrt_llm/runtime/gptJsonConfig.cpp createModelConfig), the
+    attention plugin reads a token's row at that stride (unfusedAttentionKernels_2_template.h)
+    and rotates generated tokens from rotary_base over head_size: a table built for another
+    max_seq_len, head size, rope_theta or T/H/W layout puts image tokens at wrong angles."""
+    try:
+        table = params.mrope_table()
+    except ConfigError as exc:
+        report.check(False, caller, str(exc))
+        return
+    scaling = pretrained.get("rotary_scaling") or {}
+    pairs = (  # (our setting, its value, the engine's key, its value)
+        ("max_seq_len", table.max_positions, "max_position_embeddings",
+         pretrained.get("max_position_embeddings")),
+        ("head_dim", table.head_dim, "head_size", pretrained.get("head_size")),
+        ("head_dim", table.head_dim, "rotary_embedding_dim",
+         pretrained.get("rotary_embedding_dim")),
+        ("rope_theta", table.rope_theta, "rotary_base", pretrained.get("rotary_base")),
+        ("mrope_section", list(table.mrope_section), "rotary_scaling.mrope_section",
+         scaling.get("mrope_section")),
+        ("mrope_interleaved", table.mrope_interleaved, "rotary_scaling.mrope_interleaved",
+         scaling.get("mrope_interleaved")),
+    )
+    for ours, value, engine_key, engine_value in pairs:
+        report.check(value == engine_value, f"{caller} -> {llm}",
+                     f"builds the MRoPE table with {ours} {value}, the LLM engine has "
+                     f"{engine_key} {engine_value}: rebuild the engine with `qvl-trt build "
+                     "--force --only llm` or regenerate the repository with `qvl-trt repo` "
+                     "from the build that made it")
 
 
 def _check_budgets(name: str, params: dict[str, str], build: dict[str, Any],
                    info: BuildInfo, report: ValidationReport) -> None:
-    """The KV budget and the prompt table against what `qvl-trt repo` planned."""
+    """The KV budget, the prompt table and the longest prompt against what `qvl-trt repo`
+    planned."""
     if parse_bool(params.get("enable_chunked_context", "false")):
         report.check(build.get("plugin_config", {}).get("use_paged_context_fmha") is True, name,
                      "enable_chunked_context needs an engine built with use_paged_context_fmha; "
                      "set it false or rebuild the engine")
+    else:
+        longest = executor_max_input_len(max_seq_len=build.get("max_seq_len", 0),
+                                         max_num_tokens=build.get("max_num_tokens", 0),
+                                         chunked_context=False)
+        admitted = info.profile.limits.max_input_len
+        report.check(longest >= admitted, name,
+                     f"without enable_chunked_context the executor refuses prompts above "
+                     f"{longest} tokens (min(max_seq_len - 1, max_num_tokens)), preprocessing "
+                     f"admits {admitted}; set enable_chunked_context true")
     tokens = parse_int(params.get("max_tokens_in_paged_kv_cache", "0")) or 0
     report.check(tokens <= info.kv_cache_tokens, name,
                  f"max_tokens_in_paged_kv_cache {tokens} exceeds the planned KV budget "

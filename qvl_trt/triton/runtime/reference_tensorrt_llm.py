@@ -12,18 +12,22 @@ a streaming request gets one response per token (the end token's response is emp
 non-streaming one a single response.
 
 It is at least as strict as the stock backend (STOCK_BACKEND.md): it refuses what the backend
-or the engine refuses (outputs not both requested, a missing MRoPE tensor, a prompt table of
-the wrong dtype, width or size), and refuses prompt_table_extra_ids of the wrong length, which
-the backend silently ignores. It reads only the inputs the backend reads. A cancelled request
-(its Triton request cancelled, or a stop request naming its id) ends within a token with a
-final response holding the tokens not yet sent and no error, as the backend does: it cancels
-the executor request (model_instance_state.cc WaitForCancel / handleStopRequest), which then
-finishes it (llmRequest.h finishByReason(kCANCELLED)) and sends the last result, isFinal.
+or the executor refuses (outputs not both requested, a missing MRoPE tensor, a prompt table of
+the wrong dtype, width or size, a prompt above the executor's maximum input length, a malformed
+stop_words_list), clips what the executor clips (request_output_len to the sequence length,
+top_k to TOP_K_MAX, both with a warning), and refuses prompt_table_extra_ids of the wrong
+length, which the backend silently ignores. It reads only the inputs the backend reads. A
+cancelled request (its Triton request cancelled, or a stop request naming its id) ends within
+a token with a final response holding the tokens not yet sent and no error, as the backend
+does: it cancels the executor request (model_instance_state.cc WaitForCancel /
+handleStopRequest), which then finishes it (llmRequest.h finishByReason(kCANCELLED)) and
+sends the last result, isFinal.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import threading
 import time
@@ -46,6 +50,8 @@ from .backend import (
     response,
 )
 
+log = logging.getLogger(__name__)
+
 # emit(new token ids, final): one response; fail(message): an error response (final).
 Emit = Callable[[list[int], bool], None]
 Fail = Callable[[str], None]
@@ -64,11 +70,15 @@ def check_requested_outputs(names: Iterable[str]) -> None:
 
 @dataclass(frozen=True)
 class LlmLimits:
-    """What the engine takes per request: prompt-table dtype and width, and at most
-    `rows_per_request` rows (None: not known, not checked)."""
+    """What the engine takes per request: prompts of at most `max_input_len` tokens (the
+    executor's, tensorrtllm_backend.executor_max_input_len) in sequences of `max_seq_len`,
+    prompt-table dtype and width, and at most `rows_per_request` rows (None: not known, not
+    checked)."""
 
     hidden_size: int
     table_dtype: str  # numpy name: the model dtype
+    max_input_len: int
+    max_seq_len: int
     rows_per_request: int | None = None
 
 
@@ -102,6 +112,7 @@ class LlmRequest:
         if x.get(c.INPUT_IDS) is None or x.get(c.REQUEST_OUTPUT_LEN) is None:
             raise InputError("input_ids and request_output_len are required")
         ids = np.asarray(x[c.INPUT_IDS]).reshape(-1)
+        max_tokens = _output_len(ids.size, int(scalar(c.REQUEST_OUTPUT_LEN)), limits)
         if x.get(c.MROPE_ROTARY_COS_SIN) is None or x.get(c.MROPE_POSITION_DELTAS) is None:
             raise InputError("this engine uses MRoPE: mrope_rotary_cos_sin and "
                              "mrope_position_deltas are required")
@@ -116,7 +127,7 @@ class LlmRequest:
         words = x.get(c.STOP_WORDS_LIST)
         return cls(
             input_ids=tuple(int(t) for t in ids),
-            max_tokens=int(scalar(c.REQUEST_OUTPUT_LEN)),
+            max_tokens=max_tokens,
             end_id=scalar(c.END_ID),
             streaming=bool(scalar(c.STREAMING, False)),
             temperature=float(scalar(c.TEMPERATURE, 1.0)),
@@ -129,6 +140,23 @@ class LlmRequest:
             mrope_rotary_cos_sin=np.asarray(x[c.MROPE_ROTARY_COS_SIN]).reshape(-1),
             mrope_position_delta=int(scalar(c.MROPE_POSITION_DELTAS)),
         )
+
+
+def _output_len(prompt: int, asked: int, limits: LlmLimits) -> int:
+    """The executor's length rules (LlmRequest::validate, TensorRT-LLM
+    cpp/tensorrt_llm/batch_manager/llmRequest.cpp): a prompt longer than max_input_len is
+    refused (the request gets an error response); prompt + request_output_len above
+    max_seq_len clips the output length to what fits, with a warning."""
+    if prompt > limits.max_input_len:
+        raise InputError(f"Prompt length ({prompt}) exceeds maximum input length "
+                         f"({limits.max_input_len}); send a shorter prompt or fewer or smaller "
+                         "images")
+    if prompt + asked > limits.max_seq_len:
+        log.warning("Prompt length + number of requested output tokens (%d + %d) exceeds "
+                    "maximum sequence length (%d); request_output_len changed to %d", prompt,
+                    asked, limits.max_seq_len, limits.max_seq_len - prompt)
+        return limits.max_seq_len - prompt
+    return asked
 
 
 def _check_table(table: np.ndarray, limits: LlmLimits) -> None:
@@ -346,9 +374,13 @@ class LlmModel:
     and stop requests; tokens made counted in the metric qvl_reference_llm_tokens_total."""
 
     def __init__(self, args: Mapping[str, str], decoder: Any, *, table_dtype: str,
-                 rows_per_request: int | None, cancel_check_s: float = 0.0) -> None:
+                 max_input_len: int, rows_per_request: int | None,
+                 cancel_check_s: float = 0.0) -> None:
         self.name = args["model_name"]
+        # The converted checkpoint's max_position_embeddings is the engine's max_seq_len.
         self.limits = LlmLimits(hidden_size=decoder.config.hidden_size, table_dtype=table_dtype,
+                                max_input_len=max_input_len,
+                                max_seq_len=decoder.config.max_position_embeddings,
                                 rows_per_request=rows_per_request)
         # The family must outlive its metric: keep both.
         self.family = pb().MetricFamily(name="qvl_reference_llm_tokens_total",
@@ -367,6 +399,7 @@ class LlmModel:
         params = c.ReferenceLlmParameters.from_parameters(model_parameters(args),
                                                           args["model_name"])
         return cls(args, make_decoder(params), table_dtype=params.dtype,
+                   max_input_len=params.max_input_len,
                    rows_per_request=params.prompt_table_rows_per_request,
                    cancel_check_s=params.cancellation_check_period_ms / 1000)
 
