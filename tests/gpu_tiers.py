@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from qvl_trt.container import TRTLLM_CONTAINER
+from qvl_trt.deploy.container import TRTLLM_CONTAINER
 
 
 def trtllm_gpu_marks(needs: str) -> list:

@@ -15,7 +15,7 @@ from cli_harness import HEAVY, run_cli
 
 from qvl_trt.build import BuildOptions, Stage, run_build
 from qvl_trt.build.matrix import ci_matrix
-from qvl_trt.container import TRTLLM_CONTAINER
+from qvl_trt.deploy.container import TRTLLM_CONTAINER
 from qvl_trt.profiles import profile_names
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,10 +1,10 @@
-"""`docker run` lines for the serving image (qvl_trt/container.py)."""
+"""`docker run` lines for the serving image (qvl_trt/deploy/container.py)."""
 
 from __future__ import annotations
 
 import shlex
 
-from qvl_trt.container import container_command, container_run
+from qvl_trt.deploy.container import container_command, container_run
 
 
 def test_container_command_mounts_what_the_build_reads(tmp_path):

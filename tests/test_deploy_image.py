@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from qvl_trt.container import TRTLLM_CONTAINER
+from qvl_trt.deploy.container import TRTLLM_CONTAINER
 from qvl_trt.deploy.image import (
     REQUIREMENTS,
     check_base,

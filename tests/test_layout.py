@@ -46,7 +46,7 @@ def test_the_served_code_imports_neither_the_config_writer_nor_the_fixtures() ->
 LAYERS = (
     ("qvl_trt", "qvl_trt.errors", "qvl_trt.deps", "qvl_trt.atomic", "qvl_trt.typed_config",
      "qvl_trt.resources", "qvl_trt.hashing", "qvl_trt.dtypes", "qvl_trt.child"),
-    ("qvl_trt.checkpoint", "qvl_trt.profiles", "qvl_trt.container", "qvl_trt.machine",
+    ("qvl_trt.checkpoint", "qvl_trt.profiles", "qvl_trt.machine",
      "qvl_trt.generation_config"),
     ("qvl_trt.mm",),
     ("qvl_trt.vision", "qvl_trt.llm"),

@@ -16,7 +16,7 @@ from qvl_trt import __version__
 from qvl_trt.build import Stage, resume_build
 from qvl_trt.build.context import IMAGE_DIR
 from qvl_trt.checkpoint import open_checkpoint
-from qvl_trt.container import TRTLLM_CONTAINER
+from qvl_trt.deploy.container import TRTLLM_CONTAINER
 from qvl_trt.errors import BuildError, ConfigError, StageUnavailable
 from qvl_trt.llm.convert import convert_checkpoint
 from qvl_trt.llm.engine import _run_rank, build_engines, engine_build_config

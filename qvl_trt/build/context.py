@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint import Checkpoint
-from ..container import container_command
+from ..deploy.container import container_command
 from ..dtypes import Dtype
 from ..errors import ConfigError
 from ..hashing import FileHasher, fingerprint

@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import __version__
 from ..checkpoint import open_checkpoint
-from ..container import TRTLLM_CONTAINER
+from ..deploy.container import TRTLLM_CONTAINER
 from ..errors import ConfigError
 from ..hashing import FileHasher
 from ..manifest import cache_key

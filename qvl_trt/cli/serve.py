@@ -210,7 +210,7 @@ def image(
     console.print(f"build it with: {recipe.build_command}", highlight=False, markup=False,
                   soft_wrap=True)
     if plan is not None:
-        from ..triton.serve_plan import serve_container_command
+        from ..deploy.container import serve_container_command
 
         console.print(f"serve {repo} with: {serve_container_command(plan, recipe.tag)}",
                       highlight=False, markup=False, soft_wrap=True)

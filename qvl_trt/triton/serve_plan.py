@@ -9,11 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from ..container import container_run, shm_flag
 from ..errors import ConfigError, QvlError
 from ..profiles import TrtEdition
 from .contract import llm_caller_parameters
@@ -28,12 +26,22 @@ from .pbconfig import (
     write_config,
 )
 from .repository import BUILD_INFO, ENGINE_DIR, VERSION, BuildInfo
-from .server import DEFAULT_THREAD_POOL, SHM_DIR, Ports
+from .server import DEFAULT_THREAD_POOL, SHM_DIR
 
 log = logging.getLogger(__name__)
 
 # Threads beyond the BLS callers' (the non-decoupled BLS calls of the models themselves).
 THREAD_POOL_MARGIN = 8
+
+
+def shm_gib(nbytes: int) -> int:
+    """Whole GiB of shared memory holding at least `nbytes` (1 at least)."""
+    return max(1, -(-nbytes // 2**30))
+
+
+def shm_flag(nbytes: int) -> str:
+    """A docker --shm-size value of at least `nbytes`, in whole GiB."""
+    return f"{shm_gib(nbytes)}g"
 
 
 @dataclass(frozen=True)
@@ -227,13 +235,3 @@ def model_load_rows(repo: Path) -> list[Readiness]:
     except QvlError as exc:  # no tritonserver, or it did not start
         return [Readiness("python models", False, f"not loaded: {exc}")]
     return [Readiness(f"{load.model} loads", load.ok, load.detail) for load in loads]
-
-
-def serve_container_command(plan: ServePlan, image: str) -> str:
-    """The `docker run` line that serves the repository with `qvl-trt serve` in the serving
-    image `image` (deploy/image.py) on the default ports, with the shared memory its largest
-    requests need; serve takes the world size and BLS threads from the repository."""
-    ports = Ports()
-    return container_run([plan.repo], shlex.join(["qvl-trt", "serve", str(plan.repo)]),
-                         image=image, shm_bytes=plan.shm_bytes,
-                         ports=(ports.http, ports.grpc, ports.metrics))

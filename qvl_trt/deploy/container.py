@@ -1,6 +1,6 @@
 """The NGC TensorRT-LLM container, and `docker run` lines that run qvl-trt (or a server) in
-the serving image built on it (deploy/image.py): the build finishes its LLM engine there, a
-trt repository is served there."""
+the serving image built on it (image.py): the build finishes its LLM engine there, a trt
+repository is served there."""
 
 from __future__ import annotations
 
@@ -8,8 +8,13 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-# Triton 2.71 with TensorRT-LLM 1.2.1, the last line with the TensorRT engine path.
-TRTLLM_CONTAINER = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
+from ..triton.serve_plan import ServePlan, shm_flag
+from ..triton.server import Ports
+from .image import load_container_packages
+
+# Triton 2.71 with TensorRT-LLM 1.2.1, the last line with the TensorRT engine path; named in
+# the container's package data (trtllm_container.toml) beside what it holds.
+TRTLLM_CONTAINER = load_container_packages().image
 
 
 def container_command(out: Path, inputs: Sequence[Path], *, image: str, shm_bytes: int) -> str:
@@ -34,11 +39,11 @@ def container_run(mounts: Sequence[Path], command: str, *, image: str, shm_bytes
             f"{volumes} {shlex.quote(image)} {command}")
 
 
-def shm_gib(nbytes: int) -> int:
-    """Whole GiB of shared memory holding at least `nbytes` (1 at least)."""
-    return max(1, -(-nbytes // 2**30))
-
-
-def shm_flag(nbytes: int) -> str:
-    """A docker --shm-size value of at least `nbytes`, in whole GiB."""
-    return f"{shm_gib(nbytes)}g"
+def serve_container_command(plan: ServePlan, image: str) -> str:
+    """The `docker run` line that serves the repository with `qvl-trt serve` in the serving
+    image `image` on the default ports, with the shared memory its largest requests need;
+    serve takes the world size and BLS threads from the repository."""
+    ports = Ports()
+    return container_run([plan.repo], shlex.join(["qvl-trt", "serve", str(plan.repo)]),
+                         image=image, shm_bytes=plan.shm_bytes,
+                         ports=(ports.http, ports.grpc, ports.metrics))
