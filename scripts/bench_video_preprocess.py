@@ -1,6 +1,6 @@
 """Host cost of a video request, from the bytes a client sends: the Triton preprocessing
 model's function on an MP4, with the frame resize we ship (torchvision's uint8 bicubic taps in
-the compiled passes, mm/resample.py: exact to transformers' video processor) against the same
+the compiled passes, mm/taps.py: exact to transformers' video processor) against the same
 request with PIL's bicubic resize in its place (up to 2 levels off), interleaved.
 
 The clip is the issue's typical one by default: 10 s of 1280x720 at 30 fps (H.264, made with

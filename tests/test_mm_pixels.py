@@ -301,10 +301,10 @@ def test_kernel_resize_check_can_fail(monkeypatch):
     where the installed Pillow starts with the vertical pass, change pixels."""
     image = _noise(700, 500, 1)
     pillow = np.asarray(image.resize((650, 1300), resample=Image.Resampling.BICUBIC))
-    taps = pixels._pillow_taps(500, 1300, Image.Resampling.BICUBIC)
+    taps = pixels.pillow_taps(500, 1300, Image.Resampling.BICUBIC)
     nudged = taps.weights.copy()
     nudged[:, 1] += 1 << 12
-    monkeypatch.setattr(pixels, "_pillow_taps", lambda *args: taps._replace(weights=nudged))
+    monkeypatch.setattr(pixels, "pillow_taps", lambda *args: taps._replace(weights=nudged))
     assert not np.array_equal(_kernel_resize(image, 650, 1300, Image.Resampling.BICUBIC),
                               pillow)
     monkeypatch.undo()

@@ -244,7 +244,7 @@ def test_frame_resize_is_pillows_filter_with_torchs_rounding(size, to) -> None:
     torchvision is the torchvision tier's (test_mm_video_hf.py)."""
     from PIL import Image
 
-    from qvl_trt.mm.resample import resize_frame
+    from qvl_trt.mm.video import resize_frame
 
     pixels = np.random.default_rng(0).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
     frame = Image.fromarray(pixels)

@@ -5,7 +5,7 @@ A pass computes each output value as Pillow's and PyTorch's uint8 kernels do, in
 `clamp((2^(precision-1) + sum(source * weight)) >> precision, 0, 255)` over one output
 position's taps, given as `bounds[i] = (first source index, tap count)` and `weights[i]`
 (int32, `precision` fractional bits). Which weights and precision make which library's result
-is the caller's (pixels.py: Pillow's, for images; resample.py: PyTorch's, for video frames).
+is the caller's (taps.py: Pillow's, for images; PyTorch's, for video frames).
 Planes are [rows, columns] uint8 of one channel; the functions release the GIL, so strips of
 one image, or the frames of a video, run in parallel on the pixel pool.
 
@@ -18,6 +18,8 @@ of one size change over a strip of output rows.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -153,3 +155,18 @@ def _copy_patch_rows(src: np.ndarray, dst: np.ndarray, block_row: int, channel: 
                     x0 = (bx * merge + j) * words
                     for k in range(words):
                         row[at + k] = line[x0 + k]
+
+
+# The host's thread pool for pixel work (image strips, video frames): numpy, Pillow and the
+# passes above release the GIL in their loops, so threads use every core of a preprocessing
+# instance.
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def pixel_pool() -> ThreadPoolExecutor:
+    """One pool per process (a forked child inherits the object, not its threads)."""
+    pid = os.getpid()
+    if pid not in _POOLS:
+        _POOLS[pid] = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
+                                         thread_name_prefix="qvl-pixels")
+    return _POOLS[pid]

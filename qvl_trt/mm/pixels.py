@@ -14,7 +14,7 @@ vision graph takes both through one input of the same shape.
 
 The resize and the patch cutting run in strips of output rows on the pixel pool, one channel
 plane at a time, in compiled loops (kernels.py) that compute Pillow's integer arithmetic
-(Resample.c: its taps and 22-bit weights, `_pillow_taps`): 6x Pillow's speed for the
+(Resample.c: its taps and 22-bit weights, taps.py): 6x Pillow's speed for the
 vertical pass, 1.4x for the horizontal one, on one thread. Pillow resizes in at most two
 passes, each rounding to 8 bits, in an order of its choosing when both sides change (Pillow 13
 starts with the vertical pass when the height shrinks by more than twice as many pixels as the
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 import os
 from collections.abc import Callable
 from concurrent.futures import wait
@@ -42,7 +41,8 @@ from PIL import Image
 from ..errors import CheckpointError, InputError
 from . import kernels
 from .geometry import smart_resize
-from .threads import pixel_pool
+from .kernels import pixel_pool
+from .taps import PILLOW_FILTERS, pillow_taps
 
 # The HF processor's values where a preprocessor_config.json leaves them out.
 _HF_DEFAULT_RESCALE = 1 / 255
@@ -237,12 +237,12 @@ def channel_planes(image: Image.Image) -> list[np.ndarray]:
 def _pillow_resize(width: int, height: int, w: int, h: int, resample: int) \
         -> kernels.Resize | None:
     """Pillow's resize of one size to another as the kernels run it: each changed side's
-    taps (`_pillow_taps`) and the installed Pillow's pass order. None where the kernels would
+    taps (taps.py) and the installed Pillow's pass order. None where the kernels would
     not equal Pillow: a filter without taps here, or both sides changing under a pass order
     none of the known rules matches."""
     if (width, height) == (w, h):
         return kernels.Resize(None, None)
-    if resample not in _FILTERS:
+    if resample not in PILLOW_FILTERS:
         return None
     vertical_first = False
     if width != w and height != h:
@@ -250,50 +250,9 @@ def _pillow_resize(width: int, height: int, w: int, h: int, resample: int) \
         if rule is None:
             return None
         vertical_first = rule(width, height, w, h)
-    return kernels.Resize(_pillow_taps(height, h, resample) if height != h else None,
-                          _pillow_taps(width, w, resample) if width != w else None,
+    return kernels.Resize(pillow_taps(height, h, resample) if height != h else None,
+                          pillow_taps(width, w, resample) if width != w else None,
                           vertical_first)
-
-
-# Pillow's filters the kernels reproduce: (support, weight of a distance), as
-# src/libImaging/Resample.c defines them (bicubic with a = -0.5).
-def _bicubic(x: np.ndarray) -> np.ndarray:
-    a = -0.5
-    return np.where(x < 1.0, ((a + 2.0) * x - (a + 3.0)) * x * x + 1,
-                    np.where(x < 2.0, (((x - 5) * x + 8) * x - 4) * a, 0.0))
-
-
-def _bilinear(x: np.ndarray) -> np.ndarray:
-    return np.where(x < 1.0, 1.0 - x, 0.0)
-
-
-_FILTERS = {int(Image.Resampling.BICUBIC): (2.0, _bicubic),
-            int(Image.Resampling.BILINEAR): (1.0, _bilinear)}
-_PRECISION = 22  # Resample.c PRECISION_BITS (32 - 8 - 2): the 8-bit passes' weight bits
-
-
-@functools.lru_cache(maxsize=128)
-def _pillow_taps(in_size: int, out_size: int, resample: int) -> kernels.Taps:
-    """Pillow's taps for one side (Resample.c precompute_coeffs, then normalize_coeffs_8bpc),
-    computed in float64 in the C code's order of operations."""
-    support, weight = _FILTERS[resample]
-    scale = float(in_size) / out_size
-    filterscale = max(scale, 1.0)
-    support *= filterscale
-    ksize = int(math.ceil(support)) * 2 + 1
-    center = (np.arange(out_size) + 0.5) * scale
-    first = np.maximum((center - support + 0.5).astype(np.int64), 0)  # C's (int): truncation
-    count = np.minimum((center + support + 0.5).astype(np.int64), in_size) - first
-    taps = np.arange(ksize)
-    x = np.abs((taps[None, :] + first[:, None] - center[:, None] + 0.5) * (1.0 / filterscale))
-    k = np.where(taps[None, :] < count[:, None], weight(x), 0.0)
-    total = np.zeros(out_size)
-    for t in range(ksize):  # in order, as the C loop adds them
-        total += k[:, t]
-    k = np.divide(k, total[:, None], out=k, where=total[:, None] != 0.0)
-    scaled = k * (1 << _PRECISION)
-    weights = np.where(k < 0, np.trunc(-0.5 + scaled), np.trunc(0.5 + scaled)).astype(np.int32)
-    return kernels.Taps(np.stack([first, count], axis=1).astype(np.int32), weights, _PRECISION)
 
 
 def _vertical_first_pillow13(width: int, height: int, w: int, h: int) -> bool:

@@ -25,10 +25,10 @@ from ..profiles import GpuProfile, load_profile
 from . import video as vid
 from .chat import IMAGE_PART_TYPES, VIDEO_PART_TYPES, PromptBuilder, user_message
 from .image_input import DEFAULT_MAX_DECODED_PIXELS, load_rgb, read_image_files
+from .kernels import pixel_pool
 from .pixels import ImagePatches, PixelConfig, image_patches, patch_count
 from .prompt_table import fake_token_ids, prompt_table_extra_ids, rows_per_visual_token
 from .rope import MropeTable, rope_index
-from .threads import pixel_pool
 from .video import VideoConfig, VideoLimits, VideoPatches
 from .video_input import VideoInput, load_clip
 from .vision_index import vision_index_tensors

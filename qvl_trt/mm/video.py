@@ -16,9 +16,11 @@ pairing and the timestamps of the prompt, equal to transformers' Qwen3-VL video 
 - Timestamps (`group_timestamps`, HF `_calculate_timestamps`): a group's time is the mean of
   its first and last frame's time, written `<t.t seconds>` before its vision tokens.
 
-Frames are resized as the HF video processor resizes them (torchvision's uint8 bicubic
-kernel, mm/resample.py), not with PIL as images are: PIL's filter rounds its weights
-differently and lands up to 2 levels away (tests/test_mm_video_hf.py compares).
+Frames are resized as the HF video processor resizes them (torchvision's `resize(...,
+BICUBIC, antialias=True)` on uint8: PyTorch's native kernel, `taps.torch_taps`, the width pass
+first, rounded to uint8 before the height pass), not with PIL as images are: PIL's filter
+rounds its weights differently and lands up to 2 levels away (tests/test_mm_video_hf.py
+compares).
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ from ..checkpoint import PIXELS_PER_VIDEO_TOKEN
 from ..errors import CheckpointError, InputError
 from . import kernels
 from .geometry import MIN_BLOCKS, video_pixel_budget, video_smart_resize
-from .pixels import ImagePatches, PixelConfig
-from .resample import resize_frames
+from .kernels import pixel_pool
+from .pixels import ImagePatches, PixelConfig, channel_planes
+from .taps import torch_taps
 
 # transformers' Qwen3VLVideoProcessor class values where video_preprocessor_config.json leaves
 # them out (the released checkpoints leave out all three).
@@ -254,3 +257,18 @@ def _digest(pair: Sequence[Sequence[np.ndarray]]) -> bytes:
             digest.update(plane)
     digest.update(np.array([*pair[0][0].shape, len(pair)], np.uint32).tobytes())
     return digest.digest()
+
+
+def resize_frames(frames: Sequence[Image.Image], height: int, width: int) \
+        -> list[list[np.ndarray]]:
+    """Each RGB frame -> its channel planes resized to [height, width] uint8, frames in
+    parallel threads (the kernels release the GIL)."""
+    return list(pixel_pool().map(lambda frame: resize_frame(frame, height, width), frames))
+
+
+def resize_frame(frame: Image.Image, height: int, width: int) -> list[np.ndarray]:
+    """One RGB frame -> its channel planes resized to [height, width] uint8: the width pass
+    first, rounded to uint8, then the height pass, as PyTorch's kernel does."""
+    resize = kernels.Resize(torch_taps(frame.height, height) if frame.height != height else None,
+                            torch_taps(frame.width, width) if frame.width != width else None)
+    return [resize.rows(plane, 0, height) for plane in channel_planes(frame)]
