@@ -43,9 +43,9 @@ from tiny_reference_repo import build_generator_repo
 
 from qvl_trt.gateway.app import GatewayOptions
 from qvl_trt.gateway.openai_api import ChatCompletionRequest
-from qvl_trt.gateway.process import GatewayProcess
 from qvl_trt.gateway.upstream import Upstream
-from qvl_trt.triton.server import ServerOptions, TritonServer, free_ports
+from qvl_trt.serve.gateway_process import GatewayProcess
+from qvl_trt.serve.server import ServerOptions, TritonServer, free_ports
 
 PROMPT = "Tell me a long story."
 WAYS = ("direct", "gateway")

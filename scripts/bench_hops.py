@@ -37,12 +37,12 @@ from bench_preprocess import photo_like
 from qvl_trt.build import BuildOptions, Stage, run_build
 from qvl_trt.client.generate import GenerateClient, GenerateRequest
 from qvl_trt.dtypes import Dtype
+from qvl_trt.serve.server import ServerOptions, TritonServer, free_ports
 from qvl_trt.testing.hop_timer import install_hop_timer, read_calls
 from qvl_trt.testing.tiny_checkpoint import TinyDims, write_tiny_checkpoint
 from qvl_trt.triton import contract as c
 from qvl_trt.triton.model_configs import Flavor
 from qvl_trt.triton.repository import VERSION, BuildInput, RepoOptions, write_repo
-from qvl_trt.triton.server import ServerOptions, TritonServer, free_ports
 
 QUESTION = "Describe this image in one word."
 PROFILE = "4090d"

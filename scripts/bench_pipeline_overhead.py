@@ -18,7 +18,7 @@ Usage: python scripts/bench_pipeline_overhead.py [--rate 250] [--streams 1 16]
        [--tokens 500] [--rounds 3] [--paths ensemble tensorrt_llm_bls] [--work-dir DIR]
 
 Building the repository needs transformers (the tiny checkpoint); serving it through the
-nvidia-pytriton wheel needs numpy < 2 (qvl_trt/triton/server.py says why). Where one Python
+nvidia-pytriton wheel needs numpy < 2 (qvl_trt/serve/server.py says why). Where one Python
 environment cannot have both (a GPU host whose transformers needs numpy 2), build in one and
 serve from the other, with the same --streams, --tokens and --rate:
 
@@ -47,11 +47,11 @@ from tiny_reference_repo import build_generator_repo
 from qvl_trt.client.generate import GenerateClient, GenerateRequest, request_fields
 from qvl_trt.deps import require
 from qvl_trt.mm.rope import MropeTable
+from qvl_trt.serve.server import ServerOptions, TritonServer, free_ports
 from qvl_trt.testing.token_generator import SETTINGS
 from qvl_trt.triton import contract as c
 from qvl_trt.triton.pbconfig import read_config
 from qvl_trt.triton.repository import VERSION
-from qvl_trt.triton.server import ServerOptions, TritonServer, free_ports
 
 PROMPT = "Describe the benchmark in a few words."
 DIRECT = "direct"

@@ -23,8 +23,8 @@ from pathlib import Path
 from tiny_reference_repo import build_tiny_reference_repo
 
 from qvl_trt.client.generate import GenerateClient, GenerateRequest
+from qvl_trt.serve.server import ServerOptions, TritonServer, free_ports
 from qvl_trt.triton import contract as c
-from qvl_trt.triton.server import ServerOptions, TritonServer, free_ports
 
 LONG_TOKENS = 1200
 SHORT_TOKENS = 8

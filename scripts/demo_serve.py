@@ -24,7 +24,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from qvl_trt.triton.server import free_ports
+from qvl_trt.serve.server import free_ports
 
 QVL_TRT = str(Path(sys.executable).with_name("qvl-trt"))
 # The port the closing lines suggest for a server that keeps running.

@@ -108,9 +108,9 @@ def triton_server(tmp_path_factory: pytest.TempPathFactory, tiny_build: Path):
     repository of `tiny_build` on free ports, for the whole session. At the end it is stopped
     and the test checks that nothing is left: no process, no /dev/shm region."""
     from qvl_trt.machine import find_tritonserver
+    from qvl_trt.serve.server import SHM_DIR, ServerOptions, TritonServer, free_ports
     from qvl_trt.triton.model_configs import Flavor
     from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo
-    from qvl_trt.triton.server import SHM_DIR, ServerOptions, TritonServer, free_ports
 
     pytest.importorskip("tritonclient.grpc", reason="needs tritonclient: pip install "
                         "'qvl-trt[serve]'")
@@ -140,8 +140,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, triton_server):
     pytest.importorskip("prometheus_client", reason="the gateway needs prometheus-client: pip "
                         "install 'qvl-trt[gateway]'")
     from qvl_trt.gateway.app import GatewayOptions
-    from qvl_trt.gateway.process import GatewayProcess
-    from qvl_trt.triton.server import free_ports
+    from qvl_trt.serve.gateway_process import GatewayProcess
+    from qvl_trt.serve.server import free_ports
 
     log = tmp_path_factory.mktemp("gateway") / "gateway.log"
     process = GatewayProcess(GatewayOptions(triton_server.grpc_url, port=free_ports().http),

@@ -31,8 +31,8 @@ from qvl_trt.deploy.kubernetes import (  # noqa: E402 (needs yaml's skip first)
     DeployOptions,
     write_manifests,
 )
+from qvl_trt.serve.needs import point_engine_paths, read_serve_plan  # noqa: E402
 from qvl_trt.triton.pbconfig import instance_count, read_config  # noqa: E402
-from qvl_trt.triton.serve_plan import point_engine_paths, read_serve_plan  # noqa: E402
 
 IMAGE = "registry.example.com/qvl-trt-serve:test"
 # The oldest schemas kubernetes-validate bundles (every field used exists there) and its newest.

@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from test_triton_server import data_uri, grpc_ask, metric, png
+from test_serve_server import data_uri, grpc_ask, metric, png
 
 from qvl_trt.triton import contract as c
 
@@ -329,8 +329,8 @@ def test_without_triton_readiness_fails_and_limits_answer_429_and_413(tmp_path) 
     """A gateway whose Triton is not there (a free port): it runs and says why it is not
     ready; its concurrency and body limits answer before anything reaches Triton."""
     from qvl_trt.gateway.app import GatewayOptions
-    from qvl_trt.gateway.process import GatewayProcess
-    from qvl_trt.triton.server import free_ports
+    from qvl_trt.serve.gateway_process import GatewayProcess
+    from qvl_trt.serve.server import free_ports
 
     ports = free_ports()
     opts = GatewayOptions(f"127.0.0.1:{ports.grpc}", port=ports.http, max_concurrency=1,
@@ -366,8 +366,8 @@ def test_with_an_api_key_v1_asks_for_it_and_the_rest_stays_open(gateway, triton_
     from pathlib import Path
 
     from qvl_trt.gateway.app import GatewayOptions
-    from qvl_trt.gateway.process import GatewayProcess
-    from qvl_trt.triton.server import free_ports
+    from qvl_trt.serve.gateway_process import GatewayProcess
+    from qvl_trt.serve.server import free_ports
 
     key = "s3cret-key"
     opts = GatewayOptions(triton_server.grpc_url, port=free_ports().http, api_key=key)

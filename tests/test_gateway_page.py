@@ -11,7 +11,7 @@ import base64
 import shutil
 
 import pytest
-from test_triton_server import png
+from test_serve_server import png
 
 from qvl_trt.triton import contract as c
 
@@ -122,8 +122,8 @@ def test_the_page_asks_a_keyed_server_for_its_key_once(triton_server, browser,
     from selenium.webdriver.support.ui import WebDriverWait
 
     from qvl_trt.gateway.app import GatewayOptions
-    from qvl_trt.gateway.process import GatewayProcess
-    from qvl_trt.triton.server import free_ports
+    from qvl_trt.serve.gateway_process import GatewayProcess
+    from qvl_trt.serve.server import free_ports
 
     opts = GatewayOptions(triton_server.grpc_url, port=free_ports().http, api_key="page-key")
     with GatewayProcess(opts, log_file=tmp_path / "gateway.log") as keyed:

@@ -56,6 +56,7 @@ LAYERS = (
     ("qvl_trt.triton",),
     ("qvl_trt.client",),
     ("qvl_trt.gateway",),
+    ("qvl_trt.serve",),
     ("qvl_trt.deploy",),
     ("qvl_trt.build",),
     ("qvl_trt.cli",),

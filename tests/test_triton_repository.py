@@ -18,6 +18,7 @@ from qvl_trt.deps import available
 from qvl_trt.dtypes import Dtype
 from qvl_trt.errors import ConfigError
 from qvl_trt.machine import detect_gpus
+from qvl_trt.serve.needs import point_engine_paths, read_serve_plan
 from qvl_trt.testing.trt_layout import linked_copy, write_llm_engine_layout
 from qvl_trt.triton import contract as c
 from qvl_trt.triton.model_configs import Flavor
@@ -30,7 +31,6 @@ from qvl_trt.triton.repository import (
     machine_cores,
     write_repo,
 )
-from qvl_trt.triton.serve_plan import point_engine_paths, read_serve_plan
 from qvl_trt.triton.validate import validate_repo
 
 pytest.importorskip("tritonclient", reason="needs tritonclient: pip install 'qvl-trt[serve]'")
@@ -448,7 +448,7 @@ def test_serve_refuses_two_llm_models_when_one_is_tensor_parallel(tmp_path,
 
 @needs_rtx
 def test_serve_sizes_the_bls_thread_pool_from_the_callers(trt_repo) -> None:
-    from qvl_trt.triton.serve_plan import read_serve_plan
+    from qvl_trt.serve.needs import read_serve_plan
 
     needs = read_serve_plan(trt_repo)
     workers = sum(int(read_config(d).parameters["workers"].string_value)
@@ -480,7 +480,7 @@ def test_doctor_checks_what_serving_the_repository_needs(trt_repo) -> None:
 
 
 def test_a_small_dev_shm_gets_a_warning_with_the_docker_flag(tmp_path) -> None:
-    from qvl_trt.triton.serve_plan import ServePlan, warn_small_shm
+    from qvl_trt.serve.needs import ServePlan, warn_small_shm
 
     needs = ServePlan(tmp_path, (), {}, 0, 3 * 2**30 + 1, {})
     assert warn_small_shm(needs, 4 * 2**30) is None

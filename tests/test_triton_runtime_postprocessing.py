@@ -2,7 +2,7 @@
 arrive while a response is on its way ride in the next one, nothing is sent after close, a
 cancelled or failed send stops it, and one sender thread serves every request in turn; the
 client's cancel flag is asked at a bounded rate. The served token path (text, counts, cancellation) is tested on a real tritonserver in
-test_triton_server.py and test_triton_runtime_tensorrt_llm_bls.py."""
+test_serve_server.py and test_triton_runtime_tensorrt_llm_bls.py."""
 
 from __future__ import annotations
 

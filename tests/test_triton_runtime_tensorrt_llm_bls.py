@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from test_triton_server import (
+from test_serve_server import (
     ENSEMBLE_TYPES,
     RequestFailed,
     expected,

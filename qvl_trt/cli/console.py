@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ..client.bench import Measurement
     from ..client.metrics import LevelMetrics
     from ..client.verify import CaseResult
-    from ..triton.serve_plan import Readiness
+    from ..serve.needs import Readiness
     from ..triton.validate import ValidationReport
 
 out = Console(soft_wrap=True)

@@ -65,7 +65,7 @@ def doctor(
     report = environment_report()
     readiness = ()
     if repo is not None:
-        from ..triton.serve_plan import read_serve_plan, serve_readiness
+        from ..serve.needs import read_serve_plan, serve_readiness
 
         readiness = serve_readiness(read_serve_plan(repo), load_models=load)
     if json_out:

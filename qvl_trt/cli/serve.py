@@ -196,7 +196,7 @@ def image(
     plan = None
     if repo is not None:
         from ..profiles import TrtEdition
-        from ..triton.serve_plan import read_serve_plan
+        from ..serve.needs import read_serve_plan
 
         if not repo.is_dir():
             raise ConfigError(f"{repo} is not a folder; pass a model repository written by "
@@ -252,7 +252,7 @@ def serve(
     stops answering, stop it cleanly on Ctrl-C or SIGTERM (a second one forces it). With
     --openai-port, the gateway starts once the server is ready, starts again if it exits on
     its own, and stops before the server."""
-    from ..triton.serve_plan import (
+    from ..serve.needs import (
         check_vision_editions,
         point_engine_paths,
         read_serve_plan,
@@ -260,7 +260,7 @@ def serve(
         shm_size_bytes,
         warn_small_shm,
     )
-    from ..triton.server import (
+    from ..serve.server import (
         Ports,
         ServerOptions,
         TritonServer,
@@ -269,8 +269,8 @@ def serve(
         require_tritonserver,
         server_command,
     )
-    from ..triton.server import free_ports as pick_ports
-    from ..triton.supervisor import Supervisor
+    from ..serve.server import free_ports as pick_ports
+    from ..serve.supervisor import Supervisor
     from .console import out as console
 
     if not repository.is_dir():
@@ -291,7 +291,7 @@ def serve(
     gateway = None
     if openai_port is not None:
         from ..gateway.app import API_KEY_ENV, GatewayOptions
-        from ..gateway.process import GatewayProcess
+        from ..serve.gateway_process import GatewayProcess
 
         gateway = GatewayProcess(GatewayOptions(f"{client_host(host)}:{ports.grpc}",
                                                 host=openai_host or host, port=openai_port,
@@ -428,7 +428,7 @@ def gateway(
     key (Authorization: Bearer KEY). Stops on Ctrl-C or SIGTERM."""
     from ..client.generate import parse_url
     from ..gateway.app import API_KEY_ENV, GatewayOptions, run_gateway
-    from ..triton.server import client_host
+    from ..serve.server import client_host
     from .console import out as console
 
     endpoint = parse_url(url)

@@ -8,8 +8,8 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..triton.serve_plan import ServePlan, shm_flag
-from ..triton.server import Ports
+from ..serve.needs import ServePlan, shm_flag
+from ..serve.server import Ports
 from .image import load_container_packages
 
 # Triton 2.71 with TensorRT-LLM 1.2.1, the last line with the TensorRT engine path; named in

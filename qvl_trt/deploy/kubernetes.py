@@ -28,17 +28,17 @@ from ..atomic import staged_dir
 from ..deps import require
 from ..errors import ConfigError
 from ..gateway.app import API_KEY_ENV, DEFAULT_PORT, GatewayOptions
-from ..gateway.process import STOP_GRACE_S
 from ..profiles import check_gpu_product, gpu_product_label
-from ..triton.serve_plan import (
+from ..serve.gateway_process import STOP_GRACE_S
+from ..serve.needs import (
     ServePlan,
     read_serve_plan,
     resolve_world_size,
     shm_gib,
     written_root,
 )
-from ..triton.server import SHM_DIR, STARTUP_TIMEOUT_S, UNLOAD_GRACE_S, Ports, ServerOptions
-from ..triton.supervisor import PROBE_INTERVAL_S, PROBE_TIMEOUT_S, START_ATTEMPTS
+from ..serve.server import SHM_DIR, STARTUP_TIMEOUT_S, UNLOAD_GRACE_S, Ports, ServerOptions
+from ..serve.supervisor import PROBE_INTERVAL_S, PROBE_TIMEOUT_S, START_ATTEMPTS
 
 MIB, GIB = 2**20, 2**30
 DEFAULT_NAME = "qvl-trt"

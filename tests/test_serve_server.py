@@ -406,10 +406,10 @@ def test_two_builds_in_one_repository_are_served_side_by_side(tmp_path, tiny_bui
     """`qvl-trt repo --build a=B1 --build b=B2`: one server keeps both resident and the
     client picks one by its ensemble name."""
     from qvl_trt.build import BuildOptions, Stage, run_build
+    from qvl_trt.serve.server import ServerOptions, TritonServer, free_ports
     from qvl_trt.testing.tiny_checkpoint import write_tiny_checkpoint
     from qvl_trt.triton.model_configs import Flavor
     from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo
-    from qvl_trt.triton.server import ServerOptions, TritonServer, free_ports
 
     other = write_tiny_checkpoint(tmp_path / "other", seed=1)
     run_build(BuildOptions(model=str(other), gpu=str(triton_profile)), tmp_path / "other-build",
@@ -472,9 +472,9 @@ def test_generate_and_the_server_agree_when_do_sample_is_unset(tmp_path, tiny_ck
     decodes greedily, temperature/top_k/top_p notwithstanding): both sides decode greedily,
     and the text differs from sampling with the file's values (the old `generate`)."""
     from qvl_trt.build import BuildOptions, Stage, run_build
+    from qvl_trt.serve.server import ServerOptions, TritonServer, free_ports
     from qvl_trt.triton.model_configs import Flavor
     from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo
-    from qvl_trt.triton.server import ServerOptions, TritonServer, free_ports
 
     model = tmp_path / "unset"
     shutil.copytree(tiny_ckpt, model)

@@ -14,8 +14,8 @@ from pathlib import Path, PurePosixPath
 
 from ..errors import ConfigError, QvlError
 from ..profiles import TrtEdition
-from .contract import llm_caller_parameters
-from .pbconfig import (
+from ..triton.contract import llm_caller_parameters
+from ..triton.pbconfig import (
     CONFIG_FILE,
     get_parameter,
     instance_count,
@@ -25,7 +25,7 @@ from .pbconfig import (
     set_parameters,
     write_config,
 )
-from .repository import BUILD_INFO, ENGINE_DIR, VERSION, BuildInfo
+from ..triton.repository import BUILD_INFO, ENGINE_DIR, VERSION, BuildInfo
 from .server import DEFAULT_THREAD_POOL, SHM_DIR
 
 log = logging.getLogger(__name__)

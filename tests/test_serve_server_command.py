@@ -1,4 +1,4 @@
-"""tritonserver command lines (qvl_trt/triton/server.py), without starting a server."""
+"""tritonserver command lines (qvl_trt/serve/server.py), without starting a server."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from qvl_trt.errors import ConfigError
 from qvl_trt.machine import TritonInstall
-from qvl_trt.triton.server import Ports, ServerOptions, format_command, server_command
+from qvl_trt.serve.server import Ports, ServerOptions, format_command, server_command
 
 INSTALL = TritonInstall(Path("/opt/tritonserver/bin/tritonserver"),
                         Path("/opt/tritonserver/backends"), "ngc", "2.71.0")

@@ -37,7 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
 
 from ..errors import ServerError
-from . import contract as c
+from ..triton import contract as c
 from .server import TritonServer
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ def probe(server: TritonServer, ensemble: str, timeout_s: float) -> str | None:
 
 
 class Companion(Protocol):
-    """A process serve runs beside tritonserver (gateway.process.GatewayProcess)."""
+    """A process serve runs beside tritonserver (serve.gateway_process.GatewayProcess)."""
 
     name: str
 

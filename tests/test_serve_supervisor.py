@@ -1,4 +1,4 @@
-"""`qvl-trt serve` under faults (qvl_trt/triton/supervisor.py, server.py), each test with its
+"""`qvl-trt serve` under faults (qvl_trt/serve/supervisor.py, server.py), each test with its
 own `qvl-trt serve` process on the reference repository of the tiny build: a killed python
 stub is noticed and the server restarted, readiness says so in between; kill -9 of serve
 leaves nothing running; SIGTERM drains in-flight requests and exits 0."""
@@ -46,7 +46,7 @@ class Serve:
     """A `qvl-trt serve` child process with a readiness port."""
 
     def __init__(self, repo: Path, tmp: Path, *options: str) -> None:
-        from qvl_trt.triton.server import free_ports
+        from qvl_trt.serve.server import free_ports
 
         self.ports, self.health = free_ports(), free_ports().http
         self.log = tmp / "server.log"
@@ -107,7 +107,7 @@ class Serve:
 
 @pytest.fixture
 def serve(repo: Path, tmp_path: Path):
-    from qvl_trt.triton.server import remove_stale_shm
+    from qvl_trt.serve.server import remove_stale_shm
 
     started = Serve(repo, tmp_path)
     yield started
@@ -192,7 +192,7 @@ class Stream:
 
 
 def test_a_killed_stub_is_noticed_and_service_comes_back(serve: Serve) -> None:
-    from qvl_trt.triton.server import STUB_NAME
+    from qvl_trt.serve.server import STUB_NAME
 
     serve.wait_ready()
     want = generate(serve, 8)
@@ -235,7 +235,7 @@ def _is_stub_of(proc: Path, server: int, instance: str, stub: str) -> bool:
 
 
 def test_kill_9_of_serve_leaves_nothing_running(serve: Serve) -> None:
-    from qvl_trt.triton.server import SHM_DIR, remove_stale_shm
+    from qvl_trt.serve.server import SHM_DIR, remove_stale_shm
 
     serve.wait_ready()
     server = serve.tritonserver()
@@ -286,7 +286,7 @@ def test_sigterm_drains_eight_streams_stops_the_gateway_and_exits_0(repo: Path,
     loaded until its exit timeout (see DRAINED_LINE in server.py). With --openai-port the
     gateway answers once the server is ready, comes back after a kill -9, and ends before the
     server."""
-    from qvl_trt.triton.server import free_ports, remove_stale_shm
+    from qvl_trt.serve.server import free_ports, remove_stale_shm
 
     openai = pytest.importorskip("openai", reason="the gateway's client: pip install openai")
     port = free_ports().http

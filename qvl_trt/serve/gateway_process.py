@@ -18,8 +18,8 @@ from pathlib import Path
 
 from ..child import die_with_parent, kill_group
 from ..errors import ServerError
-from ..triton.server import client_host
-from .app import API_KEY_ENV, GatewayOptions
+from ..gateway.app import API_KEY_ENV, GatewayOptions
+from .server import client_host
 
 # Beyond the gateway's own shutdown timeout, before its group is killed.
 STOP_GRACE_S = 5.0
@@ -37,7 +37,7 @@ def gateway_command(opts: GatewayOptions) -> list[str]:
 
 
 class GatewayProcess:
-    """The gateway child; a `triton.supervisor.Companion` of `qvl-trt serve`."""
+    """The gateway child; a `serve.supervisor.Companion` of `qvl-trt serve`."""
 
     name = "the OpenAI gateway"
 

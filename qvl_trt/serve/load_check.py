@@ -14,7 +14,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from .pbconfig import CONFIG_FILE, parse_config
+from ..triton.pbconfig import CONFIG_FILE, parse_config
 from .server import ServerOptions, TritonServer, free_ports
 
 # Loading runs each model's initialize (the preprocessing kernels compile, the tokenizer

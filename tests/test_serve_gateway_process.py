@@ -13,7 +13,7 @@ import time
 
 import pytest
 from cli_harness import run_cli
-from test_triton_supervisor import group_alive, group_gone_within
+from test_serve_supervisor import group_alive, group_gone_within
 
 from qvl_trt.triton import contract as c
 
@@ -24,7 +24,7 @@ pytest.importorskip("aiohttp", reason="the gateway needs aiohttp: pip install 'q
 PARENT = """
 import sys, time
 from qvl_trt.gateway.app import GatewayOptions
-from qvl_trt.gateway.process import GatewayProcess
+from qvl_trt.serve.gateway_process import GatewayProcess
 
 gateway = GatewayProcess(GatewayOptions(sys.argv[1], port=int(sys.argv[2]))).start()
 print("PID", gateway.process.pid, flush=True)
@@ -33,7 +33,7 @@ time.sleep(600)
 
 
 def test_the_gateway_dies_with_the_process_that_started_it() -> None:
-    from qvl_trt.triton.server import free_ports
+    from qvl_trt.serve.server import free_ports
 
     ports = free_ports()
     parent = subprocess.Popen([sys.executable, "-c", PARENT, f"127.0.0.1:{ports.grpc}",
@@ -49,8 +49,8 @@ def test_the_gateway_dies_with_the_process_that_started_it() -> None:
 
 def test_sigterm_finishes_the_answer_in_flight_then_exits_0(triton_server, tmp_path) -> None:
     from qvl_trt.gateway.app import GatewayOptions
-    from qvl_trt.gateway.process import GatewayProcess
-    from qvl_trt.triton.server import free_ports
+    from qvl_trt.serve.gateway_process import GatewayProcess
+    from qvl_trt.serve.server import free_ports
 
     port = free_ports().http
     log = tmp_path / "gateway.log"
