@@ -41,7 +41,7 @@ from pathlib import Path
 
 from tiny_reference_repo import build_generator_repo
 
-from qvl_trt.gateway.app import GatewayOptions
+from qvl_trt.gateway.options import GatewayOptions
 from qvl_trt.gateway.openai_api import ChatCompletionRequest
 from qvl_trt.gateway.upstream import Upstream
 from qvl_trt.serve.gateway_process import GatewayProcess

@@ -28,3 +28,11 @@ def run_cli(*args: str, block: tuple[str, ...] = (), timeout: float = 300,
             **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", _BOOT, ",".join(block), *args],
                           capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def modules_loaded_by(statement: str) -> set[str]:
+    """The modules a fresh interpreter holds after running `statement`."""
+    code = f"{statement}\nimport sys\nprint(' '.join(sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    return set(done.stdout.split())

@@ -139,7 +139,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, triton_server):
                         "'qvl-trt[gateway]'")
     pytest.importorskip("prometheus_client", reason="the gateway needs prometheus-client: pip "
                         "install 'qvl-trt[gateway]'")
-    from qvl_trt.gateway.app import GatewayOptions
+    from qvl_trt.gateway.options import GatewayOptions
     from qvl_trt.serve.gateway_process import GatewayProcess
     from qvl_trt.serve.server import free_ports
 

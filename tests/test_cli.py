@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from cli_harness import HEAVY, run_cli
+from cli_harness import HEAVY, modules_loaded_by, run_cli
 
 from qvl_trt.cli import app
 from qvl_trt.deps import require
@@ -22,6 +22,20 @@ def test_every_help_works_without_heavy_packages():
         sub = run_cli(name, "--help", block=HEAVY)
         assert sub.returncode == 0, f"{name} --help failed: {sub.stderr}"
         assert "Usage: qvl-trt " + name in " ".join(sub.stdout.split())
+
+
+def _array_code(modules: set[str]) -> set[str]:
+    """What the light commands must not pay for: numpy, protobuf, Pillow, numba, torch and
+    the request code (mm/), which the command functions import when they run."""
+    heavy = ("numpy", "google", "PIL", "numba", "torch")
+    return {m for m in modules if m.split(".")[0] in heavy or m.startswith("qvl_trt.mm")}
+
+
+def test_importing_the_cli_loads_no_array_code():
+    assert _array_code(modules_loaded_by("import qvl_trt.cli")) == set()
+    # the check sees such an import: the repository's contract needs numpy and mm/
+    assert {"numpy", "qvl_trt.mm.rope"} <= _array_code(
+        modules_loaded_by("import qvl_trt.cli, qvl_trt.triton.contract"))
 
 
 def test_user_error_is_one_line_without_traceback(tmp_path):

@@ -328,7 +328,7 @@ def test_readiness_fails_for_a_model_that_is_not_ready(gateway, triton_server) -
 def test_without_triton_readiness_fails_and_limits_answer_429_and_413(tmp_path) -> None:
     """A gateway whose Triton is not there (a free port): it runs and says why it is not
     ready; its concurrency and body limits answer before anything reaches Triton."""
-    from qvl_trt.gateway.app import GatewayOptions
+    from qvl_trt.gateway.options import GatewayOptions
     from qvl_trt.serve.gateway_process import GatewayProcess
     from qvl_trt.serve.server import free_ports
 
@@ -365,7 +365,7 @@ def test_with_an_api_key_v1_asks_for_it_and_the_rest_stays_open(gateway, triton_
     page, /ready and /live need no key; the key is not on the child's command line."""
     from pathlib import Path
 
-    from qvl_trt.gateway.app import GatewayOptions
+    from qvl_trt.gateway.options import GatewayOptions
     from qvl_trt.serve.gateway_process import GatewayProcess
     from qvl_trt.serve.server import free_ports
 
@@ -394,7 +394,7 @@ def test_with_an_api_key_v1_asks_for_it_and_the_rest_stays_open(gateway, triton_
 @pytest.mark.parametrize("key", ["", " padded", "two words", "tab\tinside"])
 def test_an_unusable_api_key_is_refused_in_one_line(key: str) -> None:
     from qvl_trt.errors import ConfigError
-    from qvl_trt.gateway.app import GatewayOptions
+    from qvl_trt.gateway.options import GatewayOptions
 
     with pytest.raises(ConfigError, match="QVL_TRT_API_KEY"):
         GatewayOptions("127.0.0.1:8001", api_key=key)

@@ -121,7 +121,7 @@ def test_the_page_asks_a_keyed_server_for_its_key_once(triton_server, browser,
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from qvl_trt.gateway.app import GatewayOptions
+    from qvl_trt.gateway.options import GatewayOptions
     from qvl_trt.serve.gateway_process import GatewayProcess
     from qvl_trt.serve.server import free_ports
 

@@ -23,7 +23,7 @@ pytest.importorskip("aiohttp", reason="the gateway needs aiohttp: pip install 'q
 
 PARENT = """
 import sys, time
-from qvl_trt.gateway.app import GatewayOptions
+from qvl_trt.gateway.options import GatewayOptions
 from qvl_trt.serve.gateway_process import GatewayProcess
 
 gateway = GatewayProcess(GatewayOptions(sys.argv[1], port=int(sys.argv[2]))).start()
@@ -48,7 +48,7 @@ def test_the_gateway_dies_with_the_process_that_started_it() -> None:
 
 
 def test_sigterm_finishes_the_answer_in_flight_then_exits_0(triton_server, tmp_path) -> None:
-    from qvl_trt.gateway.app import GatewayOptions
+    from qvl_trt.gateway.options import GatewayOptions
     from qvl_trt.serve.gateway_process import GatewayProcess
     from qvl_trt.serve.server import free_ports
 

@@ -13,7 +13,7 @@ from typing import Any
 from .. import __version__
 from ..checkpoint import PREPROCESSING_REQUIRED_FILES
 from ..errors import CheckpointError
-from ..triton.model_configs import Flavor
+from ..triton.options import Flavor
 from ..triton.repository import BuildInput, RepoOptions, write_repo
 from .context import BuildContext, Stage
 

@@ -12,7 +12,7 @@ import typer
 from ..dtypes import Dtype
 from ..errors import ConfigError
 from ..profiles import TrtEdition
-from ..triton.model_configs import Flavor
+from ..triton.options import Flavor, RepoOptions
 from .app import (
     JsonOpt,
     ModelOpt,
@@ -227,14 +227,15 @@ def repo(
                                       show_default=False)],
     flavor: Annotated[Flavor, typer.Option(
         help="trt: vision engine + stock tensorrtllm backend; reference: PyTorch vision tower "
-        "and reference decoder (any machine, CPU included).")] = Flavor.TRT,
+        "and reference decoder (any machine, CPU included).")] = RepoOptions.flavor,
     mount_path: Annotated[str | None, typer.Option(
         help="Where the repository will be mounted when served (the tensorrtllm backend takes "
         "an absolute engine path) [default: --out].")] = None,
     default_max_tokens: Annotated[int, typer.Option(
-        help="max_tokens of requests that give none.")] = 512,
+        help="max_tokens of requests that give none.")] = RepoOptions.default_max_tokens,
     vision_cache_mib: Annotated[int, typer.Option(
-        help="Size of the vision encoder's cache of image embeddings.")] = 512,
+        help="Size of the vision encoder's cache of image embeddings.")]
+    = RepoOptions.vision_cache_mib,
     allow_image_host: Annotated[list[str] | None, typer.Option(
         help="Host whose http(s) image URLs the server may fetch (repeatable) [default: none, "
         "images come as data URIs or bytes].")] = None,
@@ -245,7 +246,7 @@ def repo(
     force: Annotated[bool, typer.Option(help="Replace an existing --out folder.")] = False,
 ) -> None:
     """Write a Triton model repository from one or more build folders."""
-    from ..triton.repository import BuildInput, RepoOptions, write_repo
+    from ..triton.repository import BuildInput, write_repo
     from .console import out as console
 
     counts = {} if postprocessing_instances is None else {

@@ -28,7 +28,9 @@ if TYPE_CHECKING:
     from ..client.bench import Measurement
     from ..client.metrics import LevelMetrics
     from ..client.verify import CaseResult
+    from ..serve.gateway_process import GatewayProcess
     from ..serve.needs import Readiness
+    from ..serve.server import TritonServer
     from ..triton.validate import ValidationReport
 
 out = Console(soft_wrap=True)
@@ -368,3 +370,15 @@ def validate_lines(report: ValidationReport) -> list[str]:
 def validate_json(report: ValidationReport) -> dict[str, Any]:
     return {"repo": str(report.repo), "ok": report.ok, "checks": report.checks,
             "models": report.models, "problems": [str(p) for p in report.problems]}
+
+
+def serving_lines(server: TritonServer, gateway: GatewayProcess | None, *,
+                  health_port: int | None) -> str:
+    """What `qvl-trt serve` prints once it serves."""
+    health = "" if health_port is None else \
+        f", readiness http://{server.client_host}:{health_port}/ready"
+    lines = [f"tritonserver ({server.install.origin}) ready: HTTP {server.http_url}, gRPC "
+             f"{server.grpc_url}, metrics {server.metrics_url}{health}; Ctrl-C stops it"]
+    if gateway is not None:
+        lines.append(f"OpenAI endpoint {gateway.url}/v1, chat page {gateway.url}/")
+    return "\n".join(lines)

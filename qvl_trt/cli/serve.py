@@ -10,6 +10,9 @@ from typing import Annotated
 import typer
 
 from ..errors import ConfigError
+from ..gateway.options import API_KEY_ENV, GatewayOptions
+from ..serve.options import ServeOptions
+from ..serve.server import Ports
 from .app import (
     JsonOpt,
     ServedModelOpt,
@@ -18,6 +21,9 @@ from .app import (
     VideoOpt,
     command,
 )
+
+# The options' defaults are the dataclasses' (one home per default).
+_SERVE, _GATEWAY = ServeOptions, GatewayOptions
 
 
 @command(panel="Serve and measure")
@@ -220,30 +226,33 @@ def image(
 def serve(
     repository: Annotated[Path, typer.Argument(help="Model repository folder.",
                                                show_default=False)],
-    http_port: Annotated[int, typer.Option(help="HTTP port.")] = 8000,
-    grpc_port: Annotated[int, typer.Option(help="gRPC port.")] = 8001,
-    metrics_port: Annotated[int, typer.Option(help="Prometheus metrics port.")] = 8002,
+    http_port: Annotated[int, typer.Option(help="HTTP port.")] = _SERVE.ports.http,
+    grpc_port: Annotated[int, typer.Option(help="gRPC port.")] = _SERVE.ports.grpc,
+    metrics_port: Annotated[int, typer.Option(help="Prometheus metrics port.")]
+    = _SERVE.ports.metrics,
     free_ports: Annotated[bool, typer.Option(
-        help="Pick three free ports instead of the port options.")] = False,
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+        help="Pick three free ports instead of the port options.")] = _SERVE.pick_free_ports,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = _SERVE.host,
     world_size: Annotated[int | None, typer.Option(
         help="GPUs (tensor-parallel ranks) of the LLM engine: > 1 launches one tritonserver "
         "rank per GPU through mpirun [default: the engines' world size; a different value "
-        "is refused].", show_default=False)] = None,
+        "is refused].", show_default=False)] = _SERVE.world_size,
     log_file: Annotated[Path | None, typer.Option(
-        help="Write the server's log here instead of the terminal.")] = None,
-    log_verbose: Annotated[int, typer.Option(help="Triton's --log-verbose level.")] = 0,
+        help="Write the server's log here instead of the terminal.")] = _SERVE.log_file,
+    log_verbose: Annotated[int, typer.Option(help="Triton's --log-verbose level.")]
+    = _SERVE.log_verbose,
     health_port: Annotated[int | None, typer.Option(
-        help="Answer GET /ready (200 only while the end-to-end probe passes and no restart "
-        "is under way, else 503) and /live on this port [default: none].",
-        show_default=False)] = None,
+        help="Answer GET /ready (200 only while the end-to-end probe passes, every model "
+        "instance and the gateway run and no restart is under way, else 503) and /live on "
+        "this port [default: none].", show_default=False)] = _SERVE.health_port,
     openai_port: Annotated[int | None, typer.Option(
         help="Also run the OpenAI-compatible gateway and chat page (`qvl-trt gateway`) on "
-        "this port, in front of the server's gRPC endpoint; QVL_TRT_API_KEY in the "
-        "environment makes it ask for that key [default: none].",
-        show_default=False)] = None,
+        "this port, in front of the server's gRPC endpoint; its /ready answers as "
+        "--health-port's does; QVL_TRT_API_KEY in the environment makes it ask for that key "
+        "[default: none].", show_default=False)] = _SERVE.openai_port,
     openai_host: Annotated[str | None, typer.Option(
-        help="Address the gateway listens on [default: --host].", show_default=False)] = None,
+        help="Address the gateway listens on [default: --host].", show_default=False)]
+    = _SERVE.openai_host,
     dry_run: Annotated[bool, typer.Option(
         help="Print the command it would run, and exit.")] = False,
 ) -> None:
@@ -252,70 +261,21 @@ def serve(
     stops answering, stop it cleanly on Ctrl-C or SIGTERM (a second one forces it). With
     --openai-port, the gateway starts once the server is ready, starts again if it exits on
     its own, and stops before the server."""
-    from ..serve.needs import (
-        check_vision_editions,
-        point_engine_paths,
-        read_serve_plan,
-        resolve_world_size,
-        shm_size_bytes,
-        warn_small_shm,
-    )
-    from ..serve.server import (
-        Ports,
-        ServerOptions,
-        TritonServer,
-        client_host,
-        format_command,
-        require_tritonserver,
-        server_command,
-    )
-    from ..serve.server import free_ports as pick_ports
-    from ..serve.supervisor import Supervisor
+    from ..serve.run import prepare
+    from ..serve.run import serve as serve_repository
     from .console import out as console
+    from .console import serving_lines
 
-    if not repository.is_dir():
-        raise ConfigError(f"{repository} is not a folder; pass a model repository written by "
-                          "`qvl-trt repo`")
-    needs = read_serve_plan(repository)
-    install = require_tritonserver()
-    ports = pick_ports(host if host != "0.0.0.0" else "127.0.0.1") if free_ports else \
-        Ports(http_port, grpc_port, metrics_port)
-    opts = ServerOptions(repository, ports, host=host,
-                         world_size=resolve_world_size(needs, world_size),
-                         llm_models=needs.llm_models, thread_pool_size=needs.thread_pool_size,
-                         log_verbose=log_verbose)
+    opts = ServeOptions(Ports(http_port, grpc_port, metrics_port), free_ports, host,
+                        world_size, log_file, log_verbose, health_port, openai_port,
+                        openai_host, api_key=os.environ.get(API_KEY_ENV))
     if dry_run:
-        console.print(format_command(server_command(install, opts), install), highlight=False,
-                      markup=False, soft_wrap=True)
+        console.print(prepare(repository, opts).command, highlight=False, markup=False,
+                      soft_wrap=True)
         return
-    gateway = None
-    if openai_port is not None:
-        from ..gateway.app import API_KEY_ENV, GatewayOptions
-        from ..serve.gateway_process import GatewayProcess
-
-        gateway = GatewayProcess(GatewayOptions(f"{client_host(host)}:{ports.grpc}",
-                                                host=openai_host or host, port=openai_port,
-                                                api_key=os.environ.get(API_KEY_ENV)))
-    check_vision_editions(needs)
-    warn_small_shm(needs, shm_size_bytes())
-    point_engine_paths(needs)
-    server = TritonServer(opts, install=install, log_file=log_file)
-    health = f", readiness http://{server.client_host}:{health_port}/ready" \
-        if health_port is not None else ""
-
-    def ready() -> None:
-        console.print(f"tritonserver ({install.origin}) ready: HTTP {server.http_url}, gRPC "
-                      f"{server.grpc_url}, metrics {server.metrics_url}{health}; Ctrl-C stops "
-                      "it", highlight=False)
-        if gateway is not None:
-            gateway.wait_ready()
-            console.print(f"OpenAI endpoint {gateway.url}/v1, chat page {gateway.url}/",
-                          highlight=False)
-
-    supervisor = Supervisor(server, needs.ensembles, health_port=health_port, on_ready=ready,
-                            companions=(gateway,) if gateway is not None else ())
-    code = supervisor.run()
-    if code not in (0, None):
+    code = serve_repository(repository, opts, on_ready=lambda *up: console.print(
+        serving_lines(*up, health_port=health_port), highlight=False))
+    if code:
         raise typer.Exit(code)
 
 
@@ -412,22 +372,27 @@ def deploy(
 def gateway(
     url: Annotated[str, typer.Option(help="Triton's gRPC endpoint: grpc://HOST:PORT.")]
     = "grpc://127.0.0.1:8001",
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 9000,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = _GATEWAY.host,
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = _GATEWAY.port,
     max_concurrency: Annotated[int, typer.Option(
-        help="Chat requests in flight; more get 429.")] = 256,
+        help="Chat requests in flight; more get 429.")] = _GATEWAY.max_concurrency,
     max_body_bytes: Annotated[int | None, typer.Option(
         help="Largest request body; larger get 413 [default: the deployment's "
-        "max_request_bytes + 64 KiB].", show_default=False)] = None,
+        "max_request_bytes + 64 KiB].", show_default=False)] = _GATEWAY.max_body_bytes,
     shutdown_timeout: Annotated[float, typer.Option(
-        help="Seconds the answers in flight get to finish after SIGTERM.")] = 10.0,
+        help="Seconds the answers in flight get to finish after SIGTERM.")]
+    = _GATEWAY.shutdown_timeout_s,
+    ready_url: Annotated[str | None, typer.Option(
+        help="Answer /ready with what this URL's /ready answers (`qvl-trt serve` passes its "
+        "own) [default: whether Triton's models are ready].", show_default=False)]
+    = _GATEWAY.ready_url,
 ) -> None:
     """OpenAI-compatible endpoint and chat page in front of a running Triton (`qvl-trt serve`,
     or the container): POST /v1/chat/completions, GET /v1/models, the chat page at /, /ready,
     /live and /metrics. With the environment variable QVL_TRT_API_KEY set, /v1/ asks for that
     key (Authorization: Bearer KEY). Stops on Ctrl-C or SIGTERM."""
     from ..client.generate import parse_url
-    from ..gateway.app import API_KEY_ENV, GatewayOptions, run_gateway
+    from ..gateway.app import run_gateway
     from ..serve.server import client_host
     from .console import out as console
 
@@ -438,7 +403,7 @@ def gateway(
     opts = GatewayOptions(endpoint.address, host=host, port=port,
                           max_concurrency=max_concurrency, max_body_bytes=max_body_bytes,
                           shutdown_timeout_s=shutdown_timeout,
-                          api_key=os.environ.get(API_KEY_ENV))
+                          api_key=os.environ.get(API_KEY_ENV), ready_url=ready_url)
     shown = f"http://{client_host(host)}:{port}"
     run_gateway(opts, on_ready=lambda: console.print(
         f"gateway listening: OpenAI endpoint {shown}/v1, chat page {shown}/ (Triton gRPC "

@@ -27,7 +27,8 @@ from typing import Any
 from ..atomic import staged_dir
 from ..deps import require
 from ..errors import ConfigError
-from ..gateway.app import API_KEY_ENV, DEFAULT_PORT, GatewayOptions
+from ..gateway.options import API_KEY_ENV, DEFAULT_PORT, GatewayOptions
+from ..gateway.readiness import LIVE_PATH, READY_PATH
 from ..profiles import check_gpu_product, gpu_product_label
 from ..serve.gateway_process import STOP_GRACE_S
 from ..serve.needs import (
@@ -333,12 +334,12 @@ def _deployment(opts: DeployOptions, needs: PodNeeds, meta: dict[str, Any],
         "ports": [{"name": name, "containerPort": port} for name, port in
                   {**_service_ports(opts), "health": opts.health_port}.items()],
         "resources": {"requests": resources, "limits": resources},
-        "startupProbe": probe("/ready", STARTUP_PERIOD_S,
+        "startupProbe": probe(READY_PATH, STARTUP_PERIOD_S,
                               math.ceil(STARTUP_WINDOW_S / STARTUP_PERIOD_S)),
         # 503 while serve restarts a faulty server or the end-to-end probe fails: the pod
         # leaves the Service's endpoints until it answers again.
-        "readinessProbe": probe("/ready", 5, 2),
-        "livenessProbe": probe("/live", 10, 3),
+        "readinessProbe": probe(READY_PATH, 5, 2),
+        "livenessProbe": probe(LIVE_PATH, 10, 3),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_S)]}}},
         "volumeMounts": [repo_mount, {"name": "dshm", "mountPath": str(SHM_DIR)}],
     }

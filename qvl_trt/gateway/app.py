@@ -4,7 +4,7 @@
     GET  /v1/models             one model per build, by its ensemble's name
     GET  /v1/models/{model}
     POST /v1/chat/completions   OpenAI chat completions, streamed as server-sent events
-    GET  /ready                 200 while Triton and every model of every build is ready
+    GET  /ready                 200 while the deployment answers (readiness.py says when)
     GET  /live                  200 while the gateway runs
     GET  /metrics               Prometheus
 
@@ -32,7 +32,6 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from ..deps import require
 from ..errors import ConfigError
@@ -53,44 +52,15 @@ from .openai_api import (
     sse,
     usage,
 )
-from .upstream import Piece, ServedModel, Upstream
+from .options import GatewayOptions
+from .readiness import LIVE_PATH, READY_PATH, ask_ready, live_reply, ready_reply
+from .upstream import PROBE_TIMEOUT_S, Piece, ServedModel, Upstream
 
 log = logging.getLogger(__name__)
 
 # Room in a request body beside its messages (settings, JSON punctuation).
 BODY_SLACK_BYTES = 64 * 2**10
-DEFAULT_PORT = 9000
 PAGE = "static/chat.html"
-# Where `qvl-trt gateway` and `qvl-trt serve --openai-port` read the API key (an environment
-# variable, not an argument: a command line is visible to every user of the machine).
-API_KEY_ENV = "QVL_TRT_API_KEY"
-
-
-@dataclass(frozen=True)
-class GatewayOptions:
-    triton_url: str  # HOST:PORT of Triton's gRPC endpoint (client.generate.parse_url)
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
-    max_concurrency: int = 256
-    max_body_bytes: int | None = None  # None: from the deployment (see the module doc)
-    shutdown_timeout_s: float = 10.0
-    api_key: str | None = field(default=None, repr=False)  # None: no key asked
-
-    def __post_init__(self) -> None:
-        if not 0 < self.port < 65536:
-            raise ConfigError(f"--port {self.port} is not a TCP port; use 1-65535")
-        if self.max_concurrency < 1:
-            raise ConfigError(f"--max-concurrency {self.max_concurrency} must be at least 1")
-        if self.max_body_bytes is not None and self.max_body_bytes < 1024:
-            raise ConfigError(f"--max-body-bytes {self.max_body_bytes} is below 1024; a chat "
-                              "request does not fit")
-        if self.shutdown_timeout_s < 0:
-            raise ConfigError(f"--shutdown-timeout {self.shutdown_timeout_s} must be >= 0")
-        key = self.api_key
-        if key is not None and (not key or not key.isprintable()
-                                or any(ch.isspace() for ch in key)):
-            raise ConfigError(f"the API key (${API_KEY_ENV}) is empty or has spaces or control "
-                              "characters; use a printable token without spaces")
 
 
 def chat_page() -> bytes:
@@ -120,8 +90,8 @@ class Gateway:
             web.get("/v1/models", self.models),
             web.get("/v1/models/{model}", self.model),
             web.post("/v1/chat/completions", self.chat),
-            web.get("/ready", self.ready),
-            web.get("/live", self.live),
+            web.get(READY_PATH, self.ready),
+            web.get(LIVE_PATH, self.live),
             web.get("/metrics", self.metrics_page),
         ])
         app.on_startup.append(self._startup)
@@ -213,14 +183,20 @@ class Gateway:
         return self._json(model_card(name, self.created))
 
     async def ready(self, request):
-        if self.served:
-            ok, reason = await self.upstream.readiness(self.served)
-        else:
+        if not self.served:
             ok, reason = False, self._discovery_error
-        return self._json({"ready": ok, "reason": reason}, 200 if ok else 503)
+        elif self.opts.ready_url is not None:
+            answer = await asyncio.to_thread(ask_ready, self.opts.ready_url, PROBE_TIMEOUT_S)
+            ok, reason = answer or (False, f"qvl-trt serve's {self.opts.ready_url} does not "
+                                    "answer")
+        else:
+            ok, reason = await self.upstream.readiness(self.served)
+        status, body = ready_reply(ok, reason)
+        return self._json(body, status)
 
     async def live(self, request):
-        return self._json({"live": True})
+        status, body = live_reply()
+        return self._json(body, status)
 
     async def metrics_page(self, request):
         body, content_type = self.metrics.exposition()

@@ -6,19 +6,17 @@ finish, up to the shutdown timeout) and kills the group if it does not end in ti
 from __future__ import annotations
 
 import functools
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from ..child import die_with_parent, kill_group
 from ..errors import ServerError
-from ..gateway.app import API_KEY_ENV, GatewayOptions
+from ..gateway.options import API_KEY_ENV, GatewayOptions
+from ..gateway.readiness import READY_PATH, ask_ready
 from .server import client_host
 
 # Beyond the gateway's own shutdown timeout, before its group is killed.
@@ -33,6 +31,8 @@ def gateway_command(opts: GatewayOptions) -> list[str]:
            "--shutdown-timeout", str(opts.shutdown_timeout_s)]
     if opts.max_body_bytes is not None:
         cmd += ["--max-body-bytes", str(opts.max_body_bytes)]
+    if opts.ready_url is not None:
+        cmd += ["--ready-url", opts.ready_url]
     return cmd
 
 
@@ -80,14 +80,7 @@ class GatewayProcess:
 
     def readiness(self) -> tuple[bool, str] | None:
         """GET /ready: (ready, reason), or None while it does not answer."""
-        try:
-            with urllib.request.urlopen(f"{self.url}/ready", timeout=10) as reply:
-                body = json.loads(reply.read())
-        except urllib.error.HTTPError as exc:
-            body = json.loads(exc.read())
-        except (urllib.error.URLError, OSError, ValueError):
-            return None
-        return bool(body["ready"]), body["reason"]
+        return ask_ready(f"{self.url}{READY_PATH}", timeout_s=10)
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s

@@ -18,9 +18,10 @@ before it (their answers in flight finish first), and are started again when one
 own (a crash, an OOM kill), at most every `companion_retry_s`; a server restart leaves them
 running (the gateway finds the new server on the same ports).
 
-Readiness (`--health-port`): GET /ready answers 200 only while the last probe passed, every
-stub is alive and no restart is under way, 503 (with the reason) otherwise; GET /live answers
-200 while serve runs.
+Readiness (`--health-port`, gateway/readiness.py): GET /ready answers 200 only while the last
+probe passed, every stub is alive, every companion runs and no restart is under way, 503 (with
+the reason) otherwise; GET /live answers 200 while serve runs. The gateway serve starts
+forwards this answer on its own port.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
 
 from ..errors import ServerError
+from ..gateway.readiness import LIVE_PATH, READY, READY_PATH, live_reply, ready_reply
 from ..triton import contract as c
 from .server import TritonServer
 
@@ -84,7 +86,8 @@ class Companion(Protocol):
 
 class Supervisor:
     def __init__(self, server: TritonServer, ensembles: tuple[str, ...], *,
-                 health_port: int | None = None, watch_interval_s: float = 0.5,
+                 health_port: int | None = None, health_host: str | None = None,
+                 watch_interval_s: float = 0.5,
                  probe_interval_s: float = PROBE_INTERVAL_S,
                  probe_timeout_s: float = PROBE_TIMEOUT_S, probe_failures: int = 2,
                  start_attempts: int = START_ATTEMPTS,
@@ -93,6 +96,7 @@ class Supervisor:
         self.server = server
         self.ensembles = ensembles
         self.health_port = health_port
+        self.health_host = health_host  # None: the server's
         self.watch_interval_s = watch_interval_s
         self.probe_interval_s = probe_interval_s
         self.probe_timeout_s = probe_timeout_s
@@ -117,11 +121,14 @@ class Supervisor:
     # ---- readiness ------------------------------------------------------------------------
 
     def readiness(self) -> tuple[bool, str]:
+        for companion in self.companions:
+            if companion.exit_code() is not None:
+                return False, f"{companion.name} exited; starting it again"
         with self._lock:
             if self._reason:
                 return False, self._reason
             if self._probe_ok:
-                return True, "ready"
+                return True, READY
             return False, self._probe_error or "first probe pending"
 
     def _start_health(self) -> None:
@@ -131,13 +138,12 @@ class Supervisor:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                if self.path == "/live":
-                    code, body = 200, {"live": True}
-                elif self.path == "/ready":
-                    ok, reason = supervisor.readiness()
-                    code, body = (200 if ok else 503), {"ready": ok, "reason": reason}
+                if self.path == LIVE_PATH:
+                    code, body = live_reply()
+                elif self.path == READY_PATH:
+                    code, body = ready_reply(*supervisor.readiness())
                 else:
-                    code, body = 404, {"error": "GET /ready or /live"}
+                    code, body = 404, {"error": f"GET {READY_PATH} or {LIVE_PATH}"}
                 data = json.dumps(body).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
@@ -148,7 +154,8 @@ class Supervisor:
             def log_message(self, *args) -> None:
                 pass
 
-        self._health = ThreadingHTTPServer((self.server.opts.host, self.health_port), Handler)
+        host = self.health_host or self.server.opts.host
+        self._health = ThreadingHTTPServer((host, self.health_port), Handler)
         threading.Thread(target=self._health.serve_forever, name="health",
                          daemon=True).start()
 
@@ -163,6 +170,8 @@ class Supervisor:
         try:
             self._start_health()
             self._start()
+            # Before the companions: a gateway forwards this readiness, which a probe makes.
+            threading.Thread(target=self._probe_loop, name="probe", daemon=True).start()
             try:
                 for companion in self.companions:
                     companion.start()
@@ -174,7 +183,6 @@ class Supervisor:
                 raise
             for s in previous:
                 signal.signal(s, self._on_signal)
-            threading.Thread(target=self._probe_loop, name="probe", daemon=True).start()
             while not self._stopping.is_set():
                 fault = self._fault()
                 if fault:

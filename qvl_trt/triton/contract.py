@@ -13,7 +13,6 @@ Data types are Triton's names without the `TYPE_` prefix; dims exclude the batch
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +22,7 @@ import numpy as np
 from ..errors import ConfigError, InputError
 from ..mm.rope import MropeTable
 from ..typed_config import load_parameters, to_parameters
+from .options import Flavor
 
 # ---- model names ----------------------------------------------------------------------------
 # The ensemble's steps: preprocessing -> vision_encoder -> postprocessing; postprocessing runs
@@ -70,13 +70,6 @@ class ModelNames:
 # One frozen dataclass per python model: the repository writer sets `to_parameters()` in its
 # config, its model.py (and the client, serve and validate) read `from_parameters(...)`, so a
 # parameter has one name and one type from the profile's limits to the model that uses them.
-
-
-class Flavor(str, enum.Enum):
-    """How the vision_encoder and tensorrt_llm steps run; the I/O is the same."""
-
-    TRT = "trt"  # vision TensorRT engine in a python model; the stock tensorrtllm backend
-    REFERENCE = "reference"  # PyTorch vision tower and reference decoder, python models
 
 
 class ModelParameters:

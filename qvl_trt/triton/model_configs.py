@@ -13,7 +13,8 @@ from typing import Any
 
 from ..mm.rope import MropeTable
 from . import contract as c
-from .contract import Flavor, PostprocessingParameters, TensorrtLlmBlsParameters
+from .contract import PostprocessingParameters, TensorrtLlmBlsParameters
+from .options import Flavor
 from .pbconfig import add_inputs, add_outputs, new_config, pb2, set_parameters
 
 # Where the TensorRT-LLM container installs the executor worker (orchestrator mode).

@@ -24,7 +24,7 @@ import re
 import shutil
 import zipfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .. import __version__
@@ -44,10 +44,10 @@ from . import contract as c
 from .model_configs import (
     CANCELLATION_CHECK_PERIOD_MS,
     ENABLE_CHUNKED_CONTEXT,
-    Flavor,
     StepSettings,
     step_configs,
 )
+from .options import Flavor, RepoOptions
 from .pbconfig import write_config
 from .tensorrtllm_backend import executor_max_input_len
 
@@ -76,49 +76,6 @@ class BuildInput:
         """`DIR` or `NAME=DIR` (the --build option)."""
         name, sep, path = text.partition("=")
         return cls(Path(path), name) if sep and name and "/" not in name else cls(Path(text))
-
-
-def machine_cores() -> int:
-    """CPU cores this process may run on (its affinity, as a container's CPU set limits it)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-        else os.cpu_count() or 1
-
-
-def default_postprocessing_instances(cores: int | None = None) -> int:
-    """One instance per four cores, 1 to 4. Each instance is a stub process of its own: its
-    own GIL, and its own thread through which the python backend hands it every tensorrt_llm
-    response (python_backend pb_stub.cc ParentToStubMQMonitor), so instances spread the
-    token hop over cores. The per-token work is mostly those hand-offs, a fraction of a core
-    per few thousand tokens/s (scripts/bench_pipeline_overhead.py prints it): four cover
-    a large GPU's token rate, and each instance costs a process and its worker threads."""
-    return max(1, min(4, (cores or machine_cores()) // 4))
-
-
-@dataclass(frozen=True)
-class RepoOptions:
-    flavor: Flavor = Flavor.TRT
-    # Where the repository will be mounted when served (the tensorrtllm backend reads an
-    # absolute engine path); None: where it is written.
-    mount_path: str | None = None
-    default_max_tokens: int = 512
-    vision_cache_mib: int = 512
-    image_url_allow_list: tuple[str, ...] = ()
-    # One per CPU core of the machine the repository is generated on (preprocessing is CPU
-    # work, one request at a time per instance); the serving machine is usually that one.
-    preprocessing_instances: int = field(default_factory=lambda: machine_cores())
-    # Instances of postprocessing and tensorrt_llm_bls (the token hop).
-    postprocessing_instances: int = field(default_factory=default_postprocessing_instances)
-    # Python models running PyTorch (reference flavor): "auto" = cuda when present.
-    device: str = "auto"
-    # The reference flavor's precision for the vision tower, the prompt table and the
-    # decoder: float32 by default (it is the accuracy oracle, and what the in-process
-    # reference pipeline computes on a CPU).
-    reference_dtype: Dtype = Dtype.FLOAT32
-
-    def __post_init__(self) -> None:
-        for name in ("preprocessing_instances", "postprocessing_instances"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} is {getattr(self, name)}; give 1 or more")
 
 
 @dataclass(frozen=True)
@@ -170,9 +127,11 @@ class RepoResult:
     models: tuple[str, ...] = ()
 
 
-def write_repo(builds: Sequence[BuildInput], out: Path, options: RepoOptions = RepoOptions(),
+def write_repo(builds: Sequence[BuildInput], out: Path, options: RepoOptions | None = None,
                *, force: bool = False) -> RepoResult:
-    """Write the repository for `builds` at `out` (which must not exist unless `force`)."""
+    """Write the repository for `builds` at `out` (which must not exist unless `force`;
+    `options` None: RepoOptions())."""
+    options = options or RepoOptions()
     out = Path(out).absolute()
     if not builds:
         raise ConfigError("give at least one --build folder")

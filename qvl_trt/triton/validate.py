@@ -27,7 +27,7 @@ from ..llm.engine import FUSED_ATTENTION_DTYPES
 from ..typed_config import to_jsonable
 from ..vision.spec import PIXEL_DTYPE
 from . import contract as c
-from .model_configs import Flavor
+from .options import Flavor
 from .pbconfig import (
     CONFIG_FILE,
     data_type_name,

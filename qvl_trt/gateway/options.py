@@ -1,0 +1,42 @@
+"""The gateway's options (`qvl-trt gateway`, `qvl-trt serve --openai-port`): standard library
+only, so the CLI reads its defaults here without loading the server."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+
+DEFAULT_PORT = 9000
+# Where `qvl-trt gateway` and `qvl-trt serve --openai-port` read the API key (an environment
+# variable, not an argument: a command line is visible to every user of the machine).
+API_KEY_ENV = "QVL_TRT_API_KEY"
+
+
+@dataclass(frozen=True)
+class GatewayOptions:
+    triton_url: str  # HOST:PORT of Triton's gRPC endpoint (client.generate.parse_url)
+    host: str = "0.0.0.0"
+    port: int = DEFAULT_PORT
+    max_concurrency: int = 256
+    max_body_bytes: int | None = None  # None: from the deployment (see the module doc)
+    shutdown_timeout_s: float = 10.0
+    api_key: str | None = field(default=None, repr=False)  # None: no key asked
+    # serve's /ready, which this gateway's /ready then forwards (readiness.py); None: ask Triton
+    ready_url: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ConfigError(f"--port {self.port} is not a TCP port; use 1-65535")
+        if self.max_concurrency < 1:
+            raise ConfigError(f"--max-concurrency {self.max_concurrency} must be at least 1")
+        if self.max_body_bytes is not None and self.max_body_bytes < 1024:
+            raise ConfigError(f"--max-body-bytes {self.max_body_bytes} is below 1024; a chat "
+                              "request does not fit")
+        if self.shutdown_timeout_s < 0:
+            raise ConfigError(f"--shutdown-timeout {self.shutdown_timeout_s} must be >= 0")
+        key = self.api_key
+        if key is not None and (not key or not key.isprintable()
+                                or any(ch.isspace() for ch in key)):
+            raise ConfigError(f"the API key (${API_KEY_ENV}) is empty or has spaces or control "
+                              "characters; use a printable token without spaces")

@@ -1,0 +1,44 @@
+"""Readiness as qvl-trt's HTTP endpoints answer it: serve's --health-port (the supervisor) and
+the gateway's port give the same routes and the same replies. GET /ready: 200 and
+{"ready": true, "reason": "ready"} while the deployment answers, else 503 and the reason;
+GET /live: 200 while the process runs.
+
+What "ready" means has one home per process: the supervisor's (its end-to-end probe passed,
+every python model instance is alive, no restart is under way); a gateway started by
+`qvl-trt serve` forwards the supervisor's answer (`GatewayOptions.ready_url`), and only a
+gateway on its own, with no supervisor behind it, asks Triton whether its models are ready."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+READY_PATH = "/ready"
+LIVE_PATH = "/live"
+READY = "ready"
+
+
+def ready_reply(ok: bool, reason: str) -> tuple[int, dict]:
+    """(HTTP status, JSON body) of GET /ready."""
+    return (200 if ok else 503), {"ready": ok, "reason": READY if ok else reason}
+
+
+def live_reply() -> tuple[int, dict]:
+    return 200, {"live": True}
+
+
+def ask_ready(url: str, timeout_s: float) -> tuple[bool, str] | None:
+    """GET `url` (a /ready route): (ready, reason), or None while nothing answers there."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as reply:
+            body = reply.read()
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+    except (urllib.error.URLError, OSError):
+        return None
+    try:
+        data = json.loads(body)
+        return bool(data["ready"]), str(data["reason"])
+    except (ValueError, KeyError, TypeError):
+        return False, f"{url} answered {body[:200]!r}, not a readiness reply"

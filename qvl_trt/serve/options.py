@@ -1,0 +1,24 @@
+"""`qvl-trt serve`'s options, read by the CLI for its defaults without loading the server."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .server import Ports
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """`qvl-trt serve`'s options; the CLI's defaults are these."""
+
+    ports: Ports = Ports()
+    pick_free_ports: bool = False  # instead of `ports`
+    host: str = "0.0.0.0"
+    world_size: int | None = None  # None: the engines'
+    log_file: Path | None = None
+    log_verbose: int = 0
+    health_port: int | None = None  # GET /ready and /live on this port; None: none
+    openai_port: int | None = None  # the gateway on this port; None: no gateway
+    openai_host: str | None = None  # None: `host`
+    api_key: str | None = field(default=None, repr=False)  # the gateway asks for it

@@ -1,0 +1,101 @@
+"""`serve()`: a written repository served until SIGTERM or Ctrl-C: tritonserver under the
+supervisor (restarts, readiness) and, with an OpenAI port, the gateway beside it. `qvl-trt
+serve` is this call; `prepare()` alone is its --dry-run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..gateway.options import GatewayOptions
+from ..gateway.readiness import READY_PATH
+from ..machine import TritonInstall
+from .gateway_process import GatewayProcess
+from .needs import (
+    ServePlan,
+    check_vision_editions,
+    point_engine_paths,
+    read_serve_plan,
+    resolve_world_size,
+    shm_size_bytes,
+    warn_small_shm,
+)
+from .options import ServeOptions
+from .server import (
+    ServerOptions,
+    TritonServer,
+    client_host,
+    format_command,
+    free_ports,
+    require_tritonserver,
+    server_command,
+)
+from .supervisor import Supervisor
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What `serve` runs, resolved from the repository and the options."""
+
+    needs: ServePlan
+    install: TritonInstall
+    server: ServerOptions
+    health_port: int | None  # the user's, or a loopback one the gateway forwards
+    health_host: str
+    gateway: GatewayOptions | None
+
+    @property
+    def command(self) -> str:
+        """The tritonserver command line, as a shell would run it."""
+        return format_command(server_command(self.install, self.server), self.install)
+
+
+def prepare(repo: Path, opts: ServeOptions) -> Serving:
+    """Read what serving `repo` needs and resolve the ports and processes; starts nothing."""
+    if not repo.is_dir():
+        raise ConfigError(f"{repo} is not a folder; pass a model repository written by "
+                          "`qvl-trt repo`")
+    needs = read_serve_plan(repo)
+    install = require_tritonserver()
+    local = client_host(opts.host)
+    ports = free_ports(local) if opts.pick_free_ports else opts.ports
+    server = ServerOptions(repo, ports, host=opts.host,
+                           world_size=resolve_world_size(needs, opts.world_size),
+                           llm_models=needs.llm_models, thread_pool_size=needs.thread_pool_size,
+                           log_verbose=opts.log_verbose)
+    health_port, health_host, gateway = opts.health_port, opts.host, None
+    if opts.openai_port is not None:
+        if health_port is None:  # the gateway forwards serve's readiness from a private port
+            health_port, health_host = free_ports(LOOPBACK).http, LOOPBACK
+        gateway = GatewayOptions(
+            f"{local}:{ports.grpc}", host=opts.openai_host or opts.host, port=opts.openai_port,
+            api_key=opts.api_key,
+            ready_url=f"http://{client_host(health_host)}:{health_port}{READY_PATH}")
+    return Serving(needs, install, server, health_port, health_host, gateway)
+
+
+def serve(repo: Path, opts: ServeOptions, *,
+          on_ready: Callable[[TritonServer, GatewayProcess | None], None] | None = None) -> int:
+    """Serve `repo` until SIGTERM or Ctrl-C (a second one forces it); `on_ready` is called
+    once the server (and the gateway) first answer. Returns the server's exit code."""
+    plan = prepare(repo, opts)
+    check_vision_editions(plan.needs)
+    warn_small_shm(plan.needs, shm_size_bytes())
+    point_engine_paths(plan.needs)
+    server = TritonServer(plan.server, install=plan.install, log_file=opts.log_file)
+    gateway = GatewayProcess(plan.gateway) if plan.gateway is not None else None
+
+    def ready() -> None:
+        if gateway is not None:
+            gateway.wait_ready()
+        if on_ready is not None:
+            on_ready(server, gateway)
+
+    supervisor = Supervisor(server, plan.needs.ensembles, health_port=plan.health_port,
+                            health_host=plan.health_host, on_ready=ready,
+                            companions=(gateway,) if gateway is not None else ())
+    return supervisor.run() or 0
