@@ -41,8 +41,8 @@ from pathlib import Path
 
 from tiny_reference_repo import build_generator_repo
 
-from qvl_trt.gateway.options import GatewayOptions
 from qvl_trt.gateway.openai_api import ChatCompletionRequest
+from qvl_trt.gateway.options import GatewayOptions
 from qvl_trt.gateway.upstream import Upstream
 from qvl_trt.serve.gateway_process import GatewayProcess
 from qvl_trt.serve.server import ServerOptions, TritonServer, free_ports

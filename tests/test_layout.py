@@ -51,7 +51,7 @@ LAYERS = (
     ("qvl_trt.mm",),
     ("qvl_trt.vision", "qvl_trt.llm"),
     ("qvl_trt.plan", "qvl_trt.manifest"),
-    ("qvl_trt.triton.contract", "qvl_trt.triton.tensorrtllm_backend"),
+    ("qvl_trt.triton.options", "qvl_trt.triton.contract", "qvl_trt.triton.tensorrtllm_backend"),
     ("qvl_trt.triton.runtime",),
     ("qvl_trt.triton",),
     ("qvl_trt.client",),
