@@ -105,3 +105,48 @@ def test_bad_options_are_refused_in_one_line(options, words) -> None:
                          *(port if o == "BUSY" else o for o in options), timeout=60)
     assert result.returncode == 1, result.stderr
     assert words in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_gateway_started_by_serve_answers_serves_readiness(triton_server) -> None:
+    """With `ready_url` (what `qvl-trt serve --openai-port` passes), the gateway's /ready is
+    the supervisor's answer, not Triton's: here a stand-in supervisor that says not ready
+    while Triton's models are all ready, then ready, then nothing at all."""
+    import json
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from qvl_trt.gateway.options import GatewayOptions
+    from qvl_trt.gateway.readiness import ask_ready, ready_reply
+    from qvl_trt.serve.gateway_process import GatewayProcess
+    from qvl_trt.serve.server import free_ports
+
+    answer = [(False, "restarting: python model instance x died")]
+
+    class Supervisor(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            status, body = ready_reply(*answer[0])
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    health = ThreadingHTTPServer(("127.0.0.1", 0), Supervisor)
+    threading.Thread(target=health.serve_forever, daemon=True).start()
+    ready_url = f"http://127.0.0.1:{health.server_address[1]}/ready"
+    opts = GatewayOptions(triton_server.grpc_url, host="127.0.0.1", port=free_ports().http,
+                          ready_url=ready_url)
+    with GatewayProcess(opts) as gateway:
+        deadline = time.monotonic() + 60
+        while (state := gateway.readiness()) is None or "looking for" in state[1]:
+            assert time.monotonic() < deadline, state  # discovery first
+            time.sleep(0.1)
+        assert state == (False, "restarting: python model instance x died")
+        answer[0] = (True, "ready")
+        assert gateway.readiness() == (True, "ready") == ask_ready(ready_url, 5)
+        health.shutdown()
+        health.server_close()
+        ok, reason = gateway.readiness()
+        assert not ok and ready_url in reason

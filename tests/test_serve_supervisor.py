@@ -286,6 +286,7 @@ def test_sigterm_drains_eight_streams_stops_the_gateway_and_exits_0(repo: Path,
     loaded until its exit timeout (see DRAINED_LINE in server.py). With --openai-port the
     gateway answers once the server is ready, comes back after a kill -9, and ends before the
     server."""
+    from qvl_trt.gateway.readiness import ask_ready
     from qvl_trt.serve.server import free_ports, remove_stale_shm
 
     openai = pytest.importorskip("openai", reason="the gateway's client: pip install openai")
@@ -293,6 +294,9 @@ def test_sigterm_drains_eight_streams_stops_the_gateway_and_exits_0(repo: Path,
     serve = Serve(repo, tmp_path, "--openai-port", str(port))
     try:
         serve.wait_ready()
+        # one readiness on both ports: the gateway forwards serve's
+        assert ask_ready(f"http://127.0.0.1:{port}/ready", 5) == (True, "ready") == \
+            ask_ready(f"http://127.0.0.1:{serve.health}/ready", 5)
         api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
         answer = api.chat.completions.create(
             model=c.ENSEMBLE, messages=[{"role": "user", "content": "Count."}], max_tokens=4,
