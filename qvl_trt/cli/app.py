@@ -19,6 +19,7 @@ import typer
 
 from .. import __version__
 from ..errors import QvlError
+from ..serve.server import Ports
 
 F = TypeVar("F", bound=Callable)
 
@@ -125,6 +126,8 @@ def _main(
 
 UrlOpt = Annotated[str, typer.Option(help="Deployment: grpc://HOST:PORT (streaming gRPC) or "
                                      "http://HOST:PORT (HTTP generate_stream).")]
+# Where `qvl-trt serve` listens with its default ports, as a client on this machine sees it.
+LOCAL_GRPC_URL = f"grpc://127.0.0.1:{Ports.grpc}"
 
 
 VideoOpt = Annotated[list[Path] | None, typer.Option(

@@ -14,6 +14,7 @@ from ..gateway.options import API_KEY_ENV, GatewayOptions
 from ..serve.options import ServeOptions
 from ..serve.server import Ports
 from .app import (
+    LOCAL_GRPC_URL,
     JsonOpt,
     ServedModelOpt,
     UrlOpt,
@@ -29,7 +30,7 @@ _SERVE, _GATEWAY = ServeOptions, GatewayOptions
 @command(panel="Serve and measure")
 def infer(
     prompt: Annotated[str, typer.Option(help="The question.", show_default=False)],
-    url: UrlOpt = "grpc://127.0.0.1:8001",
+    url: UrlOpt = LOCAL_GRPC_URL,
     image: Annotated[list[Path] | None, typer.Option(
         help="Image file (repeat for several).")] = None,
     video: VideoOpt = None,
@@ -71,7 +72,7 @@ def infer(
 
 @command(panel="Serve and measure")
 def bench(
-    url: UrlOpt = "grpc://127.0.0.1:8001",
+    url: UrlOpt = LOCAL_GRPC_URL,
     images: Annotated[Path | None, typer.Option(help="Folder of images, sent in turn.")]
     = None,
     synthetic: Annotated[str | None, typer.Option(
@@ -138,7 +139,7 @@ def verify(
     against: Annotated[str, typer.Option(help="`reference` (in-process PyTorch pipeline) or "
                                          "a second deployment's grpc://HOST:PORT.",
                                          show_default=False)],
-    url: UrlOpt = "grpc://127.0.0.1:8001",
+    url: UrlOpt = LOCAL_GRPC_URL,
     model: Annotated[Path | None, typer.Option(
         "--model", "-m", help="HF checkpoint of the deployment (for --against reference).")]
     = None,
@@ -371,7 +372,7 @@ def deploy(
 @command(panel="Serve and measure")
 def gateway(
     url: Annotated[str, typer.Option(help="Triton's gRPC endpoint: grpc://HOST:PORT.")]
-    = "grpc://127.0.0.1:8001",
+    = LOCAL_GRPC_URL,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = _GATEWAY.host,
     port: Annotated[int, typer.Option(help="Port to listen on.")] = _GATEWAY.port,
     max_concurrency: Annotated[int, typer.Option(
