@@ -31,7 +31,13 @@ from .prompt_table import fake_token_ids, prompt_table_extra_ids, rows_per_visua
 from .rope import MropeTable, rope_index
 from .video import VideoConfig, VideoLimits, VideoPatches
 from .video_input import VideoInput, load_clip
-from .vision_index import vision_index_tensors
+from .vision_index import (
+    PIXEL_VALUES,
+    POS_INTERP_INDICES,
+    POS_INTERP_WEIGHTS,
+    ROPE_POSITION_IDS,
+    vision_index_tensors,
+)
 
 ImageInput = bytes | bytearray | memoryview | Image.Image
 # In every RequestBounds refusal: the gateway answers those with 413 (too large).
@@ -188,12 +194,12 @@ class PreparedRequest:
             "mrope_rotary_cos_sin": self.mrope_rotary_cos_sin,
             "prompt_table_extra_ids": self.prompt_table_extra_ids,
             "prompt_vocab_size": np.array([self.prompt_vocab_size], np.int32),
-            "pixel_values": self.pixel_values,
+            PIXEL_VALUES: self.pixel_values,
             "image_grid_thw": self.image_grid_thw,
             "image_hashes": self.image_hashes,
-            "pos_interp_indices": cat([i.pos_interp_indices for i in idx], (0, 4), np.int32),
-            "pos_interp_weights": cat([i.pos_interp_weights for i in idx], (0, 4), np.float32),
-            "rope_position_ids": cat([i.rope_position_ids for i in idx], (0, 2), np.int32),
+            POS_INTERP_INDICES: cat([i.pos_interp_indices for i in idx], (0, 4), np.int32),
+            POS_INTERP_WEIGHTS: cat([i.pos_interp_weights for i in idx], (0, 4), np.float32),
+            ROPE_POSITION_IDS: cat([i.rope_position_ids for i in idx], (0, 2), np.int32),
         }
 
     def save_npz(self, path: Path) -> Path:
