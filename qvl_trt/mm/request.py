@@ -26,10 +26,10 @@ from . import video as vid
 from .chat import IMAGE_PART_TYPES, VIDEO_PART_TYPES, PromptBuilder, user_message
 from .image_input import DEFAULT_MAX_DECODED_PIXELS, load_rgb, read_image_files
 from .kernels import pixel_pool
-from .pixels import ImagePatches, PixelConfig, image_patches, patch_count
+from .pixels import ImagePatches, PixelConfig, image_patch_count, image_patches
 from .prompt_table import fake_token_ids, prompt_table_extra_ids, rows_per_visual_token
 from .rope import MropeTable, rope_index
-from .video import VideoConfig, VideoLimits, VideoPatches
+from .video import VideoConfig, VideoLimits, VideoPatches, video_patch_count
 from .video_input import VideoInput, load_clip
 from .vision_index import (
     PIXEL_VALUES,
@@ -348,7 +348,7 @@ class RequestPreprocessor:
             with _numbered("video", number):
                 frames, times = load_clip(video, self.videos, self.limits.video,
                                           max_decoded_pixels=self.limits.max_decoded_pixels)
-                decoded.append((frames, times, vid.patch_count(frames, self.videos.pixels, cap)))
+                decoded.append((frames, times, video_patch_count(frames, self.videos.pixels, cap)))
         return decoded
 
     def _vision_items(self, order: Sequence[bool], decoding: Sequence[Future[Image.Image]],
@@ -364,7 +364,7 @@ class RequestPreprocessor:
         for number, pending in enumerate(decoding, 1):
             with _numbered("image", number):
                 rgb = pending.result()
-                decoded_images.append((rgb, patch_count(rgb, self.pixels)))
+                decoded_images.append((rgb, image_patch_count(rgb, self.pixels)))
         total = sum(count for *_, count in [*decoded_images, *decoded_videos])
         buffer = np.empty((total, self.pixels.patch_dim), np.uint8)
         pending_images = enumerate(decoded_images, 1)
