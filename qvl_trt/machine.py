@@ -1,6 +1,6 @@
 """What this machine has: Python packages, GPUs, a tritonserver, and which GPU profiles it can
-build for (`qvl-trt doctor`). Versions come from package metadata, so nothing heavy is
-imported."""
+build for (`qvl-trt doctor`), and the device a PyTorch model runs on. Versions come from
+package metadata, so nothing heavy is imported."""
 
 from __future__ import annotations
 
@@ -71,6 +71,16 @@ def cuda_version() -> str | None:
     """The CUDA toolkit version: $CUDA_VERSION as NVIDIA's containers set it, else the CUDA
     runtime wheel's (pip installs of torch or TensorRT bring one)."""
     return os.environ.get("CUDA_VERSION") or package_version("cuda_runtime")
+
+
+def pick_device(device: str) -> str:
+    """"auto": the first CUDA device when torch sees one, else the CPU."""
+    if device != "auto":
+        return device
+    from .deps import require
+
+    torch = require("torch", extra="export", why="run a PyTorch model")
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def detect_gpus() -> tuple[Gpu, ...]:

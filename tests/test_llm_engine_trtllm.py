@@ -108,7 +108,7 @@ def requests(tiny_ckpt, profile):
         visual = sum(prepared.image_token_counts)
         hidden, per_token = ckpt.text.hidden_size, 1 + ckpt.vision.deepstack_count
         # A text-only request gets one token's worth of zero rows, as the vision_encoder
-        # step sends (qvl_trt.triton.runtime.vision_encoder): every request carries a table.
+        # step sends (qvl_trt.vision.step): every request carries a table.
         table = np.zeros((per_token, hidden), np.float32)
         if visual:
             main, *deepstack = (rng.normal(0, scale, (visual, hidden)).astype(np.float32)

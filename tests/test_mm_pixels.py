@@ -15,7 +15,7 @@ from PIL import Image
 from qvl_trt.errors import InputError
 from qvl_trt.mm import pixels
 from qvl_trt.mm.image_input import load_rgb
-from qvl_trt.mm.pixels import PixelConfig, image_patches
+from qvl_trt.mm.pixels import ImagePatches, PixelConfig, image_patches
 
 
 def _content(width: int, height: int, seed: int) -> np.ndarray:
@@ -359,7 +359,7 @@ def test_warm_up_compiles_what_requests_use(pixel_config):
         image_patches(Image.fromarray(_content(*size, 4)), pixel_config)
     for size in [(640, 360), (320, 320)]:
         frames = [Image.fromarray(_content(*size, seed)) for seed in range(3)]
-        rows = video.patch_count(frames, pixel_config, 1 << 30)
+        rows = video.video_patch_count(frames, pixel_config, 1 << 30)
         video.video_patches(frames, [0.0, 0.5, 1.0], pixel_config, 1 << 30,
                             np.empty((rows, pixel_config.patch_dim), np.uint8))
     assert [len(k.signatures) for k in compiled] == before
@@ -382,6 +382,22 @@ def test_content_digest_tracks_pixels(pixel_config):
     assert digest == image_patches(a.copy(), pixel_config).digest
     assert digest != image_patches(b, pixel_config).digest
     assert len(digest) == 16
+
+
+def test_an_items_content_key_is_its_rows_and_grid(pixel_config):
+    """One recipe for images and video groups: what the tower reads, nothing else."""
+    from qvl_trt.mm import video
+
+    item = image_patches(Image.fromarray(_content(300, 200, 1)), pixel_config)
+    t, h, w = item.grid_thw
+    assert h != w
+    assert ImagePatches(item.pixel_values.copy(), item.grid_thw).digest == item.digest
+    assert ImagePatches(item.pixel_values, (t, w, h)).digest != item.digest
+    frames = [Image.fromarray(_content(64, 96, seed)) for seed in range(2)]
+    rows = video.video_patch_count(frames, pixel_config, 1 << 30)
+    (group,) = video.video_patches(frames, [0.0, 0.5], pixel_config, 1 << 30,
+                                   np.empty((rows, pixel_config.patch_dim), np.uint8)).groups
+    assert ImagePatches(group.pixel_values.copy(), group.grid_thw).digest == group.digest
 
 
 # ---- bad input -------------------------------------------------------------------------------

@@ -23,10 +23,10 @@ from ..dtypes import Dtype, pick
 from ..errors import CheckpointError, InputError
 from ..mm.chat import user_message
 from ..mm.detokenizer import StreamDecoder, TokenBytes
-from ..mm.prompt_table import assemble_prompt_table
 from ..mm.request import ImageInput, PreparedRequest, RequestLimits, RequestPreprocessor
 from ..mm.video_input import VideoInput
-from ..mm.vision_index import vision_index_tensors
+from ..vision.cache import RowCache
+from ..vision.step import VisionStep, reference_tower
 from .layout import DTYPES, LlmConfig, read_llm_config
 from .sampling import DecodeRequest, FinishReason, SamplingParams
 
@@ -72,8 +72,8 @@ def sampling_params(model: str | Path, *, max_tokens: int, greedy: bool = False,
 class ReferencePipeline:
     """Loaded once; `generate` runs one request."""
 
-    def __init__(self, checkpoint: Checkpoint, preprocessor: RequestPreprocessor, vision,
-                 decoder, stop_token_ids: tuple[int, ...]) -> None:
+    def __init__(self, checkpoint: Checkpoint, preprocessor: RequestPreprocessor,
+                 vision: VisionStep, decoder, stop_token_ids: tuple[int, ...]) -> None:
         self.checkpoint = checkpoint
         self.preprocessor = preprocessor
         self.vision = vision
@@ -93,7 +93,6 @@ class ReferencePipeline:
         on a CPU by default, the checkpoint's on CUDA. `limits`: what a request may hold (a
         deployment's; default: what the decoder holds); max_seq_len is the decoder's."""
         require("torch", extra="export", why="run the reference pipeline")
-        from ..vision.tower import load_vision_tower
         from .reference import ReferenceDecoder
 
         ckpt = open_checkpoint(model)
@@ -109,8 +108,12 @@ class ReferencePipeline:
             dataclasses.replace(RequestLimits.of_checkpoint(ckpt), max_seq_len=positions,
                                 max_input_len=positions - 1)
         preprocessor = RequestPreprocessor.from_checkpoint(ckpt.path, limits)
-        vision_dtype = str(decoder.dtype).removeprefix("torch.")
-        vision = load_vision_tower(ckpt, vision_dtype).to(decoder.device)
+        tower = reference_tower(ckpt, device=str(decoder.device),
+                                dtype=str(decoder.dtype).removeprefix("torch."))
+        # The served vision step. Its cache keeps nothing here (capacity 0): the decoder
+        # takes the table as a tensor, and a cached one is read-only.
+        vision = VisionStep(tower, ckpt.vision, hidden_size=ckpt.text.hidden_size,
+                            table_dtype=np.float32, cache=RowCache(0))
         return cls(ckpt, preprocessor, vision, decoder, ckpt.generation.end_ids)
 
     def prepare(self, messages: Sequence[Mapping[str, Any]],
@@ -122,8 +125,11 @@ class ReferencePipeline:
         sampling = sampling or SamplingParams()
         if not sampling.stop_token_ids:
             sampling = dataclasses.replace(sampling, stop_token_ids=self.stop_token_ids)
+        # A text-only request has no table (the served step sends zero rows instead).
+        table = self.vision(prepared.pixel_values, prepared.image_grid_thw,
+                            prepared.image_hashes)[0] if prepared.images else None
         request = DecodeRequest(
-            input_ids=prepared.engine_input_ids, prompt_table=self._prompt_table(prepared),
+            input_ids=prepared.engine_input_ids, prompt_table=table,
             mrope_rotary_cos_sin=prepared.mrope_rotary_cos_sin,
             mrope_position_delta=prepared.mrope_position_delta, sampling=sampling)
         return prepared, request
@@ -158,24 +164,6 @@ class ReferencePipeline:
         """One user turn: the images, the videos, then the text."""
         return self.generate(user_message(prompt, len(images), len(videos)), images,
                              sampling=sampling, on_text=on_text, videos=videos)
-
-    def _prompt_table(self, prepared: PreparedRequest) -> np.ndarray | None:
-        """The (1+K)-row prompt table of the request's vision items, one tower call per image
-        or temporal group of a video."""
-        if not prepared.images:
-            return None
-        torch = require("torch", extra="export", why="run the vision tower")
-        outputs = []
-        with torch.inference_mode():
-            for image in prepared.images:
-                index = vision_index_tensors(image.grid_thw, prepared.vision)
-                inputs = (image.pixel_values, index.pos_interp_indices,
-                          index.pos_interp_weights, index.rope_position_ids)
-                tensors = [torch.from_numpy(np.ascontiguousarray(a)).to(self.decoder.device)
-                           for a in inputs]
-                outputs.append([o.float().cpu().numpy() for o in self.vision(*tensors)])
-        main, *deepstack = (np.concatenate(parts) for parts in zip(*outputs, strict=True))
-        return assemble_prompt_table(main, deepstack)
 
 
 def _decoder_of_temporary_conversion(ckpt: Checkpoint, max_seq_len: int, device: str,

@@ -20,8 +20,8 @@ passes, each rounding to 8 bits, in an order of its choosing when both sides cha
 starts with the vertical pass when the height shrinks by more than twice as many pixels as the
 width, Pillow 12 and older always with the horizontal one): `_pass_order` probes which rule
 the installed Pillow follows, and a filter without taps here or an unknown rule leaves that
-resize to Pillow in one call. The content digest is xxh3-128 of the patch rows, a fast
-non-cryptographic hash: it keys caches, it does not authenticate.
+resize to Pillow in one call. The content digest is xxh3-128 of the patch rows and their
+grid, a fast non-cryptographic hash: it keys caches, it does not authenticate.
 """
 
 from __future__ import annotations
@@ -145,11 +145,19 @@ class PixelConfig:
 
 @dataclass(frozen=True)
 class ImagePatches:
-    """One image as the vision tower takes it."""
+    """One vision item as the tower takes it: an image, or a video's temporal group."""
 
     pixel_values: np.ndarray  # [h*w, patch_dim] uint8, merge-block row order
     grid_thw: tuple[int, int, int]  # patches along (time, height, width)
-    digest: bytes  # 16-byte hash of the resized pixels and their geometry
+    # 16-byte xxh3-128 of the rows and the grid: the item's content key (vision cache, KV
+    # reuse), taken from exactly what the tower reads, so equal keys mean equal tower inputs
+    # whether the rows were cut from an image or from a video's pair of frames.
+    digest: bytes = field(init=False)
+
+    def __post_init__(self) -> None:
+        digest = xxhash.xxh3_128(self.pixel_values)
+        digest.update(np.array(self.grid_thw, np.uint32).tobytes())
+        object.__setattr__(self, "digest", digest.digest())
 
     @property
     def num_patches(self) -> int:
@@ -173,7 +181,7 @@ def resized_size(width: int, height: int, config: PixelConfig) -> tuple[int, int
     return h, w
 
 
-def patch_count(image: Image.Image, config: PixelConfig) -> int:
+def image_patch_count(image: Image.Image, config: PixelConfig) -> int:
     """Rows `image_patches` makes of this image (to size a request's buffer first)."""
     h, w = resized_size(image.width, image.height, config)
     return (h // config.patch_size) * (w // config.patch_size)
@@ -182,7 +190,7 @@ def patch_count(image: Image.Image, config: PixelConfig) -> int:
 def image_patches(image: Image.Image, config: PixelConfig,
                   out: np.ndarray | None = None) -> ImagePatches:
     """Resize an RGB image (`load_rgb`'s output) and cut it into uint8 patch rows, written
-    into `out` ([patch_count, patch_dim] contiguous uint8, e.g. a slice of the request's
+    into `out` ([image_patch_count, patch_dim] contiguous uint8, e.g. a slice of the request's
     buffer) when given."""
     if image.mode != "RGB" or config.channels != 3:
         raise InputError(f"image_patches takes RGB images for a 3-channel processor, got mode "
@@ -196,7 +204,7 @@ def image_patches(image: Image.Image, config: PixelConfig,
         raise ValueError(f"out is {out.dtype} {out.shape}, the image needs contiguous uint8 "
                          f"{shape}")
     _cut(image, h, w, config, out)
-    return ImagePatches(pixel_values=out, grid_thw=(1, gh, gw), digest=_digest(out, h, w))
+    return ImagePatches(pixel_values=out, grid_thw=(1, gh, gw))
 
 
 def warm_up(config: PixelConfig) -> None:
@@ -306,12 +314,6 @@ def _in_strips(work: Callable[[tuple[int, int]], None], length: int, unit: int) 
         wait(pending)
     for done in pending:
         done.result()
-
-
-def _digest(rows: np.ndarray, height: int, width: int) -> bytes:
-    digest = xxhash.xxh3_128(rows)
-    digest.update(np.array([height, width], np.uint32).tobytes())
-    return digest.digest()
 
 
 _THREADS = min(os.cpu_count() or 1, 4)  # strips: one per core, at most 4

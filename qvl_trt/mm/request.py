@@ -26,12 +26,18 @@ from . import video as vid
 from .chat import IMAGE_PART_TYPES, VIDEO_PART_TYPES, PromptBuilder, user_message
 from .image_input import DEFAULT_MAX_DECODED_PIXELS, load_rgb, read_image_files
 from .kernels import pixel_pool
-from .pixels import ImagePatches, PixelConfig, image_patches, patch_count
+from .pixels import ImagePatches, PixelConfig, image_patch_count, image_patches
 from .prompt_table import fake_token_ids, prompt_table_extra_ids, rows_per_visual_token
 from .rope import MropeTable, rope_index
-from .video import VideoConfig, VideoLimits, VideoPatches
+from .video import VideoConfig, VideoLimits, VideoPatches, video_patch_count
 from .video_input import VideoInput, load_clip
-from .vision_index import vision_index_tensors
+from .vision_index import (
+    PIXEL_VALUES,
+    POS_INTERP_INDICES,
+    POS_INTERP_WEIGHTS,
+    ROPE_POSITION_IDS,
+    vision_index_tensors,
+)
 
 ImageInput = bytes | bytearray | memoryview | Image.Image
 # In every RequestBounds refusal: the gateway answers those with 413 (too large).
@@ -188,12 +194,12 @@ class PreparedRequest:
             "mrope_rotary_cos_sin": self.mrope_rotary_cos_sin,
             "prompt_table_extra_ids": self.prompt_table_extra_ids,
             "prompt_vocab_size": np.array([self.prompt_vocab_size], np.int32),
-            "pixel_values": self.pixel_values,
+            PIXEL_VALUES: self.pixel_values,
             "image_grid_thw": self.image_grid_thw,
             "image_hashes": self.image_hashes,
-            "pos_interp_indices": cat([i.pos_interp_indices for i in idx], (0, 4), np.int32),
-            "pos_interp_weights": cat([i.pos_interp_weights for i in idx], (0, 4), np.float32),
-            "rope_position_ids": cat([i.rope_position_ids for i in idx], (0, 2), np.int32),
+            POS_INTERP_INDICES: cat([i.pos_interp_indices for i in idx], (0, 4), np.int32),
+            POS_INTERP_WEIGHTS: cat([i.pos_interp_weights for i in idx], (0, 4), np.float32),
+            ROPE_POSITION_IDS: cat([i.rope_position_ids for i in idx], (0, 2), np.int32),
         }
 
     def save_npz(self, path: Path) -> Path:
@@ -342,7 +348,7 @@ class RequestPreprocessor:
             with _numbered("video", number):
                 frames, times = load_clip(video, self.videos, self.limits.video,
                                           max_decoded_pixels=self.limits.max_decoded_pixels)
-                decoded.append((frames, times, vid.patch_count(frames, self.videos.pixels, cap)))
+                decoded.append((frames, times, video_patch_count(frames, self.videos.pixels, cap)))
         return decoded
 
     def _vision_items(self, order: Sequence[bool], decoding: Sequence[Future[Image.Image]],
@@ -358,7 +364,7 @@ class RequestPreprocessor:
         for number, pending in enumerate(decoding, 1):
             with _numbered("image", number):
                 rgb = pending.result()
-                decoded_images.append((rgb, patch_count(rgb, self.pixels)))
+                decoded_images.append((rgb, image_patch_count(rgb, self.pixels)))
         total = sum(count for *_, count in [*decoded_images, *decoded_videos])
         buffer = np.empty((total, self.pixels.patch_dim), np.uint8)
         pending_images = enumerate(decoded_images, 1)

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import xxhash
 from PIL import Image
 
 from ..checkpoint import PIXELS_PER_VIDEO_TOKEN
@@ -211,7 +210,8 @@ def resized_video_size(frames: Sequence[Image.Image], config: PixelConfig,
     return h, w
 
 
-def patch_count(frames: Sequence[Image.Image], config: PixelConfig, frame_cap: int) -> int:
+def video_patch_count(frames: Sequence[Image.Image], config: PixelConfig,
+                      frame_cap: int) -> int:
     """Rows `video_patches` makes of these frames (to size a request's buffer first)."""
     h, w = resized_video_size(frames, config, frame_cap)
     groups = -(-len(frames) // config.temporal_patch_size)
@@ -221,8 +221,8 @@ def patch_count(frames: Sequence[Image.Image], config: PixelConfig, frame_cap: i
 def video_patches(frames: Sequence[Image.Image], frame_times: Sequence[float],
                   config: PixelConfig, frame_cap: int, out: np.ndarray) -> VideoPatches:
     """Resize RGB frames (one size) and cut them into uint8 patch rows written into `out`
-    ([patch_count, patch_dim], e.g. a slice of the request's buffer), two frames per temporal
-    group; `frame_times` are each frame's seconds."""
+    ([video_patch_count, patch_dim], e.g. a slice of the request's buffer), two frames per
+    temporal group; `frame_times` are each frame's seconds."""
     if any(f.mode != "RGB" for f in frames) or config.channels != 3:
         raise InputError("video_patches takes RGB frames for a 3-channel processor; decode "
                          "them with load_rgb")
@@ -243,20 +243,9 @@ def video_patches(frames: Sequence[Image.Image], frame_times: Sequence[float],
             for channel, plane in enumerate(planes):
                 kernels.write_patches(plane, rows, 0, channel, t, slot, 1, p,
                                       config.merge_size)
-        patches.append(ImagePatches(pixel_values=rows, grid_thw=(1, h // p, w // p),
-                                    digest=_digest(pair)))
+        patches.append(ImagePatches(pixel_values=rows, grid_thw=(1, h // p, w // p)))
     return VideoPatches(tuple(patches), tuple(group_timestamps(frame_times, t)), len(frames))
 
-
-def _digest(pair: Sequence[Sequence[np.ndarray]]) -> bytes:
-    """A temporal group's content: both resized frames (their channel planes) and their
-    geometry."""
-    digest = xxhash.xxh3_128(b"video-group")
-    for planes in pair:
-        for plane in planes:
-            digest.update(plane)
-    digest.update(np.array([*pair[0][0].shape, len(pair)], np.uint32).tobytes())
-    return digest.digest()
 
 
 def resize_frames(frames: Sequence[Image.Image], height: int, width: int) \

@@ -5,6 +5,9 @@ loops, which freezes an exported graph at the traced size. The host computes the
 (numpy only: the Triton preprocessing model calls this), so the engine sees plain tensors of a
 dynamic patch count. Rows follow HF's patch order: each 4 consecutive rows are one 2x2 merge
 block, blocks in raster order.
+
+The vision graph's input names live here, below both their users: mm/ names the tensors it
+hands over (request.py), vision/spec.py builds the graph's specs from them.
 """
 
 from __future__ import annotations
@@ -16,6 +19,13 @@ import numpy as np
 
 from ..checkpoint import VisionDims
 from ..errors import InputError
+
+# The vision graph's inputs, in the tower's argument order: an item's uint8 patch rows, then
+# the index tensors below.
+PIXEL_VALUES = "pixel_values"
+POS_INTERP_INDICES = "pos_interp_indices"
+POS_INTERP_WEIGHTS = "pos_interp_weights"
+ROPE_POSITION_IDS = "rope_position_ids"
 
 
 @dataclass(frozen=True)
@@ -31,10 +41,10 @@ class VisionIndex:
         return int(self.rope_position_ids.shape[0])
 
     def as_dict(self) -> dict[str, np.ndarray]:
-        """By the vision engine's input names."""
-        return {"pos_interp_indices": self.pos_interp_indices,
-                "pos_interp_weights": self.pos_interp_weights,
-                "rope_position_ids": self.rope_position_ids}
+        """By the vision graph's input names, in its order."""
+        return {POS_INTERP_INDICES: self.pos_interp_indices,
+                POS_INTERP_WEIGHTS: self.pos_interp_weights,
+                ROPE_POSITION_IDS: self.rope_position_ids}
 
 
 def vision_index_tensors(grid_thw: Sequence[int] | np.ndarray, vision: VisionDims) \

@@ -24,6 +24,7 @@ from ..checkpoint import PIXELS_PER_PATCH, PREPROCESSING_REQUIRED_FILES
 from ..dtypes import Dtype
 from ..errors import ConfigError
 from ..llm.engine import FUSED_ATTENTION_DTYPES
+from ..mm.vision_index import PIXEL_VALUES
 from ..typed_config import to_jsonable
 from ..vision.spec import PIXEL_DTYPE
 from . import contract as c
@@ -423,7 +424,7 @@ def _check_vision_engine(name: str, folder: Path, info: BuildInfo,
                  f"{'/'.join(engine.get('compute_capabilities', []))}, profile {profile.name} "
                  f"is {cc}; rebuild it")
     pixels = next((t.get("dtype") for t in engine.get("inputs", [])
-                   if t.get("name") == "pixel_values"), None)
+                   if t.get("name") == PIXEL_VALUES), None)
     report.check(pixels == PIXEL_DTYPE, name,
                  f"vision engine takes {pixels} pixel_values, this qvl-trt sends the images' "
                  f"{PIXEL_DTYPE} values; rebuild it with `qvl-trt build --only vision --force`")

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..deps import require
 from ..errors import BuildError, InputError
-from ..mm.vision_index import VisionIndex
+from ..mm.vision_index import PIXEL_VALUES, VisionIndex
 from ..profiles import TrtEdition
 from .engine import (
     EDITION_NAMES,
@@ -108,10 +108,10 @@ class VisionEngine:
         its host index tensors -> {output name: CUDA tensor [N/4, out_hidden]}."""
         torch = self._torch
         n = int(pixel_values.shape[0])
-        if pixel_values.dtype != self._dtypes["pixel_values"]:
+        if pixel_values.dtype != self._dtypes[PIXEL_VALUES]:
             # A cast would truncate normalised floats to garbage without a word.
             raise InputError(f"pixel_values is {pixel_values.dtype}, the vision engine takes "
-                             f"the resized image's {self._dtypes['pixel_values']} values; send "
+                             f"the resized image's {self._dtypes[PIXEL_VALUES]} values; send "
                              "qvl_trt.mm.pixels.image_patches' rows")
         if n != index.num_patches:
             raise InputError(f"pixel_values has {n} rows, the index tensors {index.num_patches}")
@@ -120,7 +120,7 @@ class VisionEngine:
                 f"image of {n} patches is outside the engine's range {self.patches['min']}.."
                 f"{self.patches['max']}; resize it within the profile's pixel limits")
         device = torch.device("cuda", torch.cuda.current_device())
-        inputs = {"pixel_values": pixel_values,
+        inputs = {PIXEL_VALUES: pixel_values,
                   **{k: torch.from_numpy(np.ascontiguousarray(v))
                      for k, v in index.as_dict().items()}}
         # IExecutionContext.set_input_shape returns False for a shape outside the profile

@@ -13,6 +13,12 @@ from ..checkpoint import VisionDims
 from ..dtypes import Dtype, pick
 from ..errors import BuildError
 from ..mm.geometry import MIN_BLOCKS, smart_resize
+from ..mm.vision_index import (
+    PIXEL_VALUES,
+    POS_INTERP_INDICES,
+    POS_INTERP_WEIGHTS,
+    ROPE_POSITION_IDS,
+)
 from ..profiles import BuildLimits
 
 # Precisions the vision graph can be exported in. The engine takes float16 (default) or
@@ -103,10 +109,10 @@ def vision_graph_spec(vision: VisionDims, dtype: Dtype | str) -> GraphSpec:
     in the graph's precision."""
     dtype = pick(dtype, VISION_DTYPES, "vision dtype")
     inputs = (
-        GraphTensor("pixel_values", PIXEL_DTYPE, (PATCHES, vision.patch_dim)),
-        GraphTensor("pos_interp_indices", "int32", (PATCHES, 4)),
-        GraphTensor("pos_interp_weights", Dtype.FLOAT32.value, (PATCHES, 4)),
-        GraphTensor("rope_position_ids", "int32", (PATCHES, 2)),
+        GraphTensor(PIXEL_VALUES, PIXEL_DTYPE, (PATCHES, vision.patch_dim)),
+        GraphTensor(POS_INTERP_INDICES, "int32", (PATCHES, 4)),
+        GraphTensor(POS_INTERP_WEIGHTS, Dtype.FLOAT32.value, (PATCHES, 4)),
+        GraphTensor(ROPE_POSITION_IDS, "int32", (PATCHES, 2)),
     )
     names = ["image_embeds"] + [f"deepstack_{k}" for k in range(vision.deepstack_count)]
     outputs = tuple(GraphTensor(n, dtype.value, (TOKENS, vision.out_hidden_size)) for n in names)

@@ -99,12 +99,3 @@ def response(outputs: Mapping[str, Any]) -> Any:
 def error_response(message: str) -> Any:
     return pb().InferenceResponse(error=pb().TritonError(message))
 
-
-def pick_device(device: str) -> str:
-    """"auto": the first CUDA device when torch sees one, else the CPU."""
-    if device != "auto":
-        return device
-    from ...deps import require
-
-    torch = require("torch", extra="export", why="run the vision tower")
-    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,107 +1,68 @@
-"""The vision_encoder step: a request's vision items -> its prompt table, item by item (an
-image, or a video's temporal group: the tower attends within one), through the row cache. The
-tower itself (TensorRT engine or PyTorch) is passed in as a function."""
+"""The vision_encoder python model's body: the flavor's tower (the TensorRT vision engine, or
+the PyTorch tower for the reference flavor) under the vision step (qvl_trt/vision/step.py),
+its row cache counted in Triton metrics qvl_vision_cache_{hits,misses}_total and
+qvl_vision_cache_bytes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from ...checkpoint import VisionDims
-from ...dtypes import Dtype
-from ...errors import InputError
-from ...mm.prompt_table import assemble_prompt_table, rows_per_visual_token
-from ...mm.vision_index import VisionIndex, vision_index_tensors
-from .backend import pick_device
-from .vision_cache import RowCache
-
-# pixel_values [N, patch_dim] uint8 + the image's index tensors -> (image_embeds,
-# deepstack_0, ..., deepstack_{K-1}), each [N / merge^2, hidden]
-RunImage = Callable[[np.ndarray, VisionIndex], tuple[np.ndarray, ...]]
+from ...checkpoint import open_checkpoint
+from ...vision.cache import RowCache
+from ...vision.step import VisionStep, engine_tower, reference_tower
+from .. import contract as c
+from .backend import model_parameters, pb, read_row, run_requests
 
 
-class VisionStep:
-    def __init__(self, run_image: RunImage, vision: VisionDims, *, hidden_size: int,
-                 table_dtype: np.dtype, cache: RowCache) -> None:
-        self.run_image = run_image
-        self.vision = vision
-        self.hidden_size = hidden_size
-        self.table_dtype = np.dtype(table_dtype)
-        self.cache = cache
+class VisionEncoderModel:
+    def __init__(self, args: Mapping[str, str], *, checkpoint_dir: Path,
+                 engine_dir: Path) -> None:
+        """The model of Triton's initialize(args), over the checkpoint and vision engine
+        folders beside its model.py."""
+        self.name = args["model_name"]
+        params = c.VisionEncoderParameters.from_parameters(model_parameters(args), self.name)
+        checkpoint = open_checkpoint(checkpoint_dir, validate=False)
+        if params.flavor is c.Flavor.REFERENCE:
+            run_image = reference_tower(checkpoint, device=params.device, dtype=params.dtype)
+        else:
+            run_image = engine_tower(engine_dir)
+        table_config = pb().get_output_config_by_name(json.loads(args["model_config"]),
+                                                      c.PROMPT_EMBEDDING_TABLE)
+        table_dtype = pb().triton_string_to_numpy(table_config["data_type"])
+        self.step = VisionStep(run_image, checkpoint.vision,
+                               hidden_size=checkpoint.text.hidden_size, table_dtype=table_dtype,
+                               cache=RowCache(params.cache_bytes))
+        # The families must outlive their metrics: keep both.
+        labels = {"model": self.name}
+        family = pb().MetricFamily
+        self.families = [
+            family(name="qvl_vision_cache_hits_total",
+                   description="images served from the vision cache", kind=family.COUNTER),
+            family(name="qvl_vision_cache_misses_total",
+                   description="images run through the vision tower", kind=family.COUNTER),
+            family(name="qvl_vision_cache_bytes",
+                   description="bytes of prompt-table rows in the vision cache",
+                   kind=family.GAUGE),
+        ]
+        self.hits, self.misses, self.cached_bytes = (f.Metric(labels=labels)
+                                                     for f in self.families)
+        self.seen = (0, 0)
 
-    def __call__(self, pixel_values: np.ndarray, grid_thw: np.ndarray,
-                 image_hashes: np.ndarray) -> tuple[np.ndarray, int]:
-        """The request's prompt table [(1+K) * visual tokens, hidden] and its row count. A
-        request without images gets one token's worth of zero rows, which no input id
-        references (ensembles have no conditional steps: every request passes here)."""
-        grids = np.asarray(grid_thw, np.int64).reshape(-1, 3)
-        hashes = np.asarray(image_hashes, np.uint64).reshape(-1)
-        sizes = [int(np.prod(g)) for g in grids]
-        if len(hashes) != len(grids) or sum(sizes) != pixel_values.shape[0]:
-            raise InputError(f"vision_encoder got {pixel_values.shape[0]} patch rows, "
-                             f"{len(grids)} grids and {len(hashes)} hashes that do not agree; "
-                             "send the preprocessing step's outputs unchanged")
-        if not sizes:
-            rows = rows_per_visual_token(self.vision.deepstack_count)
-            return np.zeros((rows, self.hidden_size), self.table_dtype), rows
-        tables, start = [], 0
-        for grid, size, image_hash in zip(grids, sizes, hashes, strict=True):
-            key = (int(image_hash), *map(int, grid))
-            rows = self.cache.get(key)
-            if rows is None:
-                rows = self._encode(pixel_values[start : start + size], grid)
-                self.cache.put(key, rows)
-            tables.append(rows)
-            start += size
-        # One image: its (cached, read-only) rows are the table, not copied here.
-        table = tables[0] if len(tables) == 1 else np.concatenate(tables)
-        return table, int(table.shape[0])
+    def execute(self, requests: Sequence[Any]) -> list[Any]:
+        responses = run_requests(requests, self._handle, self.name)
+        stats = self.step.cache.stats()
+        self.hits.increment(stats.hits - self.seen[0])
+        self.misses.increment(stats.misses - self.seen[1])
+        self.cached_bytes.set(stats.bytes)
+        self.seen = (stats.hits, stats.misses)
+        return responses
 
-    def _encode(self, pixel_values: np.ndarray, grid: np.ndarray) -> np.ndarray:
-        index = vision_index_tensors(grid, self.vision)
-        embeds, *deepstack = self.run_image(np.ascontiguousarray(pixel_values, np.uint8), index)
-        if embeds.shape[-1] != self.hidden_size:
-            raise InputError(f"the vision tower returned rows of width {embeds.shape[-1]}, the "
-                             f"language model takes {self.hidden_size}")
-        return assemble_prompt_table(np.asarray(embeds), [np.asarray(d) for d in deepstack],
-                                     self.table_dtype)
-
-
-def reference_tower(checkpoint_dir: Path, *, device: str = "auto",
-                    dtype: Dtype | str = Dtype.FLOAT32) -> RunImage:
-    """The PyTorch vision tower of the checkpoint folder (reference flavor)."""
-    from ...checkpoint import open_checkpoint
-    from ...deps import require
-    from ...vision.tower import load_vision_tower
-
-    torch = require("torch", extra="export", why="run the reference vision tower")
-    device = pick_device(device)
-    tower = load_vision_tower(open_checkpoint(checkpoint_dir, validate=False), dtype).to(device)
-
-    def run(pixel_values: np.ndarray, index: VisionIndex) -> tuple[np.ndarray, ...]:
-        args = [torch.from_numpy(pixel_values)] + [
-            torch.from_numpy(np.ascontiguousarray(index.as_dict()[name]))
-            for name in ("pos_interp_indices", "pos_interp_weights", "rope_position_ids")]
-        with torch.inference_mode():
-            outputs = tower(*(a.to(device) for a in args))
-        return tuple(o.float().cpu().numpy() for o in outputs)
-
-    return run
-
-
-def engine_tower(engine_dir: Path) -> RunImage:
-    """The vision engine built by the vision stage (trt flavor; needs a CUDA GPU)."""
-    from ...deps import require
-    from ...vision.runner import VisionEngine
-
-    torch = require("torch", extra="export", why="run the vision engine")
-    engine = VisionEngine(engine_dir)
-    names = [spec["name"] for spec in engine.config["outputs"]]
-
-    def run(pixel_values: np.ndarray, index: VisionIndex) -> tuple[np.ndarray, ...]:
-        outputs = engine(torch.from_numpy(pixel_values), index)
-        return tuple(outputs[name].float().cpu().numpy() for name in names)
-
-    return run
+    def _handle(self, request: Any) -> dict[str, np.ndarray]:
+        row = read_row(request, c.VISION_INPUTS)
+        table, rows = self.step(row[c.PIXEL_VALUES], row[c.IMAGE_GRID_THW], row[c.IMAGE_HASHES])
+        return {c.PROMPT_EMBEDDING_TABLE: table, c.PROMPT_VOCAB_SIZE: np.array([rows], np.int32)}

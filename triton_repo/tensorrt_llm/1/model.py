@@ -11,7 +11,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "qvl_trt_runtime.zip"))
 
 from qvl_trt.llm.reference import ReferenceDecoder  # noqa: E402
-from qvl_trt.triton.runtime.backend import pick_device  # noqa: E402
+from qvl_trt.machine import pick_device  # noqa: E402
 from qvl_trt.triton.runtime.reference_tensorrt_llm import LlmModel  # noqa: E402
 
 

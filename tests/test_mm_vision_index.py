@@ -9,7 +9,7 @@ import pytest
 from qvl_trt.checkpoint import VisionDims
 from qvl_trt.errors import InputError
 from qvl_trt.mm.geometry import smart_resize, video_pixel_budget, video_smart_resize
-from qvl_trt.mm.vision_index import vision_index_tensors
+from qvl_trt.mm.vision_index import PIXEL_VALUES, vision_index_tensors
 from qvl_trt.profiles import load_profile, profile_names
 from qvl_trt.vision.spec import patch_range, vision_graph_spec
 
@@ -75,6 +75,16 @@ def test_graph_spec_names_dtypes_and_axes() -> None:
     assert spec.tensor("deepstack_2").dims == (-1, 2048)
     assert spec.tensor("image_embeds").shape == ("num_tokens", 2048)
     assert spec.tensor("rope_position_ids").shape == ("num_patches", 2)
+
+
+def test_the_host_tensors_are_named_and_ordered_as_the_graph_takes_them() -> None:
+    """The tower is called positionally with the pixels, then `as_dict()`'s values."""
+    index = vision_index_tensors((1, 4, 6), DIMS_2B)
+    spec = vision_graph_spec(DIMS_2B, "float16")
+    assert spec.input_names == (PIXEL_VALUES, *index.as_dict())
+    for name, array in index.as_dict().items():
+        tensor = spec.tensor(name)
+        assert array.dtype == tensor.dtype and array.shape == tensor.concrete({"num_patches": 24})
 
 
 @pytest.mark.parametrize("name", profile_names())

@@ -1,11 +1,11 @@
-"""The vision encoder's row cache (qvl_trt/triton/runtime/vision_cache.py)."""
+"""The vision encoder's row cache (qvl_trt/vision/cache.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from qvl_trt.triton.runtime.vision_cache import RowCache
+from qvl_trt.vision.cache import RowCache
 
 
 def test_row_cache_is_bounded_in_bytes_and_least_recently_used_goes_first() -> None:
