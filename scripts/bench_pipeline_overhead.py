@@ -42,11 +42,11 @@ from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
-from tiny_reference_repo import build_generator_repo
 
 from qvl_trt.client.generate import GenerateClient, GenerateRequest, request_fields
 from qvl_trt.deps import require
 from qvl_trt.mm.rope import MropeTable
+from qvl_trt.testing.tiny_repository import build_generator_repo
 from qvl_trt.testing.token_generator import SETTINGS
 from qvl_trt.triton import contract as c
 from qvl_trt.triton.pbconfig import read_config

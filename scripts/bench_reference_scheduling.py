@@ -20,9 +20,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tiny_reference_repo import build_tiny_reference_repo
-
 from qvl_trt.client.generate import GenerateClient, GenerateRequest
+from qvl_trt.testing.tiny_repository import build_tiny_reference_repo
 from qvl_trt.triton import contract as c
 from qvl_trt.triton.server import ServerOptions, TritonServer, free_ports
 

@@ -22,7 +22,6 @@ import dataclasses
 import io
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -65,7 +64,6 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     args = parser.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import qvl_trt.mm.video as video
     from qvl_trt.client.generate import GenerateRequest, request_fields
     from qvl_trt.mm.video_decode import Sampling, decode_video

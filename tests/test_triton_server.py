@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from small_profile import LIMITS
 
+from qvl_trt.testing.small_profile import LIMITS
 from qvl_trt.triton import contract as c
 
 grpcclient = pytest.importorskip("tritonclient.grpc", reason="needs tritonclient: pip install "
