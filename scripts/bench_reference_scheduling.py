@@ -1,6 +1,6 @@
 """Measure the reference tensorrt_llm model's scheduling on a real tritonserver: the latency of
 an 8-token request alone, then right after a streamed 1,200-token request was cancelled
-(issue 13's acceptance: at most twice the solo time), and the tokens the decoder made after
+(the bound: at most twice the solo time), and the tokens the decoder made after
 the cancel (qvl_reference_llm_tokens_total): a cancelled stream must stop generating.
 
 It builds what tests/conftest.py builds (the tiny checkpoint, its converted LLM, the
@@ -85,7 +85,7 @@ def main() -> None:
             print(f"8-token request alone: {solo:.3f} s (median of {args.runs})")
             print(f"8-token request after a cancelled {LONG_TOKENS}-token stream: "
                   f"{', '.join(f'{t:.3f}' for t in after)} s")
-            print(f"ratio (worst / solo): {worst / solo:.2f} (acceptance: <= 2)")
+            print(f"ratio (worst / solo): {worst / solo:.2f} (bound: <= 2)")
             print(f"tokens made in the second after each 8-token request: "
                   f"{', '.join(f'{n:.0f}' for n in leaked)} (the cancelled stream stopped: 0)")
 
