@@ -16,8 +16,10 @@ REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
 REGENERATE = "python scripts/cli_reference.py > docs/cli.md"
 HEADER = f"""# CLI reference
 
-Generated from the `qvl-trt` command line by `{REGENERATE}`; do not edit by hand
-(tests/test_docs.py fails when it is stale). Every command also prints this with `--help`.
+Generated from the `qvl-trt` command line by `{REGENERATE}`;
+do not edit by hand (tests/test_docs.py fails when it is stale). Every command prints its part
+with `--help`. What the commands do in depth: [build.md](build.md), [triton.md](triton.md),
+[openai.md](openai.md), [deployment.md](deployment.md).
 
 Global options: `-v` (debug logging from qvl-trt), `-vv` (from libraries too), `--version`.
 User errors print one line starting with `error:` and exit 1; exit code 3 means a build stage
