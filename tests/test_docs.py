@@ -180,3 +180,29 @@ def test_history_wording_is_caught():
                  "on this 2-core machine", "this session's runs"):
         assert HISTORY.search(line), line
     assert not HISTORY.search("github.com/NVIDIA/DCGM/issues/232 on this machine's GPUs")
+
+
+def journal_problems(text: str) -> list[str]:
+    """One line per benchmarks.md entry (a `### DATE, commit HASH...` heading) that lacks its
+    date and commit, or a command, machine or result line."""
+    problems = []
+    for entry in re.split(r"^(?=### )", text, flags=re.M)[1:]:
+        heading, _, body = entry.partition("\n")
+        if not re.match(r"### \d{4}-\d{2}-\d{2}, commits? [0-9a-f]{7}", heading):
+            problems.append(f"{heading}: not 'DATE, commit HASH'")
+        for field in ("command", "machine", "result"):
+            if not re.search(rf"^- {field}s?\b", body, flags=re.M):
+                problems.append(f"{heading}: no '- {field}' line")
+    return problems
+
+
+def test_every_benchmark_entry_has_date_commit_command_machine_result():
+    text = (REPO / "docs" / "benchmarks.md").read_text()
+    assert text.count("\n### ") >= 8
+    assert journal_problems(text) == []
+
+
+def test_an_undated_benchmark_entry_is_caught():
+    text = "## X\n\n### Two idle runs\n\n- command: `x`\n- result: 1 s\n"
+    assert journal_problems(text) == ["### Two idle runs: not 'DATE, commit HASH'",
+                                      "### Two idle runs: no '- machine' line"]
