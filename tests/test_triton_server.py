@@ -536,7 +536,7 @@ def test_an_internal_model_answers_a_client_directly(triton_server) -> None:
 
 
 def test_an_oversized_stop_list_is_refused_before_generation(triton_server) -> None:
-    """The issue's 100,000 stop strings: refused by preprocessing, naming the bound, before
+    """100,000 stop strings: refused by preprocessing, naming the bound, before
     the decoder makes a token; the server keeps serving."""
     tokens = metric(triton_server, "qvl_reference_llm_tokens_total")
     with pytest.raises(RequestFailed) as refused:
