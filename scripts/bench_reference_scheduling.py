@@ -43,7 +43,7 @@ def cancelled_long_stream(url: str) -> None:
     """Read the first responses of a 1,200-token stream, then cancel it (gRPC stream closed
     with its requests cancelled, as a client that goes away). Through tensorrt_llm_bls, the
     cancellable entry point: Triton's ensemble scheduler does not pass a cancel to a step
-    that is already running (README, "Cancelling a request")."""
+    that is already running (docs/triton.md, "Cancelling a request")."""
     client = GenerateClient(url, model=c.TENSORRT_LLM_BLS)
     responses = client.stream(GenerateRequest("Tell a long story.", max_tokens=LONG_TOKENS))
     for n, _ in enumerate(responses, 1):
