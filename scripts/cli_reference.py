@@ -21,7 +21,12 @@ do not edit by hand (tests/test_docs.py fails when it is stale). Every command p
 with `--help`. What the commands do in depth: [build.md](build.md), [triton.md](triton.md),
 [openai.md](openai.md), [deployment.md](deployment.md).
 
-Global options: `-v` (debug logging from qvl-trt), `-vv` (from libraries too), `--version`.
+<!-- test: cheap -->
+```
+qvl-trt --help
+qvl-trt build --help
+```
+
 User errors print one line starting with `error:` and exit 1; exit code 3 means a build stage
 needs another machine (the message says which command finishes it).
 """
@@ -66,9 +71,8 @@ def _name(param, ctx) -> str:
     return shown
 
 
-def _command(name: str, cmd, ctx) -> list[str]:
-    lines = [f"### `qvl-trt {name}`", "", (cmd.help or "").strip(), ""]
-    params = [p for p in cmd.params if not p.hidden]
+def _options(params, ctx) -> list[str]:
+    lines = []
     if params:
         lines += ["| argument / option | default | |", "|---|---|---|"]
         for p in params:
@@ -76,6 +80,11 @@ def _command(name: str, cmd, ctx) -> list[str]:
                          f"{_cell(p.help or '')} |")
         lines.append("")
     return lines
+
+
+def _command(name: str, cmd, ctx) -> list[str]:
+    lines = [f"### `qvl-trt {name}`", "", (cmd.help or "").strip(), ""]
+    return lines + _options([p for p in cmd.params if not p.hidden], ctx)
 
 
 def render() -> str:
@@ -89,7 +98,9 @@ def render() -> str:
     panels: dict[str, list] = {}
     for name, cmd in group.commands.items():  # registration order: the help's order
         panels.setdefault(cmd.rich_help_panel or "Commands", []).append((name, cmd))
-    lines = [HEADER]
+    lines = [HEADER, "## Global options", "",
+             "Given before the command: `qvl-trt -v build ...`.", ""]
+    lines += _options([p for p in group.params if not p.hidden], ctx)
     for panel, commands in panels.items():
         lines += [f"## {panel}", ""]
         lines += [f"- [`qvl-trt {name}`](#qvl-trt-{name})" for name, _ in commands]
