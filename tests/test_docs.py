@@ -81,10 +81,12 @@ def cheap_blocks(text: str) -> list[str]:
 
 
 def run_block(block: str, work: Path) -> subprocess.CompletedProcess:
-    """`block` in bash from a copy of the repository root made of links to its entries, in
-    `work` (so what the block writes lands there), with this Python's bin first on PATH."""
+    """`block` in bash from a copy of the repository root made of links to its source entries,
+    in `work` (so what the block writes lands there, never in the repository's own build/ or
+    demo/, which are not linked), with this Python's bin first on PATH."""
     for entry in REPO.iterdir():
-        if entry.name not in {".git", ".venv"} and not (work / entry.name).exists():
+        if (not entry.name.startswith(".") and entry.name not in {"build", "demo"}
+                and not (work / entry.name).exists()):
             (work / entry.name).symlink_to(entry)
     env = {**os.environ, "PYTHONPATH": str(REPO),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
