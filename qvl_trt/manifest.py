@@ -162,7 +162,7 @@ class Manifest:
 
     options: dict[str, Any] = field(default_factory=dict)
     # What the build as a whole is made from (checkpoint file hashes, profile, options) and
-    # the cache key derived from it; see `build_inputs` in build.py.
+    # the cache key derived from it; see `build_inputs` in build/runner.py.
     inputs: dict[str, Any] = field(default_factory=dict)
     cache_key: str = ""
     stages: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -39,13 +39,12 @@ from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
-from tiny_reference_repo import build_generator_repo
-
 from qvl_trt.gateway.openai_api import ChatCompletionRequest
 from qvl_trt.gateway.options import GatewayOptions
 from qvl_trt.gateway.upstream import Upstream
 from qvl_trt.serve.gateway_process import GatewayProcess
 from qvl_trt.serve.server import ServerOptions, TritonServer, free_ports
+from qvl_trt.testing.tiny_repository import build_generator_repo
 
 PROMPT = "Tell me a long story."
 WAYS = ("direct", "gateway")

@@ -27,10 +27,10 @@ transformers and numpy import too (default: this one; otherwise the column print
 On a machine with a CPU-only torch and no matching torchvision, a throwaway venv outside the
 repository that reuses this environment for everything but torch works:
 
-    python -m venv /tmp/tv && echo "$VIRTUAL_ENV/lib/python3.11/site-packages" \\
-        > /tmp/tv/lib/python3.11/site-packages/main-venv.pth
-    /tmp/tv/bin/pip install torch==2.14.1 torchvision==0.29.1   # the PyPI pair (CUDA wheels)
-    python scripts/bench_preprocess.py --torchvision-python /tmp/tv/bin/python
+    python -m venv ../tv && echo "$VIRTUAL_ENV/lib/python3.11/site-packages" \\
+        > ../tv/lib/python3.11/site-packages/main-venv.pth
+    ../tv/bin/pip install torch==2.14.1 torchvision==0.29.1   # the PyPI pair (CUDA wheels)
+    python scripts/bench_preprocess.py --torchvision-python ../tv/bin/python
 
 (the venv's own torch comes before the .pth path). A GPU machine with torch + torchvision
 installed needs no flag. --profile WxH prints a cProfile of our function on that JPEG.

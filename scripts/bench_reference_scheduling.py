@@ -1,6 +1,6 @@
 """Measure the reference tensorrt_llm model's scheduling on a real tritonserver: the latency of
 an 8-token request alone, then right after a streamed 1,200-token request was cancelled
-(issue 13's acceptance: at most twice the solo time), and the tokens the decoder made after
+(the bound: at most twice the solo time), and the tokens the decoder made after
 the cancel (qvl_reference_llm_tokens_total): a cancelled stream must stop generating.
 
 It builds what tests/conftest.py builds (the tiny checkpoint, its converted LLM, the
@@ -20,10 +20,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tiny_reference_repo import build_tiny_reference_repo
-
 from qvl_trt.client.generate import GenerateClient, GenerateRequest
 from qvl_trt.serve.server import ServerOptions, TritonServer, free_ports
+from qvl_trt.testing.tiny_repository import build_tiny_reference_repo
 from qvl_trt.triton import contract as c
 
 LONG_TOKENS = 1200
@@ -44,7 +43,7 @@ def cancelled_long_stream(url: str) -> None:
     """Read the first responses of a 1,200-token stream, then cancel it (gRPC stream closed
     with its requests cancelled, as a client that goes away). Through tensorrt_llm_bls, the
     cancellable entry point: Triton's ensemble scheduler does not pass a cancel to a step
-    that is already running (README, "Cancelling a request")."""
+    that is already running (docs/triton.md, "Cancelling a request")."""
     client = GenerateClient(url, model=c.TENSORRT_LLM_BLS)
     responses = client.stream(GenerateRequest("Tell a long story.", max_tokens=LONG_TOKENS))
     for n, _ in enumerate(responses, 1):
@@ -86,7 +85,7 @@ def main() -> None:
             print(f"8-token request alone: {solo:.3f} s (median of {args.runs})")
             print(f"8-token request after a cancelled {LONG_TOKENS}-token stream: "
                   f"{', '.join(f'{t:.3f}' for t in after)} s")
-            print(f"ratio (worst / solo): {worst / solo:.2f} (acceptance: <= 2)")
+            print(f"ratio (worst / solo): {worst / solo:.2f} (bound: <= 2)")
             print(f"tokens made in the second after each 8-token request: "
                   f"{', '.join(f'{n:.0f}' for n in leaked)} (the cancelled stream stopped: 0)")
 

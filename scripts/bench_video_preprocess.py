@@ -3,7 +3,7 @@ model's function on an MP4, with the frame resize we ship (torchvision's uint8 b
 the compiled passes, mm/taps.py: exact to transformers' video processor) against the same
 request with PIL's bicubic resize in its place (up to 2 levels off), interleaved.
 
-The clip is the issue's typical one by default: 10 s of 1280x720 at 30 fps (H.264, made with
+The clip is a typical one by default: 10 s of 1280x720 at 30 fps (H.264, made with
 PyAV), sampled at 3 fps = 30 frames. Each repeat runs both sides in a rotating order after
 --warmup untimed calls; also timed alone: decoding and sampling the file. Prints medians and
 the ratio (exact / PIL).
@@ -22,7 +22,6 @@ import dataclasses
 import io
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -65,7 +64,6 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     args = parser.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import qvl_trt.mm.video as video
     from qvl_trt.client.generate import GenerateRequest, request_fields
     from qvl_trt.mm.video_decode import Sampling, decode_video

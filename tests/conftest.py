@@ -6,7 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
-from small_profile import small_profile_toml
+
+from qvl_trt.testing.small_profile import small_profile_toml
 
 # Set before any test imports huggingface_hub, which reads these once at import time.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

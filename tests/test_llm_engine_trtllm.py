@@ -24,7 +24,6 @@ import numpy as np
 import pytest
 from gpu_tiers import trtllm_gpu_marks
 from PIL import Image
-from small_profile import small_profile_toml
 
 from qvl_trt.checkpoint import open_checkpoint
 from qvl_trt.llm.convert import convert_checkpoint
@@ -35,6 +34,7 @@ from qvl_trt.mm.chat import user_message
 from qvl_trt.mm.prompt_table import assemble_prompt_table
 from qvl_trt.mm.request import RequestLimits, RequestPreprocessor
 from qvl_trt.profiles import load_profile
+from qvl_trt.testing.small_profile import small_profile_toml
 
 torch = pytest.importorskip("torch")
 pytestmark = trtllm_gpu_marks("TensorRT-LLM 1.2 and a GPU")

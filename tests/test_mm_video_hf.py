@@ -4,7 +4,7 @@ torchvision does, e.g. the GPU machine; `pytest -m torchvision -s` prints the co
 
 Clips of 4, 9 and 30 frames at 640x360 and 1280x720, sent as PNG frames at 2 fps: the input
 ids with their timestamps and the grid must be identical, pixel values within one 8-bit level
-(the bound the issue sets; with torchvision 0.29.1 on a CPU they are equal to the last bit:
+(the bound this test sets; with torchvision 0.29.1 on a CPU they are equal to the last bit:
 mm/taps.py torch_taps is torchvision's uint8 kernel. PIL's bicubic filter, which images use, missed
 the bound by one level at the 30-frame 1280x720 clip)."""
 

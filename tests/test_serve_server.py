@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from small_profile import LIMITS
 
+from qvl_trt.testing.small_profile import LIMITS
 from qvl_trt.triton import contract as c
 
 grpcclient = pytest.importorskip("tritonclient.grpc", reason="needs tritonclient: pip install "
@@ -495,7 +495,7 @@ def test_generate_and_the_server_agree_when_do_sample_is_unset(tmp_path, tiny_ck
     assert cli_generate(model, build, *SAMPLED) != served
 
 
-# ---- what the served API refuses and accepts (README "Ensemble API") ---------------------
+# ---- what the served API refuses and accepts (docs/triton.md, "Ensemble API") ------------
 
 def http_generate(server, body: dict, model: str = c.ENSEMBLE) -> tuple[int, dict]:
     """One request over plain HTTP /generate: (status, JSON body)."""
@@ -524,7 +524,7 @@ def test_plain_generate_answers_when_stream_is_false(triton_server) -> None:
 
 def test_an_internal_model_answers_a_client_directly(triton_server) -> None:
     """Triton has no per-model access control, so a step of the pipeline serves whoever
-    calls it: the README's serving section says to filter model names at the network edge."""
+    calls it: docs/triton.md says to filter model names at the network edge."""
     body = {"inputs": [{"name": c.TEXT_INPUT, "shape": [1, 1], "datatype": "BYTES",
                         "data": ["Hi"]}], "outputs": [{"name": c.INPUT_LENGTHS}]}
     request = urllib.request.Request(
@@ -536,7 +536,7 @@ def test_an_internal_model_answers_a_client_directly(triton_server) -> None:
 
 
 def test_an_oversized_stop_list_is_refused_before_generation(triton_server) -> None:
-    """The issue's 100,000 stop strings: refused by preprocessing, naming the bound, before
+    """100,000 stop strings: refused by preprocessing, naming the bound, before
     the decoder makes a token; the server keeps serving."""
     tokens = metric(triton_server, "qvl_reference_llm_tokens_total")
     with pytest.raises(RequestFailed) as refused:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -358,11 +359,10 @@ def test_script_help_needs_no_torch():
 
 
 def test_script_writes_a_config_only_checkpoint(tmp_path, capsys):
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import make_tiny_checkpoint
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+    spec = importlib.util.spec_from_file_location("make_tiny_checkpoint",
+                                                  REPO / "scripts" / "make_tiny_checkpoint.py")
+    make_tiny_checkpoint = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_tiny_checkpoint)
     assert make_tiny_checkpoint.main([str(tmp_path / "8b"), "--config-only", "8b"]) == 0
     assert "wrote" in capsys.readouterr().out
     assert make_tiny_checkpoint.main([str(tmp_path / "8b"), "--config-only", "8b"]) == 1

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from gpu_tiers import trtllm_gpu_marks
 from PIL import Image
-from small_profile import small_profile_toml
 
 from qvl_trt.build import BuildOptions, run_build
 from qvl_trt.serve.server import ServerOptions, TritonServer, free_ports
+from qvl_trt.testing.small_profile import small_profile_toml
 from qvl_trt.triton.repository import BuildInput, write_repo
 from qvl_trt.triton.validate import validate_repo
 

@@ -94,7 +94,7 @@ def preprocess(
         "a table of max_position_embeddings rows].")] = None,
 ) -> None:
     """Run one request's host preprocessing and save every tensor it produces (.npz, names in
-    the README): pixel values, grids, input ids before and after fake-id substitution,
+    docs/build.md): pixel values, grids, input ids before and after fake-id substitution,
     position ids, MRoPE table and delta, vision index inputs."""
     from ..mm.request import prepare_files
     from ..profiles import profile_argument

@@ -99,7 +99,7 @@ def bench(
     served_model: ServedModelOpt = "ensemble",
 ) -> None:
     """Benchmark a deployment at several concurrencies: TTFT, inter-token latency, request
-    latency, throughput (genai-perf's definitions, see the README). Writes JSON, CSV and a
+    latency, throughput (genai-perf's definitions, see docs/deployment.md). Writes JSON, CSV and a
     PNG plot of latency vs throughput."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 

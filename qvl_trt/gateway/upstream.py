@@ -5,7 +5,7 @@ tritonclient's asyncio gRPC client.
 Every request goes to the build's `tensorrt_llm_bls` model, not its `ensemble`: the same
 inputs, outputs and answers, but the request a client cancels is that model's own, so it stops
 tensorrt_llm (Triton's ensemble scheduler does not pass a cancel to a step already running:
-README, "Cancelling a request"). A client that goes away cancels the gRPC call, and with it
+docs/triton.md, "Cancelling a request"). A client that goes away cancels the gRPC call, and with it
 the generation. Triton is always asked to stream, also for a non-streamed answer: the model
 looks for the cancel between tokens, and the streamed pieces add up to the one-shot text.
 """

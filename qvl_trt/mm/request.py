@@ -141,7 +141,7 @@ class RequestLimits:
 
 @dataclass(frozen=True)
 class PreparedRequest:
-    """Every tensor of one request; `tensors()` names them as the README documents."""
+    """Every tensor of one request; `tensors()` names them as docs/build.md documents."""
 
     text: str  # the rendered prompt, one pad per image and per video
     # The vision items in prompt order: each image, and each temporal group of each video

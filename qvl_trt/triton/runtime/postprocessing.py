@@ -14,10 +14,10 @@ while a response is on its way ride in the next one, so when sending falls behin
 engine, responses grow instead of a backlog. When tensorrt_llm signals the end, an
 unfinished character is flushed and the final response sent.
 
-`Postprocessor.generate` is that loop; the client-facing tensorrt_llm_bls model (bls.py) runs
-it too. It stops tensorrt_llm whenever it leaves before the end (an error response, an
-exception, its own request cancelled, the model unloading): the stock backend keeps
-generating a request nobody reads until it is cancelled.
+`Postprocessor.generate` is that loop; the client-facing tensorrt_llm_bls model
+(tensorrt_llm_bls.py) runs it too. It stops tensorrt_llm whenever it leaves before the end
+(an error response, an exception, its own request cancelled, the model unloading): the stock
+backend keeps generating a request nobody reads until it is cancelled.
 """
 
 from __future__ import annotations

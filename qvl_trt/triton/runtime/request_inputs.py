@@ -2,7 +2,7 @@
 settings.
 
 Two request forms: `messages` (OpenAI-style chat JSON whose image and video parts carry the
-data as base64 data URIs; video parts as vLLM's and qwen-vl-utils', README "Ensemble API") or
+data as base64 data URIs; video parts as vLLM's and qwen-vl-utils': docs/triton.md) or
 `text_input` with zero or more `image_bytes`, `video_bytes` and `video_frames` (encoded files,
 or data URIs). Remote image and video URLs are fetched only from hosts on the deployment's
 allow-list; by default the server fetches nothing.

@@ -1,22 +1,18 @@
-"""Shared by the scripts that serve the tiny checkpoint: build what tests/conftest.py builds
-(the tiny checkpoint, its converted LLM, the reference-flavor repository) with the tests'
+"""The tiny checkpoint's reference-flavor repository, for the scripts that serve it: what
+tests/conftest.py builds (the tiny checkpoint, its converted LLM, the repository) with the
 small profile, some limits overridden."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from small_profile import small_profile_toml  # noqa: E402
-
-from qvl_trt.build import BuildOptions, Stage, run_build  # noqa: E402
-from qvl_trt.testing.tiny_checkpoint import write_tiny_checkpoint  # noqa: E402
-from qvl_trt.testing.token_generator import install_token_generator  # noqa: E402
-from qvl_trt.triton import contract as c  # noqa: E402
-from qvl_trt.triton.model_configs import Flavor  # noqa: E402
-from qvl_trt.triton.repository import (  # noqa: E402
+from qvl_trt.build import BuildOptions, Stage, run_build
+from qvl_trt.testing.small_profile import small_profile_toml
+from qvl_trt.testing.tiny_checkpoint import write_tiny_checkpoint
+from qvl_trt.testing.token_generator import install_token_generator
+from qvl_trt.triton import contract as c
+from qvl_trt.triton.options import Flavor
+from qvl_trt.triton.repository import (
     VERSION,
     BuildInput,
     RepoOptions,
@@ -27,7 +23,7 @@ from qvl_trt.triton.repository import (  # noqa: E402
 
 def build_tiny_reference_repo(root: Path, **limits: float) -> RepoResult:
     """The repository at root/repo (its build beside it); `limits` override the small
-    profile's (tests/small_profile.py LIMITS)."""
+    profile's (small_profile.LIMITS)."""
     root.mkdir(parents=True, exist_ok=True)
     profile = root / "profile.toml"
     profile.write_text(small_profile_toml(**limits))
