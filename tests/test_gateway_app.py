@@ -398,3 +398,19 @@ def test_an_unusable_api_key_is_refused_in_one_line(key: str) -> None:
 
     with pytest.raises(ConfigError, match="QVL_TRT_API_KEY"):
         GatewayOptions("127.0.0.1:8001", api_key=key)
+
+
+def test_the_gateway_loads_neither_mm_nor_the_runtime_nor_numba_nor_pil() -> None:
+    """The gateway reads the wire's facts from the contract only: importing it loads none of
+    the server side (numba alone took most of its 0.9 s)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, qvl_trt.gateway.app; print(' '.join(sorted(m for m in sys.modules if "
+            "m.split('.')[0] in ('numba', 'PIL') or m.startswith(('qvl_trt.mm', "
+            "'qvl_trt.triton.runtime')))))")
+    root = Path(__file__).resolve().parents[1]
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, cwd=root).stdout.split()
+    assert loaded == []

@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 
 from ..deps import require
 from ..errors import ConfigError
-from ..mm.request import RequestBounds
 from .metrics import CLIENT_CLOSED, GatewayMetrics
 from .openai_api import (
     DONE,
@@ -228,12 +227,15 @@ class Gateway:
         response.headers["Content-Type"] = content_type
         return response
 
+    def _not_ready(self) -> ApiError:
+        return ApiError(503, f"not ready: {self._discovery_error}", type="server_error",
+                        code="unavailable")
+
     def _model(self, name: str) -> ServedModel:
         if name in self.served:
             return self.served[name]
         if not self.served:
-            raise ApiError(503, f"not ready: {self._discovery_error}", type="server_error",
-                           code="unavailable")
+            raise self._not_ready()
         raise ApiError(404, f"the model {name!r} does not exist; this server has "
                        f"{', '.join(sorted(self.served))} (GET /v1/models)", param="model",
                        code="model_not_found")
@@ -242,10 +244,13 @@ class Gateway:
 
     @property
     def body_limit(self) -> int:
+        """--max-body-bytes, else the builds' largest max_request_bytes and some room; before
+        the builds are known, a request gets 503 as it would once read."""
         if self.opts.max_body_bytes is not None:
             return self.opts.max_body_bytes
-        sizes = [m.limits.max_request_bytes for m in self.served.values()]
-        return max(sizes, default=RequestBounds().max_request_bytes) + BODY_SLACK_BYTES
+        if not self.served:
+            raise self._not_ready()
+        return max(m.limits.max_request_bytes for m in self.served.values()) + BODY_SLACK_BYTES
 
     async def _body(self, request) -> bytes:
         """The body, refused with 413 as soon as it is known to exceed the limit."""

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import InputError, UnavailableError
 from ...mm.detokenizer import StreamDecoder, TokenBytes
 from .. import contract as c
 from .backend import error_response, guarded, pb, response, row_of
@@ -43,8 +44,6 @@ log = logging.getLogger(__name__)
 # The stock backend refuses a request that does not ask for both (fillTritonResponse:
 # "... tensor must be present in list of output tensors").
 LLM_REQUESTED_OUTPUTS = (c.OUTPUT_IDS, c.SEQUENCE_LENGTH)
-UNLOADING = "the model is unloading; send the request again once the server is back"
-CANCELLED = object()  # why generate's loop left: the client cancelled
 # How often a request, streaming or not, asks whether its client cancelled: each ask is a
 # round trip to Triton (python_backend pb_cancel.cc), which, asked once a token, cost about 7
 # of the 44 context switches per token at 16 streams (scripts/bench_pipeline_overhead.py). The
@@ -89,11 +88,9 @@ class Postprocessor:
 
     def _guarded(self, run: Run, request: Any, sender: Any) -> None:
         final = pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        if self._closing.is_set():
-            sender.send(error_response(UNLOADING), flags=final)
-            return
         guarded(self.model_name, lambda message: sender.send(error_response(message),
-                                                             flags=final), run, request, sender)
+                                                             flags=final),
+                _refuse if self._closing.is_set() else run, request, sender)
 
     def _run(self, request: Any, sender: Any) -> None:
         tensors = {s.name: pb().get_input_tensor_by_name(request, s.name)
@@ -130,41 +127,39 @@ class Postprocessor:
         outbox = Outbox(self._streamer(stream, sender, counts, cancelled) if streaming
                         else None, self.senders)
         responses = llm_request.exec(decoupled=True)
-        early, finished = None, False
+        finished = False
         try:
-            early = self._read(responses, outbox, end_id,
-                               (lambda: outbox.stopped) if streaming else cancelled)
-            finished = early is None
+            finished = self._read(responses, outbox, end_id,
+                                  (lambda: outbox.stopped) if streaming else cancelled)
         finally:
             rest = outbox.close()  # no response may follow the final one
             if not finished:
                 self._stop(responses, request_id)
         if outbox.error is not None:
             raise outbox.error
-        if early is CANCELLED:
-            sender.send(flags=final)  # nobody reads it: only the stream's end
-        elif early is not None:
-            sender.send(error_response(early), flags=final)
+        if not finished:
+            sender.send(flags=final)  # cancelled: nobody reads it, only the stream's end
         else:
             sender.send(self._chunk(stream.push(rest, final=True), stream, counts), flags=final)
 
     def _read(self, responses: Any, outbox: Outbox, end_id: int,
-              cancelled: Callable[[], bool]) -> object | None:
-        """Put tensorrt_llm's tokens into `outbox` until its stream ends (None), or why it
-        left before: an error message, UNLOADING or CANCELLED."""
+              cancelled: Callable[[], bool]) -> bool:
+        """Put tensorrt_llm's tokens into `outbox` until its stream ends (True), or the client
+        cancelled (False). Raises tensorrt_llm's error (its text as it is: an error response
+        of the stand-in carries its kind's marker), or an UnavailableError while unloading."""
         for llm_response in responses:
             if llm_response.has_error():
-                return f"{self.llm_model}: {llm_response.error().message()}"
+                raise InputError(f"{self.llm_model}: {llm_response.error().message()}")
             if self._closing.is_set():
-                return UNLOADING
+                raise _unloading()
             if cancelled():
-                return CANCELLED
+                return False
             if outbox.error is not None:
                 raise outbox.error
             ids = _new_tokens(llm_response, end_id)
             if ids is not None:  # None: the empty response that closes a decoupled stream
                 outbox.put(ids)
-        return None
+        return True
 
     def _streamer(self, stream: StreamDecoder, sender: Any, counts: dict[str, np.ndarray],
                   cancelled: Callable[[], bool]) -> Callable[[list[int]], bool]:
@@ -274,6 +269,16 @@ class Outbox:
             with self._lock:  # reentrant: _drain holds it
                 self._busy = False
                 self._lock.notify_all()
+
+
+def _unloading() -> UnavailableError:
+    return UnavailableError("the model is unloading; send the request again once the server "
+                            "is back")
+
+
+def _refuse(request: Any, sender: Any) -> None:
+    """The run of a request that arrives while the model unloads."""
+    raise _unloading()
 
 
 def _polled(is_cancelled: Callable[[], bool]) -> Callable[[], bool]:

@@ -46,8 +46,8 @@ class Bls:
 
 
 def _call(model: str, inputs: list[Any], outputs: Sequence[c.TensorSpec]) -> dict[str, Any]:
-    """One non-decoupled BLS call: output name -> tensor (the step's error, the client's, as
-    an InputError)."""
+    """One non-decoupled BLS call: output name -> tensor. The step's error is passed on as it
+    is (an InputError of its text, which carries its kind's marker, contract.ErrorKind)."""
     result = pb().InferenceRequest(model_name=model, inputs=inputs,
                                    requested_output_names=[s.name for s in outputs]).exec()
     if result.has_error():
