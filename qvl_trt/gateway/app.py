@@ -42,10 +42,8 @@ from .openai_api import (
     ApiError,
     ChatCompletionRequest,
     ChunkWriter,
-    StopTrimmer,
     completion,
     completion_id,
-    finish_reason,
     model_card,
     models_list,
     parse_chat_request,
@@ -318,15 +316,9 @@ class Gateway:
                     self._first_token(model, received)
                 texts.append(piece.text)
                 last = piece
-        trimmer = StopTrimmer(req.stop)
-        text = trimmer.push("".join(texts))
-        rest, stopped = trimmer.finish()
-        finish = finish_reason(stopped_by_string=stopped,
-                               completion_tokens=last.completion_tokens,
-                               max_tokens=model.max_tokens(req.max_tokens, last.prompt_tokens))
         self._answered(model, False, received, last)
-        body = completion(completion_id(), int(time.time()), model.name, text + rest, finish,
-                          usage(last.prompt_tokens, last.completion_tokens))
+        body = completion(completion_id(), int(time.time()), model.name, "".join(texts),
+                          last.finish_reason, usage(last.prompt_tokens, last.completion_tokens))
         return self._json(body), 200
 
     async def _stream(self, request, model: ServedModel, req: ChatCompletionRequest,
@@ -344,22 +336,16 @@ class Gateway:
             await response.prepare(request)
             writer = ChunkWriter(model.name, include_usage=req.include_usage)
             await response.write(writer.event({"role": "assistant", "content": ""}))
-            trimmer = StopTrimmer(req.stop)
             try:
                 while piece is not None:
                     last = piece
-                    text = trimmer.push(piece.text)
-                    if text:
-                        await response.write(writer.event({"content": text}))
+                    if piece.text:
+                        await response.write(writer.event({"content": piece.text}))
                     piece = await anext(pieces, None)
             except ApiError as exc:
                 await response.write(sse(exc.body()) + DONE)
                 return response, exc.status
-        rest, stopped = trimmer.finish()
-        finish = finish_reason(stopped_by_string=stopped,
-                               completion_tokens=last.completion_tokens,
-                               max_tokens=model.max_tokens(req.max_tokens, last.prompt_tokens))
-        tail = (writer.event({"content": rest}) if rest else b"") + writer.event({}, finish)
+        tail = writer.event({}, last.finish_reason)
         if req.include_usage:
             tail += writer.usage_event(usage(last.prompt_tokens, last.completion_tokens))
         await response.write(tail + DONE)

@@ -37,21 +37,16 @@ class ServedModel:
     models: c.ModelNames
     limits: c.PreprocessingParameters  # its preprocessing model's parameters
 
-    def max_tokens(self, requested: int | None, prompt_tokens: int) -> int:
-        """The tokens a request may generate: what it asked for, else the deployment's
-        default capped by the room left in the sequence (as preprocessing decides)."""
-        if requested is not None:
-            return requested
-        return min(self.limits.default_max_tokens, self.limits.max_seq_len - prompt_tokens)
-
 
 @dataclass(frozen=True)
 class Piece:
-    """One response of the model: new text and the token counts so far."""
+    """One response of the model: new text, the token counts so far and, in the last one,
+    why the answer ended ("stop" or "length"; "" before)."""
 
     text: str
     prompt_tokens: int
     completion_tokens: int
+    finish_reason: str
 
 
 # The HTTP answer to each kind of error response: (status, OpenAI's error type, code).
@@ -80,10 +75,15 @@ def _piece(response: Any) -> Piece | None:
     text = raw.get(c.TEXT_OUTPUT)
     if text is None:
         return None
-    size = int.from_bytes(text[:4], "little")
-    return Piece(text[4:4 + size].decode("utf-8", "replace"),
-                 int.from_bytes(raw[c.PROMPT_TOKENS], "little", signed=True),
-                 int.from_bytes(raw[c.COMPLETION_TOKENS], "little", signed=True))
+    return Piece(_string(text), int.from_bytes(raw[c.PROMPT_TOKENS], "little", signed=True),
+                 int.from_bytes(raw[c.COMPLETION_TOKENS], "little", signed=True),
+                 _string(raw[c.FINISH_REASON]))
+
+
+def _string(raw: bytes) -> str:
+    """A BYTES output of one element."""
+    size = int.from_bytes(raw[:4], "little")
+    return raw[4:4 + size].decode("utf-8", "replace")
 
 
 def _ensemble_request(request: ChatCompletionRequest) -> c.EnsembleRequest:

@@ -249,9 +249,13 @@ TOP_K = "top_k"
 SEED = "seed"
 STOP = "stop"  # stop strings
 STREAM = "stream"
-TEXT_OUTPUT = "text_output"  # streamed deltas when stream=true, the whole answer otherwise
+TEXT_OUTPUT = "text_output"  # streamed deltas when stream=true, the whole answer otherwise;
+# without a final stop string (its tokens still count in completion_tokens)
 PROMPT_TOKENS = "prompt_tokens"  # tokens in the prompt, visual tokens included
 COMPLETION_TOKENS = "completion_tokens"  # tokens generated so far
+# Why the answer ended, in its final response ("" before): "stop" (the end token or a stop
+# string, which the answer leaves out) or "length" (max_tokens, or the engine's room, reached).
+FINISH_REASON = "finish_reason"
 
 ENSEMBLE_INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec(MESSAGES, "BYTES", (1,), optional=True),
@@ -273,6 +277,7 @@ ENSEMBLE_OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec(TEXT_OUTPUT, "BYTES", (1,)),
     _scalar(PROMPT_TOKENS, "INT32"),
     _scalar(COMPLETION_TOKENS, "INT32"),
+    TensorSpec(FINISH_REASON, "BYTES", (1,)),
 )
 
 

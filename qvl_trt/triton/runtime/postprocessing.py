@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -112,6 +112,8 @@ class Postprocessor:
         streaming = bool(row[c.STREAMING])
         end_id = int(row[c.END_ID])
         counts = {c.PROMPT_TOKENS: np.array([row[c.INPUT_LENGTHS]], np.int32)}
+        tail = StopTail(c.word_list_sequences(row[c.STOP_WORDS_LIST]),
+                        int(row[c.REQUEST_OUTPUT_LEN]))
         # The id lets a stop request name this request (see _stop).
         request_id = uuid.uuid4().hex
         # Streaming also for a non-streamed answer: with streaming=false the backend sends its
@@ -124,7 +126,7 @@ class Postprocessor:
             requested_output_names=list(LLM_REQUESTED_OUTPUTS))
         stream = StreamDecoder(self.token_bytes)
         cancelled = _polled(is_cancelled)
-        outbox = Outbox(self._streamer(stream, sender, counts, cancelled) if streaming
+        outbox = Outbox(self._streamer(stream, tail, sender, counts, cancelled) if streaming
                         else None, self.senders)
         responses = llm_request.exec(decoupled=True)
         finished = False
@@ -140,7 +142,8 @@ class Postprocessor:
         if not finished:
             sender.send(flags=final)  # cancelled: nobody reads it, only the stream's end
         else:
-            sender.send(self._chunk(stream.push(rest, final=True), stream, counts), flags=final)
+            text = stream.push(tail.finish(rest), final=True)
+            sender.send(self._chunk(text, tail, counts, tail.finish_reason()), flags=final)
 
     def _read(self, responses: Any, outbox: Outbox, end_id: int,
               cancelled: Callable[[], bool]) -> bool:
@@ -161,7 +164,8 @@ class Postprocessor:
                 outbox.put(ids)
         return True
 
-    def _streamer(self, stream: StreamDecoder, sender: Any, counts: dict[str, np.ndarray],
+    def _streamer(self, stream: StreamDecoder, tail: StopTail, sender: Any,
+                  counts: dict[str, np.ndarray],
                   cancelled: Callable[[], bool]) -> Callable[[list[int]], bool]:
         """The outbox's `send` of a streaming request: one response with the text of the
         tokens read since the last; False once `cancelled()` (the client's, `_polled`)."""
@@ -169,9 +173,9 @@ class Postprocessor:
         def send(ids: list[int]) -> bool:
             if cancelled():
                 return False
-            text = stream.push(ids)
+            text = stream.push(tail.push(ids))
             if text:
-                sender.send(self._chunk(text, stream, counts))
+                sender.send(self._chunk(text, tail, counts))
             return True
 
         return send
@@ -201,9 +205,54 @@ class Postprocessor:
             log.exception("could not stop %s request %s", self.llm_model, request_id)
 
     @staticmethod
-    def _chunk(text: str, stream: StreamDecoder, counts: dict[str, np.ndarray]) -> Any:
+    def _chunk(text: str, tail: StopTail, counts: dict[str, np.ndarray],
+               finish_reason: str = "") -> Any:
         return response({c.TEXT_OUTPUT: text, **counts,
-                         c.COMPLETION_TOKENS: np.array([stream.tokens], np.int32)})
+                         c.COMPLETION_TOKENS: np.array([tail.generated], np.int32),
+                         c.FINISH_REASON: finish_reason})
+
+
+class StopTail:
+    """The end of one request's tokens. The engine ends an answer with a stop word (a stop
+    string's tokens, or an end id besides end_id) and keeps it; OpenAI leaves the stop string
+    out, so it is cut here, where the stop words are known, for every client alike. While
+    streaming, the last tokens that could still begin a stop word are held back until more
+    tokens show they do not, or the answer ends. Also the finish reason."""
+
+    def __init__(self, stop_words: Sequence[Sequence[int]], max_tokens: int) -> None:
+        """`stop_words`: the request's (contract.word_list_sequences of stop_words_list);
+        `max_tokens`: its request_output_len."""
+        self.words = tuple(tuple(w) for w in stop_words)
+        self.prefixes = frozenset(w[:n] for w in self.words for n in range(1, len(w) + 1))
+        self.longest = max(map(len, self.words), default=0)
+        self.max_tokens = max_tokens
+        self.generated = 0  # tokens the engine made, a final stop word's included
+        self.stopped = False  # a stop word ended the answer
+        self._held: list[int] = []
+
+    def push(self, ids: Sequence[int]) -> list[int]:
+        """The tokens that can be sent now."""
+        self.generated += len(ids)
+        held = self._held + list(ids)
+        keep = next((n for n in range(min(len(held), self.longest), 0, -1)
+                     if tuple(held[-n:]) in self.prefixes), 0)
+        self._held = held[len(held) - keep:]
+        return held[: len(held) - keep]
+
+    def finish(self, ids: Sequence[int]) -> list[int]:
+        """The last tokens: the ones held back and `ids`, without a final stop word."""
+        rest = self.push(ids) + self._held
+        self._held = []
+        for word in self.words:
+            if tuple(rest[-len(word):]) == word:
+                self.stopped = True
+                return rest[: -len(word)]
+        return rest
+
+    def finish_reason(self) -> str:
+        """"stop": a stop word, or the end token (which the engine does not count, so
+        fewer tokens than allowed); "length": every allowed token was generated."""
+        return "stop" if self.stopped or self.generated < self.max_tokens else "length"
 
 
 class Outbox:
