@@ -73,6 +73,28 @@ def test_tensorrt_llm_bls_answers_like_the_ensemble(triton_server, pipeline) -> 
         grpc_ask(triton_server, prompt="Hi", images=[png(1)[:60]], model=c.TENSORRT_LLM_BLS)
 
 
+def test_the_finish_reason_is_the_reference_decoders(triton_server, pipeline) -> None:
+    """Decided by postprocessing (and tensorrt_llm_bls) from the end token, the stop words and
+    max_tokens; the final response carries it, on both transports."""
+    from qvl_trt.client.generate import GenerateClient, GenerateRequest
+
+    image = png(3)
+    for max_tokens in (3, 200):
+        want = expected(pipeline, "What is in the picture?", [image], max_tokens=max_tokens)
+        for url in (f"grpc://{triton_server.grpc_url}", f"http://{triton_server.http_url}"):
+            for model in (c.ENSEMBLE, c.TENSORRT_LLM_BLS):
+                for stream in (True, False):
+                    with GenerateClient(url, model=model) as client:
+                        got = client.generate(GenerateRequest(
+                            "What is in the picture?", (image,), max_tokens=max_tokens,
+                            stream=stream))
+                    assert got.finish_reason == want.finish_reason.value, (url, model, stream)
+                    assert [r.finish_reason for r in got.responses[:-1]] == [""] * (
+                        len(got.responses) - 1)
+    assert {expected(pipeline, "What is in the picture?", [image], max_tokens=n).finish_reason
+            .value for n in (3, 200)} == {"length", "stop"}, "both reasons are tested"
+
+
 @pytest.fixture(scope="module")
 def long_story(pipeline) -> int:
     """max_tokens for LONG_STORY, nearly all the room the tiny profile's max_seq_len (1024)

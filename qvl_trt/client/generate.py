@@ -57,6 +57,7 @@ class Response:
     text: str  # the new text when streaming, the whole answer otherwise
     prompt_tokens: int  # visual tokens included
     completion_tokens: int  # generated so far
+    finish_reason: str = ""  # in the final response: "stop" or "length"
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,11 @@ class Generation:
     @property
     def completion_tokens(self) -> int:
         return max((r.completion_tokens for r in self.responses), default=0)
+
+    @property
+    def finish_reason(self) -> str:
+        """Why the answer ended ("stop" or "length"), as the deployment decided."""
+        return next((r.finish_reason for r in reversed(self.responses) if r.finish_reason), "")
 
     @property
     def first_token(self) -> float | None:
@@ -326,7 +332,8 @@ class GenerateClient:
             if result.as_numpy(c.TEXT_OUTPUT) is not None:
                 yield Response(received, _text(result.as_numpy(c.TEXT_OUTPUT)),
                                _int(result.as_numpy(c.PROMPT_TOKENS)),
-                               _int(result.as_numpy(c.COMPLETION_TOKENS)))
+                               _int(result.as_numpy(c.COMPLETION_TOKENS)),
+                               _text(result.as_numpy(c.FINISH_REASON)))
             final = response.parameters.get("triton_final_response")
             if final is not None and final.bool_param:
                 return
@@ -355,7 +362,8 @@ class GenerateClient:
                 if c.TEXT_OUTPUT in event:
                     yield Response(received, _text(event[c.TEXT_OUTPUT]),
                                    _int(event.get(c.PROMPT_TOKENS, 0)),
-                                   _int(event.get(c.COMPLETION_TOKENS, 0)))
+                                   _int(event.get(c.COMPLETION_TOKENS, 0)),
+                                   _text(event.get(c.FINISH_REASON, "")))
         except OSError as exc:
             raise RequestError(f"{self.endpoint.address}: {exc}") from None
         finally:
@@ -363,7 +371,10 @@ class GenerateClient:
 
 
 def _text(value) -> str:
-    """A BYTES output as text, whatever nesting (batch/element dims) it arrives in."""
+    """A BYTES output as text, whatever nesting (batch/element dims) it arrives in (absent:
+    "")."""
+    if value is None:
+        return ""
     while isinstance(value, (list, np.ndarray)):
         if len(value) == 0:
             return ""

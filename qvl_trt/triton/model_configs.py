@@ -167,8 +167,8 @@ def postprocessing_config(s: StepSettings) -> Any:
 
 
 def tensorrt_llm_bls_config(s: StepSettings) -> Any:
-    """The ensemble's I/O in one decoupled model that runs the steps by BLS (bls.py), so that
-    a client's cancel reaches it."""
+    """The ensemble's I/O in one decoupled model that runs the steps by BLS
+    (runtime/tensorrt_llm_bls.py), so that a client's cancel reaches it."""
     n = s.names
     config = _python_model(s, n.tensorrt_llm_bls, c.TENSORRT_LLM_BLS,
                            instances=s.postprocessing_instances, decoupled=True)

@@ -14,10 +14,11 @@ while a response is on its way ride in the next one, so when sending falls behin
 engine, responses grow instead of a backlog. When tensorrt_llm signals the end, an
 unfinished character is flushed and the final response sent.
 
-`Postprocessor.generate` is that loop; the client-facing tensorrt_llm_bls model (bls.py) runs
-it too. It stops tensorrt_llm whenever it leaves before the end (an error response, an
-exception, its own request cancelled, the model unloading): the stock backend keeps
-generating a request nobody reads until it is cancelled.
+`TokenStream` is that loop; the client-facing tensorrt_llm_bls model (tensorrt_llm_bls.py)
+runs one too, with its own pool and its own way to its inputs. It stops tensorrt_llm
+whenever it leaves before the end (an error response, an exception, its own request
+cancelled, the model unloading): the stock backend keeps generating a request nobody reads
+until it is cancelled.
 """
 
 from __future__ import annotations
@@ -55,16 +56,28 @@ CANCEL_CHECK_S = 0.05
 SENDERS = 1
 TRUE = np.ones((1, 1), bool)  # a BOOL input of one batch row
 
-# run(request, sender): handle one request, sending its responses (the last one final).
-Run = Callable[[Any, Any], None]
+# inputs(request): the earlier steps' tensors of one request (name -> pb Tensor with a batch
+# row, absent optional ones None), which LlmInputs turns into tensorrt_llm's.
+StepInputs = Callable[[Any], Mapping[str, Any]]
 
 
-class Postprocessor:
-    def __init__(self, tokenizer_json: Path, *, llm_inputs: LlmInputs, llm_model: str,
-                 workers: int, model_name: str = c.POSTPROCESSING) -> None:
-        """`model_name`: the model it serves (postprocessing, or tensorrt_llm_bls), for errors;
-        `llm_inputs` turns the earlier steps' tensors into tensorrt_llm's."""
+def postprocessing_inputs(request: Any) -> dict[str, Any]:
+    """The postprocessing model's: its own inputs, which the ensemble's earlier steps made."""
+    return {s.name: pb().get_input_tensor_by_name(request, s.name)
+            for s in c.POSTPROCESSING_INPUTS}
+
+
+class TokenStream:
+    """The token path of a model that runs tensorrt_llm (postprocessing, tensorrt_llm_bls):
+    each request in a worker of the model's own pool, its earlier steps' tensors from
+    `inputs`, then tensorrt_llm by BLS, its tokens sent back as text (`generate`)."""
+
+    def __init__(self, tokenizer_json: Path, *, inputs: StepInputs, llm_inputs: LlmInputs,
+                 llm_model: str, workers: int, model_name: str = c.POSTPROCESSING) -> None:
+        """`model_name`: the model it serves, for errors; `llm_inputs` turns the earlier
+        steps' tensors into tensorrt_llm's."""
         self.token_bytes = TokenBytes.from_tokenizer_json(tokenizer_json)
+        self.inputs = inputs
         self.llm_inputs = llm_inputs
         self.llm_model = llm_model
         self.model_name = model_name
@@ -73,11 +86,9 @@ class Postprocessor:
         self.senders = ThreadPoolExecutor(max_workers=SENDERS, thread_name_prefix="send")
         self._closing = threading.Event()
 
-    def submit(self, request: Any, run: Run | None = None) -> None:
-        """Handle a (decoupled) request in a worker with `run` (default: postprocessing's
-        own); execute() returns at once."""
-        sender = request.get_response_sender()
-        self.pool.submit(self._guarded, run or self._run, request, sender)
+    def submit(self, request: Any) -> None:
+        """Handle a (decoupled) request in a worker; execute() returns at once."""
+        self.pool.submit(self._guarded, request, request.get_response_sender())
 
     def close(self) -> None:
         """At unload: running requests stop tensorrt_llm at their next response, queued ones
@@ -86,16 +97,14 @@ class Postprocessor:
         self.pool.shutdown(wait=True)
         self.senders.shutdown(wait=True)  # idle by now: a request waits for its sends
 
-    def _guarded(self, run: Run, request: Any, sender: Any) -> None:
+    def _guarded(self, request: Any, sender: Any) -> None:
         final = pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
         guarded(self.model_name, lambda message: sender.send(error_response(message),
                                                              flags=final),
-                _refuse if self._closing.is_set() else run, request, sender)
+                _refuse if self._closing.is_set() else self._run, request, sender)
 
     def _run(self, request: Any, sender: Any) -> None:
-        tensors = {s.name: pb().get_input_tensor_by_name(request, s.name)
-                   for s in c.POSTPROCESSING_INPUTS}
-        self.generate(self.llm_inputs(tensors), sender, request.is_cancelled)
+        self.generate(self.llm_inputs(self.inputs(request)), sender, request.is_cancelled)
 
     def generate(self, tensors: Mapping[str, Any], sender: Any,
                  is_cancelled: Callable[[], bool]) -> None:
