@@ -28,6 +28,16 @@ class InputError(QvlError):
     """A request is malformed: corrupt or oversized image, prompt too long, bad options."""
 
 
+class LimitError(InputError):
+    """A request is above one of the deployment's size bounds (its preprocessing model's
+    parameters): too large rather than malformed."""
+
+
+class UnavailableError(QvlError):
+    """A model cannot take the request now (it is unloading or not ready); sending it again
+    later may succeed."""
+
+
 class RequestError(QvlError):
     """A server answered a request with an error (or did not answer)."""
 

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qvl_trt.client.generate import GenerateClient, GenerateRequest, request_fields
+from qvl_trt.client.generate import GenerateClient, GenerateRequest, ensemble_request
 from qvl_trt.deps import require
 from qvl_trt.mm.rope import MropeTable
 from qvl_trt.serve.server import ServerOptions, TritonServer, free_ports
@@ -70,6 +70,13 @@ class Stream:
         return self.arrivals[-1]
 
 
+def _request_fields(max_tokens: int) -> dict[str, tuple[str, np.ndarray]]:
+    """The ensemble's inputs for PROMPT: name -> (Triton dtype, value)."""
+    types = {s.name: s.data_type for s in c.ENSEMBLE_INPUTS}
+    tensors = ensemble_request(GenerateRequest(PROMPT, max_tokens=max_tokens)).to_tensors()
+    return {name: (types[name], value) for name, value in tensors.items()}
+
+
 def _infer_inputs(grpc, values: dict[str, tuple[str, np.ndarray]]) -> list:
     inputs = []
     for name, (dtype, value) in values.items():
@@ -84,7 +91,7 @@ def llm_inputs(grpc, url: str, max_tokens: int, mrope: MropeTable) \
     """tensorrt_llm's inputs for PROMPT, as the ensemble's earlier steps and postprocessing
     make them (`mrope`: the table postprocessing builds from the position ids)."""
     client = grpc.InferenceServerClient(url)
-    fields = request_fields(GenerateRequest(PROMPT, max_tokens=max_tokens))
+    fields = _request_fields(max_tokens)
     pre = client.infer(c.PREPROCESSING, _infer_inputs(grpc, fields))
     vision = client.infer(c.VISION_ENCODER, _infer_inputs(grpc, {
         s.name: (s.data_type, pre.as_numpy(s.name)) for s in c.VISION_INPUTS}))
@@ -111,7 +118,7 @@ def run_streams(grpc, url: str, path: str, n: int, llm: dict, max_tokens: int) -
         model, fields, outputs = c.TENSORRT_LLM, llm, [c.OUTPUT_IDS, c.SEQUENCE_LENGTH]
     else:
         model, outputs = path, None
-        fields = request_fields(GenerateRequest(PROMPT, max_tokens=max_tokens))
+        fields = _request_fields(max_tokens)
     aio = require("tritonclient.grpc.aio", extra="serve", why="talk to Triton over gRPC")
 
     async def one(client) -> Stream:

@@ -1,7 +1,7 @@
 """Request preprocessing speed from encoded bytes: the Triton preprocessing model's function
 against the Hugging Face Qwen3-VL processors, interleaved in one run.
 
-Inputs are built as a client sends them (`qvl_trt.client.generate.request_fields`: a one-line
+Inputs are built as a client sends them (`qvl_trt.client.generate.ensemble_request`: a one-line
 question as text_input, one JPEG or PNG file as image_bytes) at each --sizes entry. Timed, per
 call, from those bytes:
 - ours: `Preprocessor.__call__` on `row_of(...)` of the request's tensors, as
@@ -235,7 +235,7 @@ def main() -> None:
     parser.add_argument("--profile", metavar="WxH", help="cProfile our function on this JPEG")
     args = parser.parse_args()
 
-    from qvl_trt.client.generate import GenerateRequest, request_fields
+    from qvl_trt.client.generate import GenerateRequest, ensemble_request
     from qvl_trt.mm.image_input import load_rgb
     from qvl_trt.profiles import load_profile
     from qvl_trt.triton import contract as c
@@ -264,8 +264,8 @@ def main() -> None:
 
         requests = []
         for *_, data in cases:
-            fields = request_fields(GenerateRequest(QUESTION, images=(data,)))
-            requests.append({name: Tensor(value) for name, (_, value) in fields.items()})
+            fields = ensemble_request(GenerateRequest(QUESTION, images=(data,))).to_tensors()
+            requests.append({name: Tensor(value) for name, value in fields.items()})
 
         def ours(i: int):
             return step(row_of(requests[i], c.PREPROCESSING_INPUTS))
@@ -315,8 +315,9 @@ def main() -> None:
                   f"{pil_diff:>8} {pil_same:>7} {tv_diff:>8} {tv_same:>6}")
         if args.profile:
             w, h = (int(v) for v in args.profile.split("x"))
-            fields = request_fields(GenerateRequest(QUESTION, images=(photo_like(w, h, "jpeg"),)))
-            request = {name: Tensor(value) for name, (_, value) in fields.items()}
+            fields = ensemble_request(GenerateRequest(
+                QUESTION, images=(photo_like(w, h, "jpeg"),))).to_tensors()
+            request = {name: Tensor(value) for name, value in fields.items()}
             profiler = cProfile.Profile()
             profiler.enable()
             for _ in range(max(args.repeat, 1)):

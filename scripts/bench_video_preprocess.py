@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     args = parser.parse_args()
     import qvl_trt.mm.video as video
-    from qvl_trt.client.generate import GenerateRequest, request_fields
+    from qvl_trt.client.generate import GenerateRequest, ensemble_request
     from qvl_trt.mm.video_decode import Sampling, decode_video
     from qvl_trt.profiles import load_profile
     from qvl_trt.triton.contract import PREPROCESSING_INPUTS
@@ -86,9 +86,9 @@ def main() -> None:
             max_input_len=16384, max_seq_len=16384, max_visual_tokens=16384)
         step = Preprocessor(model, params)
         clip = make_clip(width, height, args.seconds)
-        row = row_of({name: _Tensor(value) for name, (_, value) in request_fields(
-            GenerateRequest("Describe the video.", videos=(clip,), video_fps=args.fps)).items()},
-            PREPROCESSING_INPUTS)
+        row = row_of({name: _Tensor(value) for name, value in ensemble_request(
+            GenerateRequest("Describe the video.", videos=(clip,), video_fps=args.fps)
+        ).to_tensors().items()}, PREPROCESSING_INPUTS)
         exact_resize = video.resize_frames
 
         def run(side: str) -> float:

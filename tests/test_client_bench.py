@@ -29,10 +29,10 @@ from qvl_trt.client.generate import (
     GenerateRequest,
     RequestError,
     Response,
+    ensemble_request,
     http_body,
     image_tokens,
     parse_url,
-    request_fields,
 )
 from qvl_trt.client.metrics import RequestRecord, level_metrics
 from qvl_trt.errors import InputError
@@ -108,19 +108,25 @@ def test_csv_has_a_row_per_level_and_metric(report):
     assert len(rows) == 1 + 2 * (8 + 8)
 
 
-def test_request_fields_follow_the_contract():
+def test_the_ensemble_request_follows_the_contract():
+    from tritonclient.grpc import InferInput
+    from tritonclient.utils import np_to_triton_dtype
+
     req = GenerateRequest("hi", (b"img",), max_tokens=7, top_k=3, stop=("x",), stream=False)
-    fields = request_fields(req)
+    fields = ensemble_request(req).to_tensors()
     specs = {s.name: s for s in c.ENSEMBLE_INPUTS}
-    for name, (dtype, value) in fields.items():
-        assert dtype == specs[name].data_type and value.shape[0] == 1  # batch of one
-    assert fields[c.IMAGE_BYTES][1].shape == (1, 1)
+    for name, value in fields.items():
+        assert np_to_triton_dtype(value.dtype) == specs[name].data_type
+        assert value.shape[0] == 1  # batch of one
+    assert [(i.name(), i.datatype()) for i in ensemble_request(req).infer_inputs(InferInput)] \
+        == [(name, specs[name].data_type) for name in fields]
+    assert fields[c.IMAGE_BYTES].shape == (1, 1)
     assert c.TOP_P not in fields and c.SEED not in fields
     body = http_body(req)
     assert body[c.MAX_TOKENS] == 7 and body[c.STREAM] is False and body[c.STOP] == ["x"]
     assert body[c.IMAGE_BYTES][0].startswith("data:image/octet-stream;base64,")
     with pytest.raises(InputError, match="max tokens must be positive"):
-        request_fields(GenerateRequest("hi", max_tokens=0))
+        ensemble_request(GenerateRequest("hi", max_tokens=0))
 
 
 def test_synthetic_images_differ_and_count_tokens():

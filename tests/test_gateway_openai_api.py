@@ -10,8 +10,6 @@ import pytest
 from qvl_trt.gateway.openai_api import (
     ApiError,
     ChunkWriter,
-    StopTrimmer,
-    finish_reason,
     parse_chat_request,
 )
 
@@ -81,27 +79,6 @@ def test_a_bad_field_is_refused_by_name(raw: bytes, param: str | None, words: st
     assert error.status == 400 and words in error.message, error.message
     assert error.body() == {"error": {"message": error.message, "type": "invalid_request_error",
                                       "param": param, "code": None}}
-
-
-def test_the_stop_string_is_held_back_and_cut() -> None:
-    trimmer = StopTrimmer(["###", "\n\n"])
-    sent = [trimmer.push(piece) for piece in ("Hello", " wor", "ld#", "##")]
-    assert sent == ["He", "llo ", "wor", "ld"]  # never a character of the stop string
-    assert trimmer.finish() == ("", True)
-    trimmer = StopTrimmer(["###"])
-    assert trimmer.push("a#b") == "" and trimmer.push("##") == "a#"
-    assert trimmer.finish() == ("b##", False)  # no stop string at the end: all of it
-    assert StopTrimmer([]).push("x") == "x" and StopTrimmer([]).finish() == ("", False)
-
-
-@pytest.mark.parametrize("stopped, tokens, limit, want", [
-    (False, 7, 8, "stop"),  # the end token came first (it is not counted)
-    (False, 8, 8, "length"),
-    (True, 8, 8, "stop"),  # the stop string completed on the last allowed token
-])
-def test_finish_reason(stopped: bool, tokens: int, limit: int, want: str) -> None:
-    assert finish_reason(stopped_by_string=stopped, completion_tokens=tokens,
-                         max_tokens=limit) == want
 
 
 def test_stream_chunks_carry_a_null_usage_only_when_usage_was_asked_for() -> None:

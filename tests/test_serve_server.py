@@ -372,17 +372,19 @@ def test_malformed_json_over_http_is_refused_clearly(triton_server) -> None:
         http_ask(triton_server, {c.MESSAGES: "{oops", c.MAX_TOKENS: 4})
 
 
-def test_stop_string_ends_the_answer_after_it(triton_server, pipeline) -> None:
+def test_stop_string_ends_the_answer_and_is_left_out(triton_server, pipeline) -> None:
     tokenizer = pipeline.preprocessor.prompts.tokenizer
     full = expected(pipeline, "What is in the picture?", [png(0)])
     stop_token = full.token_ids[1]
     stop = tokenizer.decode([stop_token])
     assert tokenizer.encode(stop, add_special_tokens=False) == [stop_token]
     cut = full.token_ids[: full.token_ids.index(stop_token) + 1]
-    got = grpc_ask(triton_server, prompt="What is in the picture?", images=[png(0)],
-                   stop=[stop])
-    assert got.text == tokenizer.decode(list(cut), skip_special_tokens=True)
-    assert got.completion_tokens == len(cut)
+    for stream in (True, False):
+        got = grpc_ask(triton_server, prompt="What is in the picture?", images=[png(0)],
+                       stop=[stop], stream=stream)
+        # The text ends before the stop string (OpenAI's rule); its token still counts.
+        assert got.text == tokenizer.decode(list(cut[:-1]), skip_special_tokens=True)
+        assert got.completion_tokens == len(cut)
 
 
 def test_a_request_of_several_batch_rows_is_refused(triton_server) -> None:

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
+import pytest
+
+from qvl_trt.errors import InputError, LimitError, UnavailableError
 from qvl_trt.triton.contract import stop_words_list, word_list_sequences
 
 
@@ -13,3 +19,64 @@ def test_word_lists_round_trip() -> None:
     assert table.tolist() == [[5, 6, 7, 8, 9, 10], [2, 3, 6, -1, -1, -1]]
     assert word_list_sequences(table) == words
     assert word_list_sequences(stop_words_list([])) == []
+
+
+# ---- the ensemble request: one encoder, one reader ----------------------------------------
+
+class _Tensor:
+    """What row_of reads of a python backend tensor."""
+
+    def __init__(self, value) -> None:
+        self.value = value
+
+    def as_numpy(self):
+        return self.value
+
+
+def test_the_ensemble_request_names_every_input_and_round_trips() -> None:
+    from dataclasses import fields
+
+    from tritonclient.utils import np_to_triton_dtype
+
+    from qvl_trt.triton import contract as c
+    from qvl_trt.triton.runtime.backend import row_of
+
+    assert [f.name for f in fields(c.EnsembleRequest)] == [s.name for s in c.ENSEMBLE_INPUTS]
+    full = c.EnsembleRequest(
+        messages=json.dumps([{"role": "user", "content": "é"}]), text_input="q",
+        image_bytes=(b"a", b"bc"),
+        video_bytes=(b"v",), video_frames=(b"f1", b"f2"), video_frame_counts=(2,),
+        video_fps=(2.0,), max_tokens=7, temperature=0.5, top_p=0.75, top_k=3, seed=2**64 - 1,
+        stop=("x", "ü"), stream=False)
+    tensors = full.to_tensors()
+    specs = {s.name: s for s in c.ENSEMBLE_INPUTS}
+    assert list(tensors) == list(specs)
+    for name, value in tensors.items():
+        assert np_to_triton_dtype(value.dtype) == specs[name].data_type, name
+        assert value.shape[0] == 1
+    row = row_of({name: _Tensor(value) for name, value in tensors.items()}, c.ENSEMBLE_INPUTS)
+    assert c.EnsembleRequest.from_row(row) == full
+    assert full.payload_bytes() == len(full.messages.encode()) + 1 + 3 + 1 + 4 + 1 + 2
+    assert c.EnsembleRequest(text_input="hi").to_tensors().keys() == {c.TEXT_INPUT}
+    with pytest.raises(InputError, match="stop is not UTF-8 text"):
+        c.EnsembleRequest.from_row({c.STOP: np.array([b"\xff"], object)})
+
+
+# ---- error kinds: raised in a python model, read back from the text --------------------------
+
+@pytest.mark.parametrize("exc, kind", [
+    (InputError("prompt is too long; shorten it"), "REQUEST"),
+    (LimitError("the number of stop strings is 17, above the limit of 16"), "LIMIT"),
+    (UnavailableError("the model is unloading; send it again"), "UNAVAILABLE"),
+    (KeyError("secret"), "INTERNAL"),
+])
+def test_each_error_kind_survives_the_wire_text(exc, kind) -> None:
+    from qvl_trt.triton.contract import ErrorKind
+    from qvl_trt.triton.runtime.backend import error_message
+
+    text = error_message(exc, "b4_preprocessing")
+    assert ErrorKind.of_error(exc) is ErrorKind[kind]
+    assert ErrorKind.of_message(text) is ErrorKind[kind]
+    # A step that wraps the text (postprocessing names tensorrt_llm) keeps the kind.
+    assert ErrorKind.of_message(f"b4_tensorrt_llm: {text}") is ErrorKind[kind]
+    assert "secret" not in text

@@ -59,10 +59,9 @@ def test_config_protobufs_parse_back_with_bool_parameters_and_scalar_reshapes() 
 def test_python_model_parameters_round_trip_and_name_a_bad_key() -> None:
     from dataclasses import asdict
 
-    from qvl_trt.mm.request import RequestBounds
+    from qvl_trt.mm.request import RequestBounds, RequestLimits
     from qvl_trt.mm.video import VideoLimits
     from qvl_trt.triton.pbconfig import new_config, parameters, set_parameters
-    from qvl_trt.triton.runtime.preprocessing import request_limits
 
     written = c.PreprocessingParameters(
         max_images=2, max_input_len=512, max_seq_len=640, min_pixels=4096, max_pixels=65536,
@@ -74,8 +73,12 @@ def test_python_model_parameters_round_trip_and_name_a_bad_key() -> None:
     assert params["max_seq_len"] == "640"  # one name from the writer to the reader
     assert c.PreprocessingParameters.from_parameters(params) == written
     # Every bound reaches the model: the parameters carry RequestBounds field for field.
-    assert request_limits(written).bounds == RequestBounds(max_stop_words=3)
-    assert request_limits(written).video == VideoLimits(max_video_frames=9)
+    assert RequestLimits.from_fields(written).bounds == RequestBounds(max_stop_words=3)
+    assert RequestLimits.from_fields(written).video == VideoLimits(max_video_frames=9)
+    assert RequestLimits.from_fields(written) == RequestLimits(
+        max_images=2, max_input_len=512, max_seq_len=640, min_pixels=4096, max_pixels=65536,
+        max_visual_tokens=128, bounds=RequestBounds(max_stop_words=3),
+        video=VideoLimits(max_video_frames=9))
     vision = c.VisionEncoderParameters(c.Flavor.REFERENCE, "auto", "float32", 2**20)
     assert vision.to_parameters()["flavor"] == "reference"
     assert c.VisionEncoderParameters.from_parameters(

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from qvl_trt.triton.runtime.postprocessing import CANCEL_CHECK_S, Outbox, _polled
+from qvl_trt.triton.runtime.postprocessing import CANCEL_CHECK_S, Outbox, StopTail, _polled
 
 WAIT = 30  # seconds; only reached when something is broken
 
@@ -157,3 +157,32 @@ def test_the_cancel_flag_is_asked_at_most_every_period_and_stays_true(monkeypatc
         seen.append(cancelled())
     assert asked == [10, 10 + CANCEL_CHECK_S]
     assert seen == [False] * 4 + [True] * 8
+
+
+# ---- the end of the answer: a final stop word cut off, the finish reason ---------------------
+
+def test_a_stop_word_is_held_back_while_it_may_begin_and_cut_at_the_end() -> None:
+    tail = StopTail([[7, 8, 9], [5, 5]], max_tokens=100)
+    sent = [tail.push(ids) for ids in ([1, 2], [7], [8], [3, 7], [8])]
+    # 7, 8 wait until 3 shows they are no stop word; never a token of the final one is sent.
+    assert sent == [[1, 2], [], [], [7, 8, 3], []]
+    assert tail.finish([9]) == [] and tail.stopped
+    assert tail.generated == 8 and tail.finish_reason() == "stop"
+    tail = StopTail([[7, 8, 9]], max_tokens=100)
+    assert tail.push([1, 7]) == [1] and tail.finish([8]) == [7, 8]  # no stop word: all of it
+    assert not tail.stopped
+    assert StopTail([], max_tokens=3).push([4]) == [4]
+    one = StopTail([[5]], max_tokens=100)  # a one-token stop word holds back only itself
+    assert one.push([1, 2]) == [1, 2] and one.push([5]) == [] and one.finish([]) == []
+
+
+@pytest.mark.parametrize("ids, words, limit, want", [
+    ([1] * 7, [], 8, "stop"),  # the end token came first (it is not counted)
+    ([1] * 8, [], 8, "length"),
+    ([1] * 7 + [5], [[5]], 8, "stop"),  # the stop word completed on the last allowed token
+])
+def test_the_finish_reason(ids: list[int], words: list[list[int]], limit: int,
+                           want: str) -> None:
+    tail = StopTail(words, max_tokens=limit)
+    tail.finish(ids)
+    assert tail.generated == len(ids) and tail.finish_reason() == want

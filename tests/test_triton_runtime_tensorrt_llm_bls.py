@@ -5,6 +5,7 @@ its tensorrt_llm_bls request, streamed or not, stops the generation."""
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import time
 
@@ -71,6 +72,33 @@ def test_tensorrt_llm_bls_answers_like_the_ensemble(triton_server, pipeline) -> 
                                                               ensemble.completion_tokens)
     with pytest.raises(RequestFailed, match="corrupt"):
         grpc_ask(triton_server, prompt="Hi", images=[png(1)[:60]], model=c.TENSORRT_LLM_BLS)
+
+
+def test_the_finish_reason_is_decided_where_the_stop_words_are_known(triton_server,
+                                                                     pipeline) -> None:
+    """postprocessing (and tensorrt_llm_bls) decide it from the end token, the stop words and
+    max_tokens: "length" as the reference decoder says, "stop" for a stop string (left out of
+    the text); the final response carries it, on both transports."""
+    from qvl_trt.client.generate import GenerateClient, GenerateRequest
+
+    image, question = png(3), "What is in the picture?"
+    short = expected(pipeline, question, [image], max_tokens=3)
+    full = expected(pipeline, question, [image], max_tokens=12)
+    stop = pipeline.preprocessor.prompts.tokenizer.decode([full.token_ids[1]])
+    cases = [(GenerateRequest(question, (image,), max_tokens=3), short.finish_reason.value),
+             (GenerateRequest(question, (image,), max_tokens=12, stop=(stop,)), "stop")]
+    assert [want for _, want in cases] == ["length", "stop"]
+    for url in (f"grpc://{triton_server.grpc_url}", f"http://{triton_server.http_url}"):
+        for model in (c.ENSEMBLE, c.TENSORRT_LLM_BLS):
+            for req, want in cases:
+                for stream in (True, False):
+                    with GenerateClient(url, model=model) as client:
+                        got = client.generate(dataclasses.replace(req, stream=stream))
+                    assert got.finish_reason == want, (url, model, stream, req.stop)
+                    assert [r.finish_reason for r in got.responses[:-1]] == [""] * (
+                        len(got.responses) - 1)
+                    if req.stop:
+                        assert not got.text.endswith(stop)
 
 
 @pytest.fixture(scope="module")

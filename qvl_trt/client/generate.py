@@ -57,6 +57,7 @@ class Response:
     text: str  # the new text when streaming, the whole answer otherwise
     prompt_tokens: int  # visual tokens included
     completion_tokens: int  # generated so far
+    finish_reason: str = ""  # in the final response: "stop" or "length"
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,11 @@ class Generation:
     @property
     def completion_tokens(self) -> int:
         return max((r.completion_tokens for r in self.responses), default=0)
+
+    @property
+    def finish_reason(self) -> str:
+        """Why the answer ended ("stop" or "length"), as the deployment decided."""
+        return next((r.finish_reason for r in reversed(self.responses) if r.finish_reason), "")
 
     @property
     def first_token(self) -> float | None:
@@ -170,50 +176,33 @@ def video_file_tokens(data: bytes, fps: float | None,
         return 0
 
 
-def request_fields(req: GenerateRequest) -> dict[str, tuple[str, np.ndarray]]:
-    """Ensemble input name -> (Triton dtype, value with the batch dimension of 1)."""
+def ensemble_request(req: GenerateRequest) -> c.EnsembleRequest:
+    """The ensemble's request for a question (the text form: text_input with the images and
+    video files)."""
     if req.max_tokens <= 0:
         raise InputError(f"max tokens must be positive, got {req.max_tokens}")
-    values: dict[str, np.ndarray] = {
-        c.TEXT_INPUT: np.array([[req.prompt.encode()]], dtype=object),
-        c.MAX_TOKENS: np.array([[req.max_tokens]], dtype=np.int32),
-        c.TEMPERATURE: np.array([[req.temperature]], dtype=np.float32),
-        c.STREAM: np.array([[req.stream]], dtype=bool),
-    }
-    if req.images:
-        values[c.IMAGE_BYTES] = np.array([list(req.images)], dtype=object)
-    if req.videos:
-        values[c.VIDEO_BYTES] = np.array([list(req.videos)], dtype=object)
-    if req.video_fps is not None:
-        values[c.VIDEO_FPS] = np.array([[req.video_fps]], dtype=np.float32)
-    if req.top_p is not None:
-        values[c.TOP_P] = np.array([[req.top_p]], dtype=np.float32)
-    if req.top_k is not None:
-        values[c.TOP_K] = np.array([[req.top_k]], dtype=np.int32)
-    if req.seed is not None:
-        values[c.SEED] = np.array([[req.seed]], dtype=np.uint64)
-    if req.stop:
-        values[c.STOP] = np.array([[s.encode() for s in req.stop]], dtype=object)
-    specs = {s.name: s for s in c.ENSEMBLE_INPUTS}
-    return {name: (specs[name].data_type, value) for name, value in values.items()}
+    return c.EnsembleRequest(
+        text_input=req.prompt, image_bytes=req.images, video_bytes=req.videos,
+        video_fps=() if req.video_fps is None else (req.video_fps,),
+        max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p,
+        top_k=req.top_k, seed=req.seed, stop=req.stop, stream=req.stream)
 
 
 def http_body(req: GenerateRequest) -> dict:
-    """The generate-extension JSON of a request: images as data: URIs, scalars plain."""
+    """The generate-extension JSON of a request: the tensors' rows as JSON values, images and
+    videos as data: URIs."""
     body: dict = {}
-    for name, (_, value) in request_fields(req).items():
+    for name, value in ensemble_request(req).to_tensors().items():
         row = value[0]
         if name == c.IMAGE_BYTES:
-            body[name] = [image_data_uri(bytes(v)) for v in row]
+            body[name] = [image_data_uri(v) for v in row]
         elif name == c.VIDEO_BYTES:  # the server reads the bytes; the type only labels them
-            body[name] = ["data:video/mp4;base64," + base64.b64encode(bytes(v)).decode()
-                          for v in row]
+            body[name] = ["data:video/mp4;base64," + base64.b64encode(v).decode() for v in row]
         elif name == c.VIDEO_FPS:
             body[name] = row.tolist()
-        elif name == c.STOP:
-            body[name] = [bytes(v).decode() for v in row]
         elif row.dtype == object:
-            body[name] = bytes(row[0]).decode()
+            texts = [v.decode() for v in row]
+            body[name] = texts if name == c.STOP else texts[0]
         else:
             body[name] = row[0].item()
     return body
@@ -315,11 +304,7 @@ class GenerateClient:
     def _stream_grpc(self, req: GenerateRequest, sent_at: list | None) -> Iterator[Response]:
         grpc = require("tritonclient.grpc", extra="serve", why="talk to Triton over gRPC")
         client = self.grpc_client()
-        inputs = []
-        for name, (dtype, value) in request_fields(req).items():
-            tensor = grpc.InferInput(name, list(value.shape), dtype)
-            tensor.set_data_from_numpy(value)
-            inputs.append(tensor)
+        inputs = ensemble_request(req).infer_inputs(grpc.InferInput)
         request_id = uuid.uuid4().hex
         if sent_at is not None:
             sent_at.append(time.perf_counter())
@@ -347,7 +332,8 @@ class GenerateClient:
             if result.as_numpy(c.TEXT_OUTPUT) is not None:
                 yield Response(received, _text(result.as_numpy(c.TEXT_OUTPUT)),
                                _int(result.as_numpy(c.PROMPT_TOKENS)),
-                               _int(result.as_numpy(c.COMPLETION_TOKENS)))
+                               _int(result.as_numpy(c.COMPLETION_TOKENS)),
+                               _text(result.as_numpy(c.FINISH_REASON)))
             final = response.parameters.get("triton_final_response")
             if final is not None and final.bool_param:
                 return
@@ -376,7 +362,8 @@ class GenerateClient:
                 if c.TEXT_OUTPUT in event:
                     yield Response(received, _text(event[c.TEXT_OUTPUT]),
                                    _int(event.get(c.PROMPT_TOKENS, 0)),
-                                   _int(event.get(c.COMPLETION_TOKENS, 0)))
+                                   _int(event.get(c.COMPLETION_TOKENS, 0)),
+                                   _text(event.get(c.FINISH_REASON, "")))
         except OSError as exc:
             raise RequestError(f"{self.endpoint.address}: {exc}") from None
         finally:
@@ -384,7 +371,10 @@ class GenerateClient:
 
 
 def _text(value) -> str:
-    """A BYTES output as text, whatever nesting (batch/element dims) it arrives in."""
+    """A BYTES output as text, whatever nesting (batch/element dims) it arrives in (absent:
+    "")."""
+    if value is None:
+        return ""
     while isinstance(value, (list, np.ndarray)):
         if len(value) == 0:
             return ""

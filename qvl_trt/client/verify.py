@@ -25,7 +25,7 @@ import numpy as np
 from ..deps import require
 from ..errors import ConfigError, InputError, RequestError
 from ..triton import contract as c
-from .generate import GenerateClient, GenerateRequest, request_fields
+from .generate import GenerateClient, GenerateRequest, ensemble_request
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,7 @@ class StepwiseDeployment:
         self.client.close()
 
     def __call__(self, req: GenerateRequest) -> list[int]:
-        tensors = {name: value for name, (_, value) in request_fields(req).items()}
+        tensors = ensemble_request(req).to_tensors()
         llm_inputs = {s.name for s in c.LLM_INPUTS}
         required = {s.name for s in c.LLM_INPUTS if not s.optional}
         for step in self._ordered_steps():
@@ -291,11 +291,11 @@ class InProcessReference:
     def __init__(self, model: Path, *, limits: c.PreprocessingParameters,
                  llm_checkpoint: Path | None = None, device: str = "cpu") -> None:
         from ..llm.pipeline import ReferencePipeline
-        from ..triton.runtime.preprocessing import request_limits
+        from ..mm.request import RequestLimits
 
         self.pipeline = ReferencePipeline.load(model, checkpoint=llm_checkpoint, device=device,
                                                max_seq_len=limits.max_seq_len,
-                                               limits=request_limits(limits))
+                                               limits=RequestLimits.from_fields(limits))
         # The deployment's end id (generation_config's first eos), cut as the backend does.
         self.end_id = self.pipeline.checkpoint.generation.end_ids[0]
 

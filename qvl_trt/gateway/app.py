@@ -35,17 +35,14 @@ from collections.abc import Callable
 
 from ..deps import require
 from ..errors import ConfigError
-from ..mm.request import RequestBounds
 from .metrics import CLIENT_CLOSED, GatewayMetrics
 from .openai_api import (
     DONE,
     ApiError,
     ChatCompletionRequest,
     ChunkWriter,
-    StopTrimmer,
     completion,
     completion_id,
-    finish_reason,
     model_card,
     models_list,
     parse_chat_request,
@@ -204,12 +201,15 @@ class Gateway:
         response.headers["Content-Type"] = content_type
         return response
 
+    def _not_ready(self) -> ApiError:
+        return ApiError(503, f"not ready: {self._discovery_error}", type="server_error",
+                        code="unavailable")
+
     def _model(self, name: str) -> ServedModel:
         if name in self.served:
             return self.served[name]
         if not self.served:
-            raise ApiError(503, f"not ready: {self._discovery_error}", type="server_error",
-                           code="unavailable")
+            raise self._not_ready()
         raise ApiError(404, f"the model {name!r} does not exist; this server has "
                        f"{', '.join(sorted(self.served))} (GET /v1/models)", param="model",
                        code="model_not_found")
@@ -218,10 +218,13 @@ class Gateway:
 
     @property
     def body_limit(self) -> int:
+        """--max-body-bytes, else the builds' largest max_request_bytes and some room; before
+        the builds are known, a request gets 503 as it would once read."""
         if self.opts.max_body_bytes is not None:
             return self.opts.max_body_bytes
-        sizes = [m.limits.max_request_bytes for m in self.served.values()]
-        return max(sizes, default=RequestBounds().max_request_bytes) + BODY_SLACK_BYTES
+        if not self.served:
+            raise self._not_ready()
+        return max(m.limits.max_request_bytes for m in self.served.values()) + BODY_SLACK_BYTES
 
     async def _body(self, request) -> bytes:
         """The body, refused with 413 as soon as it is known to exceed the limit."""
@@ -289,15 +292,9 @@ class Gateway:
                     self._first_token(model, received)
                 texts.append(piece.text)
                 last = piece
-        trimmer = StopTrimmer(req.stop)
-        text = trimmer.push("".join(texts))
-        rest, stopped = trimmer.finish()
-        finish = finish_reason(stopped_by_string=stopped,
-                               completion_tokens=last.completion_tokens,
-                               max_tokens=model.max_tokens(req.max_tokens, last.prompt_tokens))
         self._answered(model, False, received, last)
-        body = completion(completion_id(), int(time.time()), model.name, text + rest, finish,
-                          usage(last.prompt_tokens, last.completion_tokens))
+        body = completion(completion_id(), int(time.time()), model.name, "".join(texts),
+                          last.finish_reason, usage(last.prompt_tokens, last.completion_tokens))
         return self._json(body), 200
 
     async def _stream(self, request, model: ServedModel, req: ChatCompletionRequest,
@@ -315,22 +312,16 @@ class Gateway:
             await response.prepare(request)
             writer = ChunkWriter(model.name, include_usage=req.include_usage)
             await response.write(writer.event({"role": "assistant", "content": ""}))
-            trimmer = StopTrimmer(req.stop)
             try:
                 while piece is not None:
                     last = piece
-                    text = trimmer.push(piece.text)
-                    if text:
-                        await response.write(writer.event({"content": text}))
+                    if piece.text:
+                        await response.write(writer.event({"content": piece.text}))
                     piece = await anext(pieces, None)
             except ApiError as exc:
                 await response.write(sse(exc.body()) + DONE)
                 return response, exc.status
-        rest, stopped = trimmer.finish()
-        finish = finish_reason(stopped_by_string=stopped,
-                               completion_tokens=last.completion_tokens,
-                               max_tokens=model.max_tokens(req.max_tokens, last.prompt_tokens))
-        tail = (writer.event({"content": rest}) if rest else b"") + writer.event({}, finish)
+        tail = writer.event({}, last.finish_reason)
         if req.include_usage:
             tail += writer.usage_event(usage(last.prompt_tokens, last.completion_tokens))
         await response.write(tail + DONE)

@@ -1,7 +1,7 @@
 """The OpenAI chat-completions API as the gateway speaks it: the request body checked at the edge
-(`parse_chat_request`), the error object (`ApiError`), the response and stream-chunk objects,
-and the two things the ensemble leaves to its caller: cutting a stop string off the end of the
-answer (`StopTrimmer`) and the finish reason (`finish_reason`).
+(`parse_chat_request`), the error object (`ApiError`), and the response and stream-chunk
+objects. The answer's text comes without its stop string and with its finish reason from the
+deployment (postprocessing decides both, where the stop words are known).
 
 Pure functions over JSON-shaped values: no web server, no Triton.
 
@@ -264,42 +264,3 @@ def models_list(names: Sequence[str], created: int) -> dict[str, Any]:
 
 def model_card(name: str, created: int) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": created, "owned_by": "qvl-trt"}
-
-
-# ---- what the ensemble leaves to its caller ---------------------------------------------------
-
-class StopTrimmer:
-    """OpenAI leaves the stop string out of the answer; the ensemble keeps it at the end (as
-    TensorRT-LLM does). While streaming, the last characters that could still belong to a stop
-    string are held back until more text shows they do not, or the answer ends."""
-
-    def __init__(self, stops: Sequence[str]) -> None:
-        self.stops = tuple(stops)
-        self.hold = max(map(len, self.stops), default=0)
-        self.pending = ""
-
-    def push(self, text: str) -> str:
-        """The text that can be sent now."""
-        if not self.hold:
-            return text
-        self.pending += text
-        cut = max(0, len(self.pending) - self.hold)
-        ready, self.pending = self.pending[:cut], self.pending[cut:]
-        return ready
-
-    def finish(self) -> tuple[str, bool]:
-        """The held-back rest without a final stop string, and whether one was cut."""
-        rest, self.pending = self.pending, ""
-        for stop in self.stops:
-            if rest.endswith(stop):
-                return rest[: len(rest) - len(stop)], True
-        return rest, False
-
-
-def finish_reason(*, stopped_by_string: bool, completion_tokens: int,
-                  max_tokens: int) -> str:
-    """"length" when the answer used every token it was allowed (the ensemble counts
-    generated tokens without the end token), else "stop" (end token or stop string)."""
-    if stopped_by_string or completion_tokens < max_tokens:
-        return "stop"
-    return "length"

@@ -19,21 +19,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from ..deps import require
-from ..mm.request import BOUND_REFUSAL
 from ..triton import contract as c
-from ..triton.runtime.backend import INTERNAL_ERROR
-from ..triton.runtime.postprocessing import UNLOADING
 from .openai_api import ApiError, ChatCompletionRequest
 
 log = logging.getLogger(__name__)
 
-# Error responses that mean "not now" rather than "not this request": a model unloading, a
-# python stub that died (serve restarts the server), a model gone while Triton reloads.
-_UNAVAILABLE = (UNLOADING, "is not healthy", "is not ready", "Request for unknown model")
-_TYPES = {s.name: s.data_type for s in c.ENSEMBLE_INPUTS}
 # What a readiness or discovery call may take before Triton counts as not answering.
 PROBE_TIMEOUT_S = 5.0
 
@@ -46,34 +37,31 @@ class ServedModel:
     models: c.ModelNames
     limits: c.PreprocessingParameters  # its preprocessing model's parameters
 
-    def max_tokens(self, requested: int | None, prompt_tokens: int) -> int:
-        """The tokens a request may generate: what it asked for, else the deployment's
-        default capped by the room left in the sequence (as preprocessing decides)."""
-        if requested is not None:
-            return requested
-        return min(self.limits.default_max_tokens, self.limits.max_seq_len - prompt_tokens)
-
 
 @dataclass(frozen=True)
 class Piece:
-    """One response of the model: new text and the token counts so far."""
+    """One response of the model: new text, the token counts so far and, in the last one,
+    why the answer ended ("stop" or "length"; "" before)."""
 
     text: str
     prompt_tokens: int
     completion_tokens: int
+    finish_reason: str
+
+
+# The HTTP answer to each kind of error response: (status, OpenAI's error type, code).
+_STATUS = {c.ErrorKind.REQUEST: (400, "invalid_request_error", None),
+           c.ErrorKind.LIMIT: (413, "invalid_request_error", "request_too_large"),
+           c.ErrorKind.UNAVAILABLE: (503, "server_error", "unavailable"),
+           c.ErrorKind.INTERNAL: (500, "server_error", None)}
 
 
 def refusal(message: str) -> ApiError:
-    """An error response of the deployment -> the HTTP answer: size bounds 413, bugs 500,
-    a model that is not there right now 503, the rest (the request's to fix) 400."""
+    """An error response of the deployment -> the HTTP answer for its kind: the request's to
+    fix 400, above a size bound 413, a model that is not there right now 503, a bug 500."""
     message = " ".join(message.split())
-    if BOUND_REFUSAL in message:
-        return ApiError(413, message, code="request_too_large")
-    if INTERNAL_ERROR in message:
-        return ApiError(500, message, type="server_error")
-    if any(marker in message for marker in _UNAVAILABLE):
-        return ApiError(503, message, type="server_error", code="unavailable")
-    return ApiError(400, message)
+    status, kind, code = _STATUS[c.ErrorKind.of_message(message)]
+    return ApiError(status, message, type=kind, code=code)
 
 
 def _piece(response: Any) -> Piece | None:
@@ -87,10 +75,24 @@ def _piece(response: Any) -> Piece | None:
     text = raw.get(c.TEXT_OUTPUT)
     if text is None:
         return None
-    size = int.from_bytes(text[:4], "little")
-    return Piece(text[4:4 + size].decode("utf-8", "replace"),
-                 int.from_bytes(raw[c.PROMPT_TOKENS], "little", signed=True),
-                 int.from_bytes(raw[c.COMPLETION_TOKENS], "little", signed=True))
+    return Piece(_string(text), int.from_bytes(raw[c.PROMPT_TOKENS], "little", signed=True),
+                 int.from_bytes(raw[c.COMPLETION_TOKENS], "little", signed=True),
+                 _string(raw[c.FINISH_REASON]))
+
+
+def _string(raw: bytes) -> str:
+    """A BYTES output of one element."""
+    size = int.from_bytes(raw[:4], "little")
+    return raw[4:4 + size].decode("utf-8", "replace")
+
+
+def _ensemble_request(request: ChatCompletionRequest) -> c.EnsembleRequest:
+    """The ensemble's request for a chat request, always streamed (see the module doc);
+    absent settings are left to the deployment's defaults."""
+    return c.EnsembleRequest(
+        messages=json.dumps(request.messages, ensure_ascii=False), max_tokens=request.max_tokens,
+        temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
+        seed=request.seed, stop=request.stop, stream=True)
 
 
 class Upstream:
@@ -162,7 +164,7 @@ class Upstream:
 
         async def requests():
             yield {"model_name": model.models.tensorrt_llm_bls,
-                   "inputs": self._inputs(request)}
+                   "inputs": _ensemble_request(request).infer_inputs(self._grpc.InferInput)}
             await closed.wait()  # the stream stays open until the answer is complete
 
         call = self.client.stream_infer(requests())
@@ -188,27 +190,3 @@ class Upstream:
             closed.set()
             if not finished:
                 call.cancel()
-
-    def _inputs(self, request: ChatCompletionRequest) -> list[Any]:
-        """The ensemble's inputs (one batch row) for a chat request; absent settings are left
-        to the deployment's defaults."""
-        values: dict[str, np.ndarray] = {
-            c.MESSAGES: np.array([[json.dumps(request.messages,
-                                              ensure_ascii=False).encode()]], object),
-            c.STREAM: np.array([[True]]),
-        }
-        settings = ((c.MAX_TOKENS, request.max_tokens, np.int32),
-                    (c.TEMPERATURE, request.temperature, np.float32),
-                    (c.TOP_P, request.top_p, np.float32), (c.TOP_K, request.top_k, np.int32),
-                    (c.SEED, request.seed, np.uint64))
-        for name, value, dtype in settings:
-            if value is not None:
-                values[name] = np.array([[value]], dtype)
-        if request.stop:
-            values[c.STOP] = np.array([[s.encode() for s in request.stop]], object)
-        inputs = []
-        for name, value in values.items():
-            tensor = self._grpc.InferInput(name, list(value.shape), _TYPES[name])
-            tensor.set_data_from_numpy(value)
-            inputs.append(tensor)
-        return inputs

@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, wait
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from PIL import Image
 
 from ..atomic import staged_file
 from ..checkpoint import Checkpoint, VisionDims, open_checkpoint
-from ..errors import ConfigError, InputError
+from ..errors import ConfigError, InputError, LimitError
 from ..profiles import GpuProfile, load_profile
 from . import video as vid
 from .chat import IMAGE_PART_TYPES, VIDEO_PART_TYPES, PromptBuilder, user_message
@@ -40,8 +40,6 @@ from .vision_index import (
 )
 
 ImageInput = bytes | bytearray | memoryview | Image.Image
-# In every RequestBounds refusal: the gateway answers those with 413 (too large).
-BOUND_REFUSAL = "(the preprocessing model's "
 
 
 @dataclass(frozen=True)
@@ -66,11 +64,12 @@ class RequestBounds:
     max_stop_tokens: int = 256  # all stop strings together, tokenized
 
     def check(self, field: str, size: int, limit_name: str, fix: str) -> None:
-        """Refuse `size` above the bound `limit_name`, in one line naming both and the fix."""
+        """Refuse `size` above the bound `limit_name` (a LimitError: the gateway answers 413),
+        in one line naming both and the fix."""
         limit = getattr(self, limit_name)
         if size > limit:
-            raise InputError(f"{field} is {size}, above the limit of {limit} "
-                             f"{BOUND_REFUSAL}{limit_name} parameter); {fix}")
+            raise LimitError(f"{field} is {size}, above the limit of {limit} (the "
+                             f"preprocessing model's {limit_name} parameter); {fix}")
 
 
 @dataclass(frozen=True)
@@ -117,6 +116,18 @@ class RequestLimits:
                 "send fewer parts")
         self.check_image_count(images)
         self.video.check_video_count(videos)
+
+    @classmethod
+    def from_fields(cls, params: Any) -> RequestLimits:
+        """From an object that has RequestBounds' and VideoLimits' fields as attributes of
+        the same names, and this class's own (those it lacks keep their defaults): the
+        preprocessing model's parameters (triton.contract.PreprocessingParameters)."""
+        def read(kind: type) -> Any:
+            return kind(**{f.name: getattr(params, f.name) for f in fields(kind)})
+
+        own = {f.name: getattr(params, f.name) for f in fields(cls)
+               if f.name not in ("bounds", "video") and hasattr(params, f.name)}
+        return cls(**own, bounds=read(RequestBounds), video=read(VideoLimits))
 
     @classmethod
     def from_profile(cls, profile: GpuProfile) -> RequestLimits:

@@ -13,16 +13,20 @@ Data types are Triton's names without the `TYPE_` prefix; dims exclude the batch
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import enum
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import ConfigError, InputError
-from ..mm.rope import MropeTable
+from ..errors import ConfigError, InputError, LimitError, QvlError, UnavailableError
 from ..typed_config import load_parameters, to_parameters
 from .options import Flavor
+
+if TYPE_CHECKING:  # the gateway reads this module: it stays free of mm/ (and numba, PIL)
+    from ..mm.rope import MropeTable
 
 # ---- model names ----------------------------------------------------------------------------
 # The ensemble's steps: preprocessing -> vision_encoder -> postprocessing; postprocessing runs
@@ -162,6 +166,8 @@ class PostprocessingParameters(ModelParameters):
                 "mrope_section": ",".join(str(s) for s in table.mrope_section)}
 
     def mrope_table(self) -> MropeTable:
+        from ..mm.rope import MropeTable
+
         try:
             section = tuple(int(s) for s in self.mrope_section.split(","))
         except ValueError:
@@ -237,9 +243,13 @@ TOP_K = "top_k"
 SEED = "seed"
 STOP = "stop"  # stop strings
 STREAM = "stream"
-TEXT_OUTPUT = "text_output"  # streamed deltas when stream=true, the whole answer otherwise
+TEXT_OUTPUT = "text_output"  # streamed deltas when stream=true, the whole answer otherwise;
+# without a final stop string (its tokens still count in completion_tokens)
 PROMPT_TOKENS = "prompt_tokens"  # tokens in the prompt, visual tokens included
 COMPLETION_TOKENS = "completion_tokens"  # tokens generated so far
+# Why the answer ended, in its final response ("" before): "stop" (the end token or a stop
+# string, which the answer leaves out) or "length" (max_tokens, or the engine's room, reached).
+FINISH_REASON = "finish_reason"
 
 ENSEMBLE_INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec(MESSAGES, "BYTES", (1,), optional=True),
@@ -261,7 +271,143 @@ ENSEMBLE_OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec(TEXT_OUTPUT, "BYTES", (1,)),
     _scalar(PROMPT_TOKENS, "INT32"),
     _scalar(COMPLETION_TOKENS, "INT32"),
+    TensorSpec(FINISH_REASON, "BYTES", (1,)),
 )
+
+
+@dataclass(frozen=True)
+class EnsembleRequest:
+    """One request to the ensemble's public inputs (and tensorrt_llm_bls', the same), typed;
+    the fields are the inputs by name. The one encoder of every client (`to_tensors`, with
+    the contract's data types) and the one reader of the python models (`from_row`). None
+    and () are absent inputs: the deployment's defaults apply."""
+
+    messages: str | None = None  # the chat as JSON
+    text_input: str | None = None
+    image_bytes: tuple[bytes, ...] = ()
+    video_bytes: tuple[bytes, ...] = ()
+    video_frames: tuple[bytes, ...] = ()
+    video_frame_counts: tuple[int, ...] | None = None
+    video_fps: tuple[float, ...] = ()
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stream: bool | None = None
+
+    def to_tensors(self) -> dict[str, np.ndarray]:
+        """Input name -> value with the batch dimension of one row, for the inputs present."""
+        tensors = {}
+        for spec in ENSEMBLE_INPUTS:
+            value = getattr(self, spec.name)
+            if value is None or value == ():
+                continue
+            row = [value] if spec.dims == (1,) else list(value)
+            if spec.data_type == "BYTES":
+                row = [v.encode() if isinstance(v, str) else v for v in row]
+            tensors[spec.name] = np.array([row], _NUMPY_TYPES[spec.data_type])
+        return tensors
+
+    def infer_inputs(self, infer_input: Callable[[str, list[int], str], Any]) -> list[Any]:
+        """tritonclient's inputs of the request (`infer_input`: its grpc module's
+        InferInput)."""
+        inputs = []
+        for name, value in self.to_tensors().items():
+            tensor = infer_input(name, list(value.shape), _ENSEMBLE_TYPES[name])
+            tensor.set_data_from_numpy(value)
+            inputs.append(tensor)
+        return inputs
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> EnsembleRequest:
+        """From one batch row of the inputs (name -> value: [1]-shaped ones unwrapped, absent
+        ones missing); an InputError names an input that is not UTF-8 text."""
+        values: dict[str, Any] = {}
+        for spec in ENSEMBLE_INPUTS:
+            value = row.get(spec.name)
+            if value is None:
+                continue
+            cast = _FROM_WIRE[spec.data_type]
+            if spec.name in _TEXTS:
+                cast = partial(utf8, name=spec.name)
+            values[spec.name] = cast(value) if spec.dims == (1,) else tuple(map(cast, value))
+        return cls(**values)
+
+    def payload_bytes(self) -> int:
+        """Bytes of the BYTES inputs as sent (their UTF-8 size for texts)."""
+        return sum(len(v.encode()) if isinstance(v, str) else len(v)
+                   for spec in ENSEMBLE_INPUTS if spec.data_type == "BYTES"
+                   for v in _elements(getattr(self, spec.name)))
+
+
+def _elements(value: Any) -> tuple[Any, ...]:
+    return () if value is None else value if isinstance(value, tuple) else (value,)
+
+
+def utf8(value: Any, name: str) -> str:
+    """A BYTES element as text; an InputError names the input that is not UTF-8."""
+    if isinstance(value, str):
+        return value
+    try:
+        return bytes(value).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{name} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                         "send UTF-8") from None
+
+
+# Triton's data types as numpy's (BYTES: Python bytes in an object array), and as the Python
+# values a row's elements are read as.
+_NUMPY_TYPES = {"BOOL": np.bool_, "UINT8": np.uint8, "INT32": np.int32, "INT64": np.int64,
+                "UINT64": np.uint64, "FP16": np.float16, "FP32": np.float32, "BYTES": np.object_}
+_FROM_WIRE: Mapping[str, Callable[[Any], Any]] = {
+    "BOOL": bool, "INT32": int, "UINT64": int, "FP32": float, "BYTES": bytes}
+_ENSEMBLE_TYPES = {s.name: s.data_type for s in ENSEMBLE_INPUTS}
+_TEXTS = frozenset((MESSAGES, TEXT_INPUT, STOP))  # BYTES inputs that hold UTF-8 text
+ENSEMBLE_BYTES_INPUTS = tuple(s.name for s in ENSEMBLE_INPUTS if s.data_type == "BYTES")
+
+
+# ---- error responses ----------------------------------------------------------------------
+# An error response of a python model reaches its client as text only (Triton's gRPC stream
+# carries no error code), so each kind of failure writes its marker into the text: the python
+# models mark by exception class (runtime/backend.py error_message), and a client reads the
+# kind back (`ErrorKind.of_message`; the gateway answers it with an HTTP status).
+
+class ErrorKind(enum.Enum):
+    """The kinds of failure, each by the marker it writes in front of the message."""
+
+    REQUEST = ""  # the request's to fix (a QvlError): no marker, as Triton's own refusals
+    LIMIT = "over a deployment limit: "  # a LimitError: the request is too large
+    UNAVAILABLE = "unavailable: "  # an UnavailableError: not now, try again later
+    INTERNAL = "internal error in "  # a bug: the model's name and the exception type follow
+
+    def mark(self, text: str) -> str:
+        return f"{self.value}{text}"
+
+    @classmethod
+    def of_error(cls, exc: BaseException) -> ErrorKind:
+        if isinstance(exc, LimitError):
+            return cls.LIMIT
+        if isinstance(exc, UnavailableError):
+            return cls.UNAVAILABLE
+        return cls.REQUEST if isinstance(exc, QvlError) else cls.INTERNAL
+
+    @classmethod
+    def of_message(cls, message: str) -> ErrorKind:
+        """The kind an error response's text carries: its marker (also where a later step
+        wrapped the message), or Triton's own words for a model that is not there now."""
+        for kind in (cls.INTERNAL, cls.LIMIT, cls.UNAVAILABLE):
+            if kind.value in message:
+                return kind
+        if any(words in message for words in TRITON_UNAVAILABLE):
+            return cls.UNAVAILABLE
+        return cls.REQUEST
+
+
+# Triton's own error texts for a model that is not there right now: a python stub that died
+# (serve restarts the server), a model not ready or gone while Triton reloads.
+TRITON_UNAVAILABLE = ("is not healthy", "is not ready", "Request for unknown model")
 
 # ---- tensors between the steps ------------------------------------------------------------
 

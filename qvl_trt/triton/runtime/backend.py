@@ -12,13 +12,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ...errors import InputError, QvlError
-from ..contract import TensorSpec, config_parameters
+from ...errors import InputError
+from ..contract import ErrorKind, TensorSpec, config_parameters
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
-# How an error response that is a bug (not the client's to fix) begins.
-INTERNAL_ERROR = "internal error in "
 
 
 def pb():
@@ -33,13 +31,15 @@ def model_parameters(args: Mapping[str, str]) -> dict[str, str]:
 
 
 def error_message(exc: Exception, model: str) -> str:
-    """What a python model tells the client about `exc`: a QvlError is the client's to fix,
-    its one-line message; anything else is a bug, logged with its traceback, and the client
-    learns only its type (not internals)."""
-    if isinstance(exc, QvlError):
-        return str(exc)
+    """What a python model tells the client about `exc`, marked with its kind (ErrorKind): a
+    QvlError is the client's to fix (or to send again later), its one-line message; anything
+    else is a bug, logged with its traceback, and the client learns only its type (not
+    internals)."""
+    kind = ErrorKind.of_error(exc)
+    if kind is not ErrorKind.INTERNAL:
+        return kind.mark(str(exc))
     log.error("internal error in %s", model, exc_info=exc)
-    return f"{INTERNAL_ERROR}{model}: {type(exc).__name__}"
+    return kind.mark(f"{model}: {type(exc).__name__}")
 
 
 def guarded(model: str, fail: Callable[[str], R], handle: Callable[..., R], *args: Any) -> R:

@@ -14,10 +14,11 @@ while a response is on its way ride in the next one, so when sending falls behin
 engine, responses grow instead of a backlog. When tensorrt_llm signals the end, an
 unfinished character is flushed and the final response sent.
 
-`Postprocessor.generate` is that loop; the client-facing tensorrt_llm_bls model
-(tensorrt_llm_bls.py) runs it too. It stops tensorrt_llm whenever it leaves before the end
-(an error response, an exception, its own request cancelled, the model unloading): the stock
-backend keeps generating a request nobody reads until it is cancelled.
+`TokenStream` is that loop; the client-facing tensorrt_llm_bls model (tensorrt_llm_bls.py)
+runs one too, with its own pool and its own way to its inputs. It stops tensorrt_llm
+whenever it leaves before the end (an error response, an exception, its own request
+cancelled, the model unloading): the stock backend keeps generating a request nobody reads
+until it is cancelled.
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ...errors import InputError, UnavailableError
 from ...mm.detokenizer import StreamDecoder, TokenBytes
 from .. import contract as c
 from .backend import error_response, guarded, pb, response, row_of
@@ -43,8 +45,6 @@ log = logging.getLogger(__name__)
 # The stock backend refuses a request that does not ask for both (fillTritonResponse:
 # "... tensor must be present in list of output tensors").
 LLM_REQUESTED_OUTPUTS = (c.OUTPUT_IDS, c.SEQUENCE_LENGTH)
-UNLOADING = "the model is unloading; send the request again once the server is back"
-CANCELLED = object()  # why generate's loop left: the client cancelled
 # How often a request, streaming or not, asks whether its client cancelled: each ask is a
 # round trip to Triton (python_backend pb_cancel.cc), which, asked once a token, cost about 7
 # of the 44 context switches per token at 16 streams (scripts/bench_pipeline_overhead.py). The
@@ -56,16 +56,28 @@ CANCEL_CHECK_S = 0.05
 SENDERS = 1
 TRUE = np.ones((1, 1), bool)  # a BOOL input of one batch row
 
-# run(request, sender): handle one request, sending its responses (the last one final).
-Run = Callable[[Any, Any], None]
+# inputs(request): the earlier steps' tensors of one request (name -> pb Tensor with a batch
+# row, absent optional ones None), which LlmInputs turns into tensorrt_llm's.
+StepInputs = Callable[[Any], Mapping[str, Any]]
 
 
-class Postprocessor:
-    def __init__(self, tokenizer_json: Path, *, llm_inputs: LlmInputs, llm_model: str,
-                 workers: int, model_name: str = c.POSTPROCESSING) -> None:
-        """`model_name`: the model it serves (postprocessing, or tensorrt_llm_bls), for errors;
-        `llm_inputs` turns the earlier steps' tensors into tensorrt_llm's."""
+def postprocessing_inputs(request: Any) -> dict[str, Any]:
+    """The postprocessing model's: its own inputs, which the ensemble's earlier steps made."""
+    return {s.name: pb().get_input_tensor_by_name(request, s.name)
+            for s in c.POSTPROCESSING_INPUTS}
+
+
+class TokenStream:
+    """The token path of a model that runs tensorrt_llm (postprocessing, tensorrt_llm_bls):
+    each request in a worker of the model's own pool, its earlier steps' tensors from
+    `inputs`, then tensorrt_llm by BLS, its tokens sent back as text (`generate`)."""
+
+    def __init__(self, tokenizer_json: Path, *, inputs: StepInputs, llm_inputs: LlmInputs,
+                 llm_model: str, workers: int, model_name: str = c.POSTPROCESSING) -> None:
+        """`model_name`: the model it serves, for errors; `llm_inputs` turns the earlier
+        steps' tensors into tensorrt_llm's."""
         self.token_bytes = TokenBytes.from_tokenizer_json(tokenizer_json)
+        self.inputs = inputs
         self.llm_inputs = llm_inputs
         self.llm_model = llm_model
         self.model_name = model_name
@@ -74,11 +86,9 @@ class Postprocessor:
         self.senders = ThreadPoolExecutor(max_workers=SENDERS, thread_name_prefix="send")
         self._closing = threading.Event()
 
-    def submit(self, request: Any, run: Run | None = None) -> None:
-        """Handle a (decoupled) request in a worker with `run` (default: postprocessing's
-        own); execute() returns at once."""
-        sender = request.get_response_sender()
-        self.pool.submit(self._guarded, run or self._run, request, sender)
+    def submit(self, request: Any) -> None:
+        """Handle a (decoupled) request in a worker; execute() returns at once."""
+        self.pool.submit(self._guarded, request, request.get_response_sender())
 
     def close(self) -> None:
         """At unload: running requests stop tensorrt_llm at their next response, queued ones
@@ -87,18 +97,14 @@ class Postprocessor:
         self.pool.shutdown(wait=True)
         self.senders.shutdown(wait=True)  # idle by now: a request waits for its sends
 
-    def _guarded(self, run: Run, request: Any, sender: Any) -> None:
+    def _guarded(self, request: Any, sender: Any) -> None:
         final = pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        if self._closing.is_set():
-            sender.send(error_response(UNLOADING), flags=final)
-            return
         guarded(self.model_name, lambda message: sender.send(error_response(message),
-                                                             flags=final), run, request, sender)
+                                                             flags=final),
+                _refuse if self._closing.is_set() else self._run, request, sender)
 
     def _run(self, request: Any, sender: Any) -> None:
-        tensors = {s.name: pb().get_input_tensor_by_name(request, s.name)
-                   for s in c.POSTPROCESSING_INPUTS}
-        self.generate(self.llm_inputs(tensors), sender, request.is_cancelled)
+        self.generate(self.llm_inputs(self.inputs(request)), sender, request.is_cancelled)
 
     def generate(self, tensors: Mapping[str, Any], sender: Any,
                  is_cancelled: Callable[[], bool]) -> None:
@@ -115,6 +121,8 @@ class Postprocessor:
         streaming = bool(row[c.STREAMING])
         end_id = int(row[c.END_ID])
         counts = {c.PROMPT_TOKENS: np.array([row[c.INPUT_LENGTHS]], np.int32)}
+        tail = StopTail(c.word_list_sequences(row[c.STOP_WORDS_LIST]),
+                        int(row[c.REQUEST_OUTPUT_LEN]))
         # The id lets a stop request name this request (see _stop).
         request_id = uuid.uuid4().hex
         # Streaming also for a non-streamed answer: with streaming=false the backend sends its
@@ -127,46 +135,46 @@ class Postprocessor:
             requested_output_names=list(LLM_REQUESTED_OUTPUTS))
         stream = StreamDecoder(self.token_bytes)
         cancelled = _polled(is_cancelled)
-        outbox = Outbox(self._streamer(stream, sender, counts, cancelled) if streaming
+        outbox = Outbox(self._streamer(stream, tail, sender, counts, cancelled) if streaming
                         else None, self.senders)
         responses = llm_request.exec(decoupled=True)
-        early, finished = None, False
+        finished = False
         try:
-            early = self._read(responses, outbox, end_id,
-                               (lambda: outbox.stopped) if streaming else cancelled)
-            finished = early is None
+            finished = self._read(responses, outbox, end_id,
+                                  (lambda: outbox.stopped) if streaming else cancelled)
         finally:
             rest = outbox.close()  # no response may follow the final one
             if not finished:
                 self._stop(responses, request_id)
         if outbox.error is not None:
             raise outbox.error
-        if early is CANCELLED:
-            sender.send(flags=final)  # nobody reads it: only the stream's end
-        elif early is not None:
-            sender.send(error_response(early), flags=final)
+        if not finished:
+            sender.send(flags=final)  # cancelled: nobody reads it, only the stream's end
         else:
-            sender.send(self._chunk(stream.push(rest, final=True), stream, counts), flags=final)
+            text = stream.push(tail.finish(rest), final=True)
+            sender.send(self._chunk(text, tail, counts, tail.finish_reason()), flags=final)
 
     def _read(self, responses: Any, outbox: Outbox, end_id: int,
-              cancelled: Callable[[], bool]) -> object | None:
-        """Put tensorrt_llm's tokens into `outbox` until its stream ends (None), or why it
-        left before: an error message, UNLOADING or CANCELLED."""
+              cancelled: Callable[[], bool]) -> bool:
+        """Put tensorrt_llm's tokens into `outbox` until its stream ends (True), or the client
+        cancelled (False). Raises tensorrt_llm's error (its text as it is: an error response
+        of the stand-in carries its kind's marker), or an UnavailableError while unloading."""
         for llm_response in responses:
             if llm_response.has_error():
-                return f"{self.llm_model}: {llm_response.error().message()}"
+                raise InputError(f"{self.llm_model}: {llm_response.error().message()}")
             if self._closing.is_set():
-                return UNLOADING
+                raise _unloading()
             if cancelled():
-                return CANCELLED
+                return False
             if outbox.error is not None:
                 raise outbox.error
             ids = _new_tokens(llm_response, end_id)
             if ids is not None:  # None: the empty response that closes a decoupled stream
                 outbox.put(ids)
-        return None
+        return True
 
-    def _streamer(self, stream: StreamDecoder, sender: Any, counts: dict[str, np.ndarray],
+    def _streamer(self, stream: StreamDecoder, tail: StopTail, sender: Any,
+                  counts: dict[str, np.ndarray],
                   cancelled: Callable[[], bool]) -> Callable[[list[int]], bool]:
         """The outbox's `send` of a streaming request: one response with the text of the
         tokens read since the last; False once `cancelled()` (the client's, `_polled`)."""
@@ -174,9 +182,9 @@ class Postprocessor:
         def send(ids: list[int]) -> bool:
             if cancelled():
                 return False
-            text = stream.push(ids)
+            text = stream.push(tail.push(ids))
             if text:
-                sender.send(self._chunk(text, stream, counts))
+                sender.send(self._chunk(text, tail, counts))
             return True
 
         return send
@@ -206,9 +214,54 @@ class Postprocessor:
             log.exception("could not stop %s request %s", self.llm_model, request_id)
 
     @staticmethod
-    def _chunk(text: str, stream: StreamDecoder, counts: dict[str, np.ndarray]) -> Any:
+    def _chunk(text: str, tail: StopTail, counts: dict[str, np.ndarray],
+               finish_reason: str = "") -> Any:
         return response({c.TEXT_OUTPUT: text, **counts,
-                         c.COMPLETION_TOKENS: np.array([stream.tokens], np.int32)})
+                         c.COMPLETION_TOKENS: np.array([tail.generated], np.int32),
+                         c.FINISH_REASON: finish_reason})
+
+
+class StopTail:
+    """The end of one request's tokens. The engine ends an answer with a stop word (a stop
+    string's tokens, or an end id besides end_id) and keeps it; OpenAI leaves the stop string
+    out, so it is cut here, where the stop words are known, for every client alike. While
+    streaming, the last tokens that could still begin a stop word are held back until more
+    tokens show they do not, or the answer ends. Also the finish reason."""
+
+    def __init__(self, stop_words: Sequence[Sequence[int]], max_tokens: int) -> None:
+        """`stop_words`: the request's (contract.word_list_sequences of stop_words_list);
+        `max_tokens`: its request_output_len."""
+        self.words = tuple(tuple(w) for w in stop_words)
+        self.prefixes = frozenset(w[:n] for w in self.words for n in range(1, len(w) + 1))
+        self.longest = max(map(len, self.words), default=0)
+        self.max_tokens = max_tokens
+        self.generated = 0  # tokens the engine made, a final stop word's included
+        self.stopped = False  # a stop word ended the answer
+        self._held: list[int] = []
+
+    def push(self, ids: Sequence[int]) -> list[int]:
+        """The tokens that can be sent now."""
+        self.generated += len(ids)
+        held = self._held + list(ids)
+        keep = next((n for n in range(min(len(held), self.longest), 0, -1)
+                     if tuple(held[-n:]) in self.prefixes), 0)
+        self._held = held[len(held) - keep:]
+        return held[: len(held) - keep]
+
+    def finish(self, ids: Sequence[int]) -> list[int]:
+        """The last tokens: the ones held back and `ids`, without a final stop word."""
+        rest = self.push(ids) + self._held
+        self._held = []
+        for word in self.words:
+            if tuple(rest[-len(word):]) == word:
+                self.stopped = True
+                return rest[: -len(word)]
+        return rest
+
+    def finish_reason(self) -> str:
+        """"stop": a stop word, or the end token (which the engine does not count, so
+        fewer tokens than allowed); "length": every allowed token was generated."""
+        return "stop" if self.stopped or self.generated < self.max_tokens else "length"
 
 
 class Outbox:
@@ -274,6 +327,16 @@ class Outbox:
             with self._lock:  # reentrant: _drain holds it
                 self._busy = False
                 self._lock.notify_all()
+
+
+def _unloading() -> UnavailableError:
+    return UnavailableError("the model is unloading; send the request again once the server "
+                            "is back")
+
+
+def _refuse(request: Any, sender: Any) -> None:
+    """The run of a request that arrives while the model unloads."""
+    raise _unloading()
 
 
 def _polled(is_cancelled: Callable[[], bool]) -> Callable[[], bool]:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,28 +12,16 @@ import numpy as np
 
 from ...errors import InputError
 from ...mm.pixels import warm_up
-from ...mm.request import RequestBounds, RequestLimits, RequestPreprocessor
-from ...mm.video import VideoLimits
+from ...mm.request import RequestLimits, RequestPreprocessor
 from .. import contract as c
 from .request_inputs import UrlPolicy, chat_request
-
-
-def request_limits(params: c.PreprocessingParameters) -> RequestLimits:
-    """What the deployment admits per request, from its preprocessing model's parameters."""
-    def fields(cls):
-        return cls(**{f.name: getattr(params, f.name) for f in dataclasses.fields(cls)})
-
-    return RequestLimits(max_images=params.max_images, max_input_len=params.max_input_len,
-                         max_seq_len=params.max_seq_len, min_pixels=params.min_pixels,
-                         max_pixels=params.max_pixels, max_visual_tokens=params.max_visual_tokens,
-                         bounds=fields(RequestBounds), video=fields(VideoLimits))
 
 
 class Preprocessor:
     def __init__(self, checkpoint_dir: Path, limits: c.PreprocessingParameters) -> None:
         self.limits = limits
         self.requests = RequestPreprocessor.from_checkpoint(checkpoint_dir,
-                                                            request_limits(limits))
+                                                            RequestLimits.from_fields(limits))
         generation = self.requests.checkpoint.generation
         self.defaults = generation.sampling_defaults()
         self.end_id = generation.end_ids[0]

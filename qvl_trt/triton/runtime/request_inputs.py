@@ -26,6 +26,7 @@ from ...mm.chat import IMAGE_PART_TYPES, VIDEO_PART_TYPES, user_message, validat
 from ...mm.request import RequestBounds, RequestLimits
 from ...mm.video import check_fps
 from ...mm.video_input import VideoFile, VideoFrames, VideoInput
+from .. import contract as c
 
 
 @dataclass(frozen=True)
@@ -65,76 +66,49 @@ class ChatRequest:
 def chat_request(inputs: Mapping[str, Any], *, urls: UrlPolicy, defaults: SamplingDefaults,
                  limits: RequestLimits) -> ChatRequest:
     """`inputs`: public input name -> value (one batch row, scalars unwrapped; absent inputs
-    missing); `defaults`: the checkpoint's (Checkpoint.generation.sampling_defaults()).
-    The request's size and structure are checked (limits.bounds, the image and video counts)
-    before any image or video is fetched or decoded. Raises InputError naming the input and
-    the fix."""
+    missing; read by contract.EnsembleRequest); `defaults`: the checkpoint's
+    (Checkpoint.generation.sampling_defaults()). The request's size and structure are checked
+    (limits.bounds, the image and video counts) before any image or video is fetched or
+    decoded. Raises InputError naming the input and the fix."""
     bounds = limits.bounds
-    messages_raw = inputs.get("messages")
-    text = inputs.get("text_input")
-    image_list = _items(inputs.get("image_bytes"))
-    video_list = _items(inputs.get("video_bytes"))
-    frame_list = _items(inputs.get("video_frames"))
-    sent = sum(_size(v) for v in (messages_raw, text, *image_list, *video_list, *frame_list,
-                                  *_items(inputs.get("stop"))))
-    bounds.check("the request's size in bytes (messages, text_input, image_bytes, video_bytes, "
-                 "video_frames, stop)", sent, "max_request_bytes",
+    req = c.EnsembleRequest.from_row(inputs)
+    bounds.check(f"the request's size in bytes ({', '.join(c.ENSEMBLE_BYTES_INPUTS)})",
+                 req.payload_bytes(), "max_request_bytes",
                  "send smaller or fewer images and videos")
-    if messages_raw is not None:
-        if text is not None or image_list or video_list or frame_list:
-            raise InputError("send either messages, or text_input with image_bytes and videos, "
-                             "not both")
-        messages = _parse_messages(messages_raw)
+    if req.messages is not None:
+        if req.text_input is not None or req.image_bytes or req.video_bytes or req.video_frames:
+            raise InputError(f"send either {c.MESSAGES}, or {c.TEXT_INPUT} with "
+                             f"{c.IMAGE_BYTES} and videos, not both")
+        messages = _parse_messages(req.messages)
         limits.check_messages(messages)
         validate_messages(messages)
         images = tuple(_image_from_part(part, urls)
                        for part in _parts(messages, IMAGE_PART_TYPES))
         videos = tuple(_video_from_part(part, urls)
                        for part in _parts(messages, VIDEO_PART_TYPES))
-    elif text is not None:
-        prompt = _utf8(text, "text_input")
-        frame_lists = _frame_lists(frame_list, inputs.get("video_frame_counts"))
-        rates = _video_rates(inputs.get("video_fps"), len(video_list) + len(frame_lists))
-        messages = user_message(prompt, len(image_list), len(video_list) + len(frame_lists))
+    elif req.text_input is not None:
+        frame_lists = _frame_lists(req.video_frames, req.video_frame_counts)
+        rates = _video_rates(req.video_fps, len(req.video_bytes) + len(frame_lists))
+        messages = user_message(req.text_input, len(req.image_bytes),
+                                len(req.video_bytes) + len(frame_lists))
         limits.check_messages(messages)
-        images = tuple(_image_from_element(item, n, urls) for n, item in
-                       enumerate(image_list, 1))
+        images = tuple(_media_from_element(item, f"{c.IMAGE_BYTES}[{n}]", urls, "image")
+                       for n, item in enumerate(req.image_bytes, 1))
         videos = tuple(
-            [VideoFile(_media_from_element(item, f"video_bytes[{n}]", urls, "video"), fps)
-             for n, (item, fps) in enumerate(zip(video_list, rates, strict=False), 1)] +
-            [VideoFrames(tuple(_media_from_element(f, f"video_frames[{n}]", urls, "image")
+            [VideoFile(_media_from_element(item, f"{c.VIDEO_BYTES}[{n}]", urls, "video"), fps)
+             for n, (item, fps) in enumerate(zip(req.video_bytes, rates, strict=False), 1)] +
+            [VideoFrames(tuple(_media_from_element(f, f"{c.VIDEO_FRAMES}[{n}]", urls, "image")
                                for n, f in frames), fps)
-             for frames, fps in zip(frame_lists, rates[len(video_list):], strict=True)])
+             for frames, fps in zip(frame_lists, rates[len(req.video_bytes):], strict=True)])
     else:
-        raise InputError("the request has neither messages nor text_input; send one of them")
-    return ChatRequest(messages, images, _settings(inputs, defaults, bounds), videos)
+        raise InputError(f"the request has neither {c.MESSAGES} nor {c.TEXT_INPUT}; send one "
+                         "of them")
+    return ChatRequest(messages, images, _settings(req, defaults, bounds), videos)
 
 
-def _size(value: Any) -> int:
-    """Bytes of one BYTES element (absent: 0)."""
-    if value is None:
-        return 0
-    return len(value.encode()) if isinstance(value, str) else memoryview(value).nbytes
-
-
-def _items(value: Any) -> list[Any]:
-    """The elements of a [-1]-shaped input (absent: none)."""
-    return [] if value is None else list(value)
-
-
-def _utf8(value: Any, name: str) -> str:
-    if isinstance(value, str):
-        return value
+def _parse_messages(text: str) -> list[dict[str, Any]]:
     try:
-        return bytes(value).decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{name} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
-                         "send UTF-8") from None
-
-
-def _parse_messages(raw: Any) -> list[dict[str, Any]]:
-    try:
-        messages = json.loads(_utf8(raw, "messages"))
+        messages = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"messages is not valid JSON ({exc.msg} at line {exc.lineno} column "
                          f"{exc.colno}); send a JSON list of {{role, content}} objects") from None
@@ -211,12 +185,13 @@ def _timestamps(value: Any) -> tuple[float, ...]:
     return tuple(float(t) for t in value)
 
 
-def _frame_lists(frames: list[Any], counts: Any) -> list[list[tuple[int, Any]]]:
+def _frame_lists(frames: Sequence[bytes],
+                 counts: Sequence[int] | None) -> list[list[tuple[int, bytes]]]:
     """video_frames split by video_frame_counts: each video's (element number, frame)."""
     numbered = list(enumerate(frames, 1))
     if counts is None:
         return [numbered] if numbered else []
-    counts = [int(c) for c in _items(counts)]
+    counts = list(counts)
     if any(c < 0 for c in counts) or sum(counts) != len(frames):
         raise InputError(f"video_frame_counts {counts} do not split the {len(frames)} "
                          "video_frames; send one count per video, adding up to the frames sent")
@@ -224,9 +199,9 @@ def _frame_lists(frames: list[Any], counts: Any) -> list[list[tuple[int, Any]]]:
     return [numbered[a:a + c] for a, c in zip(starts, counts, strict=True)]
 
 
-def _video_rates(value: Any, videos: int) -> list[float | None]:
+def _video_rates(values: Sequence[float], videos: int) -> list[float | None]:
     """video_fps: none, one for every video, or one per video."""
-    rates = [check_fps(v, "video_fps") for v in _items(value)]
+    rates = [check_fps(v, "video_fps") for v in values]
     if not rates:
         return [None] * videos
     if len(rates) == 1:
@@ -237,15 +212,10 @@ def _video_rates(value: Any, videos: int) -> list[float | None]:
     return rates
 
 
-def _image_from_element(item: Any, number: int, urls: UrlPolicy) -> bytes:
-    return _media_from_element(item, f"image_bytes[{number}]", urls, "image")
-
-
-def _media_from_element(item: Any, name: str, urls: UrlPolicy, kind: str) -> bytes:
+def _media_from_element(data: bytes, name: str, urls: UrlPolicy, kind: str) -> bytes:
     """One BYTES element: the file itself, or its data URI or URL."""
-    data = bytes(item)
     if data[:8].lower().startswith((b"data:", b"https://", b"http://")):
-        return _media_from_url(_utf8(data, name), urls, kind)
+        return _media_from_url(c.utf8(data, name), urls, kind)
     return data
 
 
@@ -296,10 +266,9 @@ def _fetch(url: str, urls: UrlPolicy, kind: str) -> bytes:
     return data
 
 
-def _settings(inputs: Mapping[str, Any], defaults: SamplingDefaults,
+def _settings(req: c.EnsembleRequest, defaults: SamplingDefaults,
               bounds: RequestBounds) -> GenerationSettings:
-    def number(name: str, default: float, ok, what: str) -> float:
-        value = inputs.get(name)
+    def number(name: str, value: float | None, default: float, ok, what: str) -> float:
         if value is None:
             return default
         value = float(value)
@@ -307,26 +276,23 @@ def _settings(inputs: Mapping[str, Any], defaults: SamplingDefaults,
             raise InputError(f"{name} = {value} must be {what}")
         return value
 
-    max_tokens = inputs.get("max_tokens")
-    if max_tokens is not None:
-        max_tokens = int(max_tokens)
-        if max_tokens <= 0:
-            raise InputError(f"max_tokens = {max_tokens} must be at least 1")
-    stop = tuple(_utf8(s, "stop") for s in _items(inputs.get("stop")))
-    bounds.check("the number of stop strings", len(stop), "max_stop_words",
+    if req.max_tokens is not None and req.max_tokens <= 0:
+        raise InputError(f"{c.MAX_TOKENS} = {req.max_tokens} must be at least 1")
+    bounds.check("the number of stop strings", len(req.stop), "max_stop_words",
                  "send fewer stop strings")
-    for word in stop:
+    for word in req.stop:
         if not word:
             raise InputError("stop holds an empty string; leave it out")
         bounds.check("the UTF-8 size of a stop string", len(word.encode()), "max_stop_bytes",
                      "send a shorter stop string")
-    seed = inputs.get("seed")
     return GenerationSettings(
-        max_tokens=max_tokens,
-        temperature=number("temperature", defaults.temperature, lambda v: v >= 0, ">= 0"),
-        top_p=number("top_p", defaults.top_p, lambda v: 0 < v <= 1, "in (0, 1]"),
-        top_k=int(number("top_k", defaults.top_k, lambda v: v >= 0, ">= 0 (0 = off)")),
-        seed=None if seed is None else int(seed),
-        stop=stop,
-        stream=bool(inputs.get("stream", False)),
+        max_tokens=req.max_tokens,
+        temperature=number(c.TEMPERATURE, req.temperature, defaults.temperature,
+                           lambda v: v >= 0, ">= 0"),
+        top_p=number(c.TOP_P, req.top_p, defaults.top_p, lambda v: 0 < v <= 1, "in (0, 1]"),
+        top_k=int(number(c.TOP_K, req.top_k, defaults.top_k, lambda v: v >= 0,
+                         ">= 0 (0 = off)")),
+        seed=req.seed,
+        stop=req.stop,
+        stream=bool(req.stream),
     )

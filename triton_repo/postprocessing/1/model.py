@@ -11,23 +11,23 @@ sys.path.insert(0, str(HERE / "qvl_trt_runtime.zip"))
 from qvl_trt.triton.contract import PostprocessingParameters  # noqa: E402
 from qvl_trt.triton.runtime.backend import model_parameters  # noqa: E402
 from qvl_trt.triton.runtime.llm_inputs import LlmInputs  # noqa: E402
-from qvl_trt.triton.runtime.postprocessing import Postprocessor  # noqa: E402
+from qvl_trt.triton.runtime.postprocessing import TokenStream, postprocessing_inputs  # noqa: E402
 
 
 class TritonPythonModel:
     def initialize(self, args):
         params = PostprocessingParameters.from_parameters(model_parameters(args),
                                                           args["model_name"])
-        self.postprocessor = Postprocessor(
-            HERE / "tokenizer.json",
+        self.stream = TokenStream(
+            HERE / "tokenizer.json", inputs=postprocessing_inputs,
             llm_inputs=LlmInputs(params.mrope_table()),
             llm_model=params.tensorrt_llm_model, workers=params.workers,
             model_name=args["model_name"])
 
     def execute(self, requests):
         for request in requests:
-            self.postprocessor.submit(request)
+            self.stream.submit(request)
         return None
 
     def finalize(self):
-        self.postprocessor.close()
+        self.stream.close()

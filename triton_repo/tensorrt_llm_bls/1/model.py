@@ -12,7 +12,7 @@ sys.path.insert(0, str(HERE / "qvl_trt_runtime.zip"))
 from qvl_trt.triton.contract import TensorrtLlmBlsParameters  # noqa: E402
 from qvl_trt.triton.runtime.backend import model_parameters  # noqa: E402
 from qvl_trt.triton.runtime.llm_inputs import LlmInputs  # noqa: E402
-from qvl_trt.triton.runtime.postprocessing import Postprocessor  # noqa: E402
+from qvl_trt.triton.runtime.postprocessing import TokenStream  # noqa: E402
 from qvl_trt.triton.runtime.tensorrt_llm_bls import Bls  # noqa: E402
 
 
@@ -20,18 +20,18 @@ class TritonPythonModel:
     def initialize(self, args):
         params = TensorrtLlmBlsParameters.from_parameters(model_parameters(args),
                                                           args["model_name"])
-        postprocessor = Postprocessor(
+        self.stream = TokenStream(
             HERE / "tokenizer.json",
+            inputs=Bls(preprocessing=params.preprocessing_model,
+                       vision_encoder=params.vision_encoder_model),
             llm_inputs=LlmInputs(params.mrope_table()),
             llm_model=params.tensorrt_llm_model, workers=params.workers,
             model_name=args["model_name"])
-        self.bls = Bls(postprocessor, preprocessing=params.preprocessing_model,
-                       vision_encoder=params.vision_encoder_model)
 
     def execute(self, requests):
         for request in requests:
-            self.bls.submit(request)
+            self.stream.submit(request)
         return None
 
     def finalize(self):
-        self.bls.close()
+        self.stream.close()

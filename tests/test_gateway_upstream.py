@@ -1,0 +1,42 @@
+"""The gateway's reading of the deployment's error responses (qvl_trt/gateway/upstream.py):
+each kind of failure a python model raises reaches the client with its HTTP status."""
+
+from __future__ import annotations
+
+import pytest
+
+from qvl_trt.errors import InputError, LimitError, UnavailableError
+from qvl_trt.gateway.upstream import refusal
+from qvl_trt.triton.runtime.backend import guarded
+
+
+@pytest.mark.parametrize("exc, status, code", [
+    (InputError("prompt is too long; shorten it"), 400, None),
+    (LimitError("the number of stop strings is 17, above the limit of 16 (the preprocessing "
+                "model's max_stop_words parameter); send fewer stop strings"), 413,
+     "request_too_large"),
+    (UnavailableError("the model is unloading; send the request again once the server is "
+                      "back"), 503, "unavailable"),
+    (KeyError("secret"), 500, None),
+])
+def test_each_kind_goes_from_raise_to_wire_text_to_status(exc, status, code) -> None:
+    def fail(_):
+        raise exc
+
+    sent: list[str] = []
+    guarded("b4_preprocessing", sent.append, fail, None)
+    answer = refusal(sent[0])
+    assert (answer.status, answer.code) == (status, code)
+    assert answer.type == ("server_error" if status >= 500 else "invalid_request_error")
+    # postprocessing names tensorrt_llm in front of its error: the kind stays.
+    assert refusal(f"b4_tensorrt_llm: {sent[0]}").status == status
+
+
+@pytest.mark.parametrize("text", [
+    "Failed to process the request(s) for model 'b4_preprocessing', message: Stub process "
+    "'b4_preprocessing_0_0' is not healthy.",
+    "Request for unknown model: 'tensorrt_llm_bls' is not found",
+    "model 'b4_vision_encoder' is not ready",
+])
+def test_tritons_own_words_for_a_model_not_there_now_are_503(text: str) -> None:
+    assert refusal(text).status == 503
