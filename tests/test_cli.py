@@ -33,9 +33,9 @@ def _array_code(modules: set[str]) -> set[str]:
 
 def test_importing_the_cli_loads_no_array_code():
     assert _array_code(modules_loaded_by("import qvl_trt.cli")) == set()
-    # the check sees such an import: the repository's contract needs numpy and mm/
+    # the check sees such an import: the model config writer needs numpy and mm/
     assert {"numpy", "qvl_trt.mm.rope"} <= _array_code(
-        modules_loaded_by("import qvl_trt.cli, qvl_trt.triton.contract"))
+        modules_loaded_by("import qvl_trt.cli, qvl_trt.triton.model_configs"))
 
 
 def test_user_error_is_one_line_without_traceback(tmp_path):
