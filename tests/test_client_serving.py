@@ -57,6 +57,10 @@ def test_infer_streams_over_grpc_and_http(triton_server, images):
     assert data["input_text_tokens"] + expected_image == generation.prompt_tokens
     assert generation.text == answer and len(generation.responses) > 1  # streamed in chunks
     assert generation.completion_tokens == data["output_tokens"]
+    # the deployment's finish reason, as the client reads it: all 8 tokens or an end token
+    assert data["finish_reason"] == generation.finish_reason == \
+        ("length" if data["output_tokens"] == 8 else "stop")
+    assert f"({data['finish_reason']})" in summary
 
 
 def test_infer_reports_a_refused_request_in_one_line(triton_server, tmp_path):

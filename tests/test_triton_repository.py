@@ -21,14 +21,12 @@ from qvl_trt.machine import detect_gpus
 from qvl_trt.serve.needs import point_engine_paths, read_serve_plan
 from qvl_trt.testing.trt_layout import linked_copy, write_llm_engine_layout
 from qvl_trt.triton import contract as c
-from qvl_trt.triton.model_configs import Flavor
+from qvl_trt.triton.options import Flavor, default_postprocessing_instances, machine_cores
 from qvl_trt.triton.pbconfig import CONFIG_FILE, data_type, parse_config, read_config, to_text
 from qvl_trt.triton.repository import (
     RUNTIME_ZIP,
     BuildInput,
     RepoOptions,
-    default_postprocessing_instances,
-    machine_cores,
     write_repo,
 )
 from qvl_trt.triton.validate import validate_repo

@@ -324,8 +324,8 @@ def infer_json(answer: Measurement) -> dict[str, Any]:
     return {"text": answer.text, "time_to_first_token_ms": time_to_first_token(r) * 1e3,
             "request_latency_ms": request_latency(r) * 1e3,
             "output_tokens_per_s": output_token_throughput_per_user(r),
-            "output_tokens": r.output_tokens, "input_text_tokens": r.input_text_tokens,
-            "input_image_tokens": r.input_image_tokens}
+            "output_tokens": r.output_tokens, "finish_reason": answer.finish_reason,
+            "input_text_tokens": r.input_text_tokens, "input_image_tokens": r.input_image_tokens}
 
 
 def infer_line(answer: Measurement) -> str:
@@ -334,7 +334,8 @@ def infer_line(answer: Measurement) -> str:
     per_user = output_token_throughput_per_user(r)
     rate = f"{per_user:.1f} tokens/s" if per_user else "tokens/s n/a (needs --stream, > 1 token)"
     return (f"[dim]TTFT {time_to_first_token(r) * 1e3:.1f} ms, {rate}, latency "
-            f"{request_latency(r):.2f} s; {r.output_tokens} output tokens, prompt "
+            f"{request_latency(r):.2f} s; {r.output_tokens} output tokens "
+            f"({answer.finish_reason}), prompt "
             f"{r.input_text_tokens + r.input_image_tokens} tokens ({r.input_text_tokens} text + "
             f"{r.input_image_tokens} image)[/dim]")
 

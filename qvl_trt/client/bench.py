@@ -239,6 +239,7 @@ class Measurement:
 
     text: str  # what arrived (before the error, for a failed request)
     record: RequestRecord
+    finish_reason: str = ""  # the deployment's: "stop" or "length"; "" for a failed request
 
     def raise_if_failed(self) -> None:
         if self.record.error is not None:
@@ -264,7 +265,8 @@ def measure(client: GenerateClient, req: GenerateRequest, image_tokens: int, *,
     g = Generation(sent_at[0], tuple(responses))
     return Measurement(g.text, RequestRecord(g.sent, g.first_token, g.last_response,
                                              g.completion_tokens,
-                                             g.prompt_tokens - image_tokens, image_tokens))
+                                             g.prompt_tokens - image_tokens, image_tokens),
+                       g.finish_reason)
 
 
 def ask(url: str, req: GenerateRequest, *, model: str = c.ENSEMBLE,

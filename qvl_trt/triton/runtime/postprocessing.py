@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import InputError, UnavailableError
+from ...llm.sampling import FinishReason
 from ...mm.detokenizer import StreamDecoder, TokenBytes
 from .. import contract as c
 from .backend import error_response, guarded, pb, response, row_of
@@ -261,7 +262,8 @@ class StopTail:
     def finish_reason(self) -> str:
         """"stop": a stop word, or the end token (which the engine does not count, so
         fewer tokens than allowed); "length": every allowed token was generated."""
-        return "stop" if self.stopped or self.generated < self.max_tokens else "length"
+        stop = self.stopped or self.generated < self.max_tokens
+        return (FinishReason.STOP if stop else FinishReason.LENGTH).value
 
 
 class Outbox:
