@@ -190,7 +190,8 @@ class FakeClient:
             raise RequestError(self.error)
 
 
-STREAM = [Response(1.2, "", 90, 0), Response(1.5, "Hel", 90, 1), Response(2.0, "lo", 90, 2)]
+STREAM = [Response(1.2, "", 90, 0), Response(1.5, "Hel", 90, 1),
+          Response(2.0, "lo", 90, 2, "length")]
 
 
 def test_measure_times_the_request_and_counts_text_tokens_apart():
@@ -200,11 +201,12 @@ def test_measure_times_the_request_and_counts_text_tokens_apart():
     assert answer.record == RequestRecord(1.0, 1.5, 2.0, 2, 26, 64)
     answer.raise_if_failed()
     assert infer_line(answer) == ("[dim]TTFT 500.0 ms, 2.0 tokens/s, latency 1.00 s; 2 output "
-                                  "tokens, prompt 90 tokens (26 text + 64 image)[/dim]")
+                                  "tokens (length), prompt 90 tokens (26 text + 64 image)[/dim]")
     assert infer_json(answer) == {
         "text": "Hello", "time_to_first_token_ms": pytest.approx(500.0),
         "request_latency_ms": pytest.approx(1000.0), "output_tokens_per_s": pytest.approx(2.0),
-        "output_tokens": 2, "input_text_tokens": 26, "input_image_tokens": 64}
+        "output_tokens": 2, "finish_reason": "length", "input_text_tokens": 26,
+        "input_image_tokens": 64}
 
 
 def test_a_failed_request_becomes_a_record_with_its_error():

@@ -294,9 +294,14 @@ def test_sigterm_drains_eight_streams_stops_the_gateway_and_exits_0(repo: Path,
     serve = Serve(repo, tmp_path, "--openai-port", str(port))
     try:
         serve.wait_ready()
-        # one readiness on both ports: the gateway forwards serve's
-        assert ask_ready(f"http://127.0.0.1:{port}/ready", 5) == (True, "ready") == \
-            ask_ready(f"http://127.0.0.1:{serve.health}/ready", 5)
+        # one readiness on both ports: the gateway forwards serve's once it has found the
+        # builds Triton serves (serve's readiness waits for the gateway to listen)
+        deadline = time.monotonic() + 60
+        while (gateway_ready := ask_ready(f"http://127.0.0.1:{port}/ready", 5)) != \
+                (True, "ready"):
+            assert time.monotonic() < deadline, gateway_ready
+            time.sleep(0.1)
+        assert ask_ready(f"http://127.0.0.1:{serve.health}/ready", 5) == gateway_ready
         api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
         answer = api.chat.completions.create(
             model=c.ENSEMBLE, messages=[{"role": "user", "content": "Count."}], max_tokens=4,

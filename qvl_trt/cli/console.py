@@ -334,8 +334,8 @@ def infer_line(answer: Measurement) -> str:
     per_user = output_token_throughput_per_user(r)
     rate = f"{per_user:.1f} tokens/s" if per_user else "tokens/s n/a (needs --stream, > 1 token)"
     return (f"[dim]TTFT {time_to_first_token(r) * 1e3:.1f} ms, {rate}, latency "
-            f"{request_latency(r):.2f} s; {r.output_tokens} output tokens "
-            f"({answer.finish_reason}), prompt "
+            f"{request_latency(r):.2f} s; {r.output_tokens} output tokens"
+            f"{f' ({answer.finish_reason})' if answer.finish_reason else ''}, prompt "
             f"{r.input_text_tokens + r.input_image_tokens} tokens ({r.input_text_tokens} text + "
             f"{r.input_image_tokens} image)[/dim]")
 

@@ -3,10 +3,11 @@ the gateway's port give the same routes and the same replies. GET /ready: 200 an
 {"ready": true, "reason": "ready"} while the deployment answers, else 503 and the reason;
 GET /live: 200 while the process runs.
 
-What "ready" means has one home per process: the supervisor's (its end-to-end probe passed,
-every python model instance is alive, no restart is under way); a gateway started by
-`qvl-trt serve` forwards the supervisor's answer (`GatewayOptions.ready_url`), and only a
-gateway on its own, with no supervisor behind it, asks Triton whether its models are ready."""
+What "ready" means has one home, the supervisor (serve/supervisor.py: its end-to-end probe
+passed, every python model instance and the gateway run, no restart is under way). A gateway
+started by `qvl-trt serve` forwards the supervisor's answer (`GatewayOptions.ready_url`) once
+it has found the builds Triton serves; only a gateway on its own, with no supervisor behind
+it, asks Triton whether its models are ready."""
 
 from __future__ import annotations
 

@@ -19,9 +19,9 @@ own (a crash, an OOM kill), at most every `companion_retry_s`; a server restart 
 running (the gateway finds the new server on the same ports).
 
 Readiness (`--health-port`, gateway/readiness.py): GET /ready answers 200 only while the last
-probe passed, every stub is alive, every companion runs and no restart is under way, 503 (with
-the reason) otherwise; GET /live answers 200 while serve runs. The gateway serve starts
-forwards this answer on its own port.
+probe passed, every stub is alive, every companion has started and runs and no restart is
+under way, 503 (with the reason) otherwise; GET /live answers 200 while serve runs. The
+gateway serve starts forwards this answer on its own port.
 """
 
 from __future__ import annotations
@@ -117,10 +117,15 @@ class Supervisor:
         self._probe_now = threading.Event()
         self._health: ThreadingHTTPServer | None = None
         self._companion_retry: dict[int, float] = {}  # index -> when to try starting it again
+        self._companions_started = threading.Event()
+        if not self.companions:
+            self._companions_started.set()
 
     # ---- readiness ------------------------------------------------------------------------
 
     def readiness(self) -> tuple[bool, str]:
+        if not self._companions_started.is_set():
+            return False, f"starting {', '.join(c.name for c in self.companions)}"
         for companion in self.companions:
             if companion.exit_code() is not None:
                 return False, f"{companion.name} exited; starting it again"
@@ -175,6 +180,7 @@ class Supervisor:
             try:
                 for companion in self.companions:
                     companion.start()
+                self._companions_started.set()
                 if self.on_ready is not None:
                     self.on_ready()
             except BaseException:
