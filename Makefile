@@ -27,15 +27,15 @@ browser:
 
 # The main job on a tiny random checkpoint: plan; build the vision engine (TensorRT-RTX, no GPU
 # needed) and the LLM checkpoint; the LLM engine needs TensorRT-LLM, so here the build stops
-# there with exit code 3 (the message gives the container command that finishes it); write the
-# repositories (reference flavor, and trt once both engines exist) and validate them; serve the
+# there with exit code 3 (the message gives the container command that finishes it) after
+# writing the reference-flavor repository, which needs no engine; validate the repositories
+# (reference, and trt once both engines exist); serve the
 # reference flavor, ask one question about a generated picture, print the streamed answer and
 # the timings, stop the server.
 demo: install
 	test -d demo/tiny-qwen3-vl || $(BIN)/python scripts/make_tiny_checkpoint.py demo/tiny-qwen3-vl
 	$(BIN)/qvl-trt plan --model demo/tiny-qwen3-vl --gpu 4090d
 	$(BIN)/qvl-trt build --model demo/tiny-qwen3-vl --gpu 4090d --out demo/build || test $$? -eq 3
-	$(BIN)/qvl-trt build --resume demo/build --only repo
 	for r in demo/build/repo/*; do $(BIN)/qvl-trt validate $$r || exit 1; done
 	$(BIN)/python scripts/demo_serve.py demo/build/repo/reference --work-dir demo
 

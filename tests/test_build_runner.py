@@ -241,3 +241,26 @@ def test_an_impossible_tp_size_is_refused_before_any_stage(tiny_ckpt, tmp_path):
     done = run_cli("build", "-m", str(tiny_ckpt), "-g", "4090d", "-o", str(out),
                    "--tp-size", "3")
     _refused_before_any_stage(out, done, "tensor-parallel size 3 does not divide")
+
+
+def test_without_tensorrt_llm_the_build_still_writes_the_reference_repository(tiny_ckpt,
+                                                                               tmp_path):
+    """Exit 3 at the LLM engine, and the reference repository (which needs no engine) is
+    written, validated and named with the line that serves it; asked without the repo stage,
+    the build writes none."""
+    from qvl_trt.triton.validate import validate_repo
+
+    out = tmp_path / "b"
+    args = ("build", "-m", str(tiny_ckpt), "-g", "4090d", "-o", str(out))
+    result = run_cli(*args, "--only", "llm", block=("tensorrt_llm",))
+    assert result.returncode == 3, result.stderr
+    assert not (out / "repo").exists() and "Meanwhile" not in result.stderr
+
+    result = run_cli(*args, "--only", "llm,repo", block=("tensorrt_llm",))
+    assert result.returncode == 3, result.stderr
+    repo = out / "repo" / "reference"
+    assert validate_repo(repo).ok
+    message = " ".join(result.stderr.split())
+    assert "stage llm: " in message and "TensorRT-LLM 1.2 container" in message
+    assert f"serve it with `qvl-trt serve {repo} --openai-port 9000`" in message
+    assert sorted(p.name for p in (out / "repo").iterdir()) == ["reference"]

@@ -28,9 +28,11 @@ from typing import Any
 from ..atomic import leftovers, staged_dir
 from ..checkpoint import Checkpoint, open_checkpoint
 from ..errors import BuildError, StageUnavailable
+from ..gateway.options import DEFAULT_PORT
 from ..hashing import FileHasher, fingerprint
 from ..manifest import Manifest, cache_key, varying_outputs
 from ..profiles import GpuProfile, load_profile
+from ..triton.options import Flavor
 from ..typed_config import to_jsonable
 from .context import (
     NEEDS,
@@ -91,9 +93,15 @@ def _build(options: BuildOptions, out: Path, only: tuple[Stage, ...] | None,
         _preflight([spec for spec in SPECS if spec.stage in wanted], ctx)
         results = []
         try:
-            for spec in SPECS:
-                if spec.stage in wanted:
-                    results.append(_run_stage(spec, ctx, force))
+            try:
+                for spec in SPECS:
+                    if spec.stage in wanted:
+                        results.append(_run_stage(spec, ctx, force))
+            except StageUnavailable as exc:
+                served = _reference_repo_instead(ctx, wanted, force)
+                if served is None:
+                    raise
+                raise StageUnavailable(f"{exc}. Meanwhile {served}") from None
         except OSError:
             _remove_leftovers(out)  # the failed stage's staging folder, whatever wrote it
             with suppress(OSError):  # a full disk may refuse this too; the cause is above
@@ -105,6 +113,30 @@ def _build(options: BuildOptions, out: Path, only: tuple[Stage, ...] | None,
         # Keeps the hash cache warm (files re-hashed after a touch) for the next run.
         manifest.save(out)
         return BuildResult(out, tuple(results))
+
+
+def _reference_repo_instead(ctx: BuildContext, wanted: set[Stage], force: bool) -> str | None:
+    """When a stage cannot run here (the LLM engine without TensorRT-LLM) but the converted
+    checkpoint exists, the repo stage still writes the reference-flavor repository (PyTorch
+    vision tower and decoder, any machine), which is validated: what to say about it, or None
+    when there is none to write."""
+    from ..triton.validate import validate_repo
+
+    spec = next(s for s in SPECS if s.stage is Stage.REPO)
+    done = ctx.manifest.stages.get(Stage.LLM_CHECKPOINT.value)
+    if Stage.REPO not in wanted or not done or not (
+            _outputs_intact(ctx.stage_dir(Stage.LLM_CHECKPOINT), done.get("outputs", {}),
+                            ctx.hasher)):
+        return None
+    _run_stage(spec, ctx, force)
+    repo = ctx.stage_dir(Stage.REPO) / Flavor.REFERENCE.value
+    report = validate_repo(repo)
+    if not report.ok:
+        raise BuildError(f"the reference repository {repo} fails validation: "
+                         f"{report.problems[0]}; run `qvl-trt validate {repo}` for all of it")
+    return (f"the reference-flavor repository (PyTorch vision tower and decoder, on any "
+            f"machine) is written and validated: serve it with `qvl-trt serve {repo} "
+            f"--openai-port {DEFAULT_PORT}`")
 
 
 def _preflight(specs: list[StageSpec], ctx: BuildContext) -> None:
