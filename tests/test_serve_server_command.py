@@ -37,3 +37,15 @@ def test_single_rank_and_bad_world_sizes() -> None:
         server_command(INSTALL, ServerOptions(Path("/m"), world_size=0))
     with pytest.raises(ConfigError, match="reference flavor"):
         server_command(INSTALL, ServerOptions(Path("/m"), world_size=2))
+
+
+def test_tritons_own_exit_timer_outlasts_serves_drain_and_unload_grace() -> None:
+    """serve ends the server itself (0 after a finished drain, 1 after a cut one): Triton's
+    --exit-timeout-secs must never fire first, or a drain that ends near it exits 1 with
+    "Exit timeout expired" while an idle client stream holds a model loaded."""
+    from qvl_trt.serve.server import UNLOAD_GRACE_S
+
+    for drain in (0.5, 10.0, 95.5):
+        cmd = server_command(INSTALL, ServerOptions(Path("/m"), drain_timeout_s=drain))
+        (flag,) = [a for a in cmd if a.startswith("--exit-timeout-secs=")]
+        assert int(flag.split("=")[1]) >= drain + UNLOAD_GRACE_S + 5

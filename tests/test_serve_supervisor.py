@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -103,6 +104,24 @@ class Serve:
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait()
+
+
+# The token generator's rate in the slow repository: an answer of N tokens takes at least
+# N / SLOW_TOKENS_PER_S seconds, however fast the machine.
+SLOW_TOKENS_PER_S = 20.0
+
+
+@pytest.fixture(scope="module")
+def slow_repo(tmp_path_factory, tiny_build: Path, repo: Path) -> Path:
+    """The reference repository with tensorrt_llm replaced by the token generator: answers
+    whose least duration is known."""
+    from qvl_trt.testing.token_generator import install_token_generator
+    from qvl_trt.triton.repository import VERSION
+
+    slow = tmp_path_factory.mktemp("slow") / "repo"
+    shutil.copytree(repo, slow)
+    install_token_generator(slow / c.TENSORRT_LLM / VERSION, SLOW_TOKENS_PER_S)
+    return slow
 
 
 @pytest.fixture
@@ -280,18 +299,20 @@ def wait_for_new_gateway(serve: Serve, crashed: int, port: int) -> int:
         time.sleep(0.2)
 
 
-def test_sigterm_drains_eight_streams_stops_the_gateway_and_exits_0(repo: Path,
+def test_sigterm_drains_eight_streams_stops_the_gateway_and_exits_0(slow_repo: Path,
                                                                       tmp_path: Path) -> None:
     """The clients keep their gRPC streams open: in Triton 2.51 that holds the ensemble
-    loaded until its exit timeout (see DRAINED_LINE in server.py). With --openai-port the
+    loaded until its exit timeout (see DRAINED_LINE in server.py). The answers outlast the
+    default drain budget (and the exit timeout Triton would have had with it), which
+    --drain-timeout raises: all of them finish and serve exits 0. With --openai-port the
     gateway answers once the server is ready, comes back after a kill -9, and ends before the
     server."""
     from qvl_trt.gateway.readiness import ask_ready
-    from qvl_trt.serve.server import free_ports, remove_stale_shm
+    from qvl_trt.serve.server import ServerOptions, free_ports, remove_stale_shm
 
     openai = pytest.importorskip("openai", reason="the gateway's client: pip install openai")
     port = free_ports().http
-    serve = Serve(repo, tmp_path, "--openai-port", str(port))
+    serve = Serve(slow_repo, tmp_path, "--openai-port", str(port), "--drain-timeout", "90")
     try:
         serve.wait_ready()
         # one readiness on both ports: the gateway forwards serve's once it has found the
@@ -314,14 +335,18 @@ def test_sigterm_drains_eight_streams_stops_the_gateway_and_exits_0(repo: Path,
             model=c.ENSEMBLE, messages=[{"role": "user", "content": "Count."}], max_tokens=4,
             temperature=0)
         assert again.choices[0].message.content == answer.choices[0].message.content
-        streams = [Stream(serve, 120) for _ in range(8)]
+        tokens_each = int(SLOW_TOKENS_PER_S * (ServerOptions.drain_timeout_s + 2))
+        streams = [Stream(serve, tokens_each) for _ in range(8)]
         try:
             for stream in streams:
                 assert stream.next()[0] == "token"
             serve.process.send_signal(signal.SIGTERM)
-            tokens = [stream.finish() for stream in streams]
-            assert all(n == 120 for n in tokens), tokens  # all of them, though SIGTERM came
-            code = serve.process.wait(timeout=60)
+            signalled = time.monotonic()
+            tokens = [stream.finish(timeout_s=120) for stream in streams]
+            # all of them, though SIGTERM came and the drain outlasted the default budget
+            assert tokens == [tokens_each] * 8
+            assert time.monotonic() - signalled > ServerOptions.drain_timeout_s
+            code = serve.process.wait(timeout=120)
         finally:
             for stream in streams:
                 stream.close()
@@ -332,3 +357,36 @@ def test_sigterm_drains_eight_streams_stops_the_gateway_and_exits_0(repo: Path,
     assert code == 0, log
     assert "Exit timeout expired" not in log
     assert not group_alive(gateway), "the gateway outlived serve"
+
+
+def test_a_second_sigterm_cuts_the_drain_and_exits_1(slow_repo: Path, tmp_path: Path) -> None:
+    """The first SIGTERM starts the drain of answers that would take half a minute; the second
+    ends it at once: the answers stop with an error, serve exits 1, nothing is left."""
+    from qvl_trt.serve.server import remove_stale_shm
+
+    serve = Serve(slow_repo, tmp_path, "--drain-timeout", "120")
+    try:
+        serve.wait_ready()
+        server = serve.tritonserver()
+        streams = [Stream(serve, int(SLOW_TOKENS_PER_S * 30)) for _ in range(2)]
+        try:
+            for stream in streams:
+                assert stream.next()[0] == "token"
+            serve.process.send_signal(signal.SIGTERM)
+            time.sleep(0.5)  # the first one is handled; the order is what matters
+            serve.process.send_signal(signal.SIGTERM)
+            code = serve.process.wait(timeout=60)
+            ends = []
+            for stream in streams:
+                while (kind := stream.next(timeout_s=60)[0]) == "token":
+                    pass
+                ends.append(kind)
+        finally:
+            for stream in streams:
+                stream.close()
+    finally:
+        serve.close()
+        remove_stale_shm()
+    assert code == 1, serve.output()
+    assert ends == ["error", "error"]
+    assert group_gone_within(server, 30), "a forced stop left tritonserver running"

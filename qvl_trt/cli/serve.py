@@ -254,6 +254,10 @@ def serve(
     openai_host: Annotated[str | None, typer.Option(
         help="Address the gateway listens on [default: --host].", show_default=False)]
     = _SERVE.openai_host,
+    drain_timeout: Annotated[float, typer.Option(
+        help="After SIGTERM or Ctrl-C, seconds the requests in flight get to finish; then "
+        "they are cut and serve exits 1 (a finished drain exits 0).")]
+    = _SERVE.drain_timeout_s,
     dry_run: Annotated[bool, typer.Option(
         help="Print the command it would run, and exit.")] = False,
 ) -> None:
@@ -269,7 +273,8 @@ def serve(
 
     opts = ServeOptions(Ports(http_port, grpc_port, metrics_port), free_ports, host,
                         world_size, log_file, log_verbose, health_port, openai_port,
-                        openai_host, api_key=os.environ.get(API_KEY_ENV))
+                        openai_host, api_key=os.environ.get(API_KEY_ENV),
+                        drain_timeout_s=drain_timeout)
     if dry_run:
         console.print(prepare(repository, opts).command, highlight=False, markup=False,
                       soft_wrap=True)

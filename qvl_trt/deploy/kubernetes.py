@@ -74,11 +74,11 @@ STARTUP_WINDOW_S = START_ATTEMPTS * STARTUP_TIMEOUT_S + PROBE_TIMEOUT_S + PROBE_
 # after it is told to stop, before SIGTERM.
 PRESTOP_S = 5
 # On SIGTERM serve drains the gateway first (its shutdown timeout, then STOP_GRACE_S until
-# it is killed), then tritonserver (--exit-timeout-secs, then UNLOAD_GRACE_S); the kubelet's
+# it is killed), then tritonserver (its drain budget, then UNLOAD_GRACE_S); the kubelet's
 # grace period counts from the preStop hook and must cover all of it.
 DRAIN_MARGIN_S = 10
 GRACE_S = math.ceil(PRESTOP_S + GatewayOptions.shutdown_timeout_s + STOP_GRACE_S
-                    + ServerOptions.exit_timeout_s + UNLOAD_GRACE_S + DRAIN_MARGIN_S)
+                    + ServerOptions.drain_timeout_s + UNLOAD_GRACE_S + DRAIN_MARGIN_S)
 
 # Kubernetes names (k8s.io/apimachinery pkg/util/validation/validation.go): a Service name is
 # a DNS-1035 label, a namespace a DNS-1123 label, a claim or Secret a DNS-1123 subdomain.

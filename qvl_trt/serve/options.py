@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .server import Ports
+from .server import Ports, ServerOptions
 
 
 @dataclass(frozen=True)
@@ -22,3 +22,5 @@ class ServeOptions:
     openai_port: int | None = None  # the gateway on this port; None: no gateway
     openai_host: str | None = None  # None: `host`
     api_key: str | None = field(default=None, repr=False)  # the gateway asks for it
+    # After SIGTERM, how long the requests in flight get to finish before they are cut.
+    drain_timeout_s: float = ServerOptions.drain_timeout_s

@@ -66,7 +66,7 @@ def prepare(repo: Path, opts: ServeOptions) -> Serving:
     server = ServerOptions(repo, ports, host=opts.host,
                            world_size=resolve_world_size(needs, opts.world_size),
                            llm_models=needs.llm_models, thread_pool_size=needs.thread_pool_size,
-                           log_verbose=opts.log_verbose)
+                           log_verbose=opts.log_verbose, drain_timeout_s=opts.drain_timeout_s)
     health_port, health_host, gateway = opts.health_port, opts.host, None
     if opts.openai_port is not None:
         if health_port is None:  # the gateway forwards serve's readiness from a private port

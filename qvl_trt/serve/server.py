@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import secrets
 import shlex
@@ -47,6 +48,10 @@ DRAINED_LINE = "Found 0 model versions that have in-flight inferences"
 # How long the unloading may take after the drain before the server is ended (nothing is
 # in flight any more; the python models' finalize ran or is held by such a stream).
 UNLOAD_GRACE_S = 5.0
+# Triton's own --exit-timeout-secs is set this much past serve's drain budget and the unload
+# grace: serve decides when the server ends, so Triton's timer never fires first (it would
+# exit 1, "Exit timeout expired", while an idle client stream holds a model loaded).
+EXIT_MARGIN_S = 10.0
 # How long a start may take until the server answers ready (the engines load meanwhile).
 STARTUP_TIMEOUT_S = 300.0
 
@@ -69,7 +74,9 @@ class ServerOptions:
     shm_prefix: str = field(default_factory=lambda: new_shm_prefix())
     # python backend threads for BLS requests (serve sizes it from the repository)
     thread_pool_size: int = DEFAULT_THREAD_POOL
-    exit_timeout_s: int = 10
+    # After SIGTERM, how long the requests in flight get to finish (the drain); a drain that
+    # outlasts it is cut (the server killed, exit code 1).
+    drain_timeout_s: float = 10.0
     log_verbose: int = 0
     # Explicit model control with only these models loaded at start (None: load the whole
     # repository); models are then loaded one by one through the repository API.
@@ -185,7 +192,7 @@ def rank_command(install: TritonInstall, opts: ServerOptions, rank: int) -> list
         f"--metrics-port={opts.ports.metrics}",
         f"--http-address={opts.host}", f"--grpc-address={opts.host}",
         f"--metrics-address={opts.host}",
-        f"--exit-timeout-secs={opts.exit_timeout_s}",
+        f"--exit-timeout-secs={triton_exit_timeout_s(opts)}",
     ]
     if install.origin == "pytriton":
         cmd += [f"--backend-directory={install.backends}", "--allow-gpu-metrics=false"]
@@ -199,6 +206,10 @@ def rank_command(install: TritonInstall, opts: ServerOptions, rank: int) -> list
         cmd.append("--model-control-mode=explicit")
         cmd += [f"--load-model={name}" for name in opts.explicit_models]
     return cmd
+
+
+def triton_exit_timeout_s(opts: ServerOptions) -> int:
+    return math.ceil(opts.drain_timeout_s + UNLOAD_GRACE_S + EXIT_MARGIN_S)
 
 
 def server_command(install: TritonInstall, opts: ServerOptions) -> list[str]:
@@ -340,9 +351,9 @@ class TritonServer:
     def stop(self, *, force: bool = False) -> int | None:
         """SIGTERM: Triton refuses new requests and finishes those in flight, then unloads.
         Once drained it gets UNLOAD_GRACE_S to exit before its group is ended (see
-        DRAINED_LINE; that stop counts as clean: 0); SIGKILL at once with `force` or when the
-        drain outlasts the exit timeout. Then this run's shared-memory files are removed.
-        Returns the exit code."""
+        DRAINED_LINE; that stop counts as clean: 0); a drain that outlasts
+        `drain_timeout_s` is cut (1). SIGKILL at once with `force` (or a second signal, see
+        kill()). Then this run's shared-memory files are removed. Returns the exit code."""
         code = None
         if self.process is not None:
             if self.process.poll() is None and not force:
@@ -350,7 +361,7 @@ class TritonServer:
                 code = self._wait_drained()
             kill_group(self.process.pid)
             waited = self.process.wait()
-            code = waited if code is None else code
+            code = (1 if waited < 0 else waited) if code is None else code
             self._pump.join(timeout=5)
             self.process = None
         self.close_log()
@@ -358,24 +369,27 @@ class TritonServer:
         return code
 
     def _wait_drained(self) -> int | None:
-        """Wait for the server to exit after SIGTERM: its code, 0 when it was ended after a
-        finished drain, None when it is to be killed."""
-        deadline = time.monotonic() + self.opts.exit_timeout_s + UNLOAD_GRACE_S
+        """Wait for the server to drain after SIGTERM: its own exit code if it exits, 0 when it
+        is ended after a finished drain, 1 when the drain is cut, None when it was killed
+        meanwhile (kill())."""
+        deadline = time.monotonic() + self.opts.drain_timeout_s
         while time.monotonic() < deadline:
             try:
-                return self.process.wait(timeout=0.2)
+                code = self.process.wait(timeout=0.2)
+                return None if code < 0 else code
             except subprocess.TimeoutExpired:
                 pass
             if self.drained.is_set():
                 try:
-                    return self.process.wait(timeout=UNLOAD_GRACE_S)
+                    code = self.process.wait(timeout=UNLOAD_GRACE_S)
+                    return None if code < 0 else code
                 except subprocess.TimeoutExpired:
                     log.info("tritonserver drained; ending it (an idle client stream holds "
                              "a model loaded)")
                     return 0
-        log.warning("tritonserver did not drain within %s s; killing it",
-                    self.opts.exit_timeout_s)
-        return None
+        log.warning("tritonserver did not drain within %.0f s; cutting the requests still in "
+                    "flight", self.opts.drain_timeout_s)
+        return 1
 
     def kill(self) -> None:
         """SIGKILL the server's process group now (stop() then reaps it)."""
