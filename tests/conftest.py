@@ -110,6 +110,7 @@ def triton_server(tmp_path_factory: pytest.TempPathFactory, tiny_build: Path):
     and the test checks that nothing is left: no process, no /dev/shm region."""
     from qvl_trt.machine import find_tritonserver
     from qvl_trt.serve.server import SHM_DIR, ServerOptions, TritonServer, free_ports
+    from qvl_trt.testing.processes import group_gone_within
     from qvl_trt.triton.model_configs import Flavor
     from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo
 
@@ -127,8 +128,8 @@ def triton_server(tmp_path_factory: pytest.TempPathFactory, tiny_build: Path):
     pid = server.process.pid
     yield server
     server.stop()
-    with pytest.raises(ProcessLookupError):
-        os.killpg(pid, 0)  # the server's whole process group is gone
+    # the server's whole process group is gone (a killed stub takes a moment under load)
+    assert group_gone_within(pid), "tritonserver or a stub outlived the server's stop"
     assert not list(SHM_DIR.glob(f"{server.opts.shm_prefix}*")), "shared memory left behind"
 
 

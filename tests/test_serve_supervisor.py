@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from qvl_trt.testing.processes import group_alive, group_gone_within
 from qvl_trt.triton import contract as c
 
 grpcclient = pytest.importorskip("tritonclient.grpc", reason="needs tritonclient: pip install "
@@ -135,27 +136,6 @@ def serve(repo: Path, tmp_path: Path):
     remove_stale_shm()
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether a process of the group still runs. Zombies do not count: a process killed
-    after its parent died waits for whoever reaps orphans here (in a container PID 1 may
-    never do it), but it holds no port, memory or /dev/shm."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # it ended while we looked
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
-
-
-def group_gone_within(pgid: int, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return not group_alive(pgid)
-
-
 def generate(serve: Serve, max_tokens: int) -> str:
     body = {c.TEXT_INPUT: "Count.", c.MAX_TOKENS: max_tokens, c.TEMPERATURE: 0.0,
             c.STREAM: False}
@@ -261,7 +241,7 @@ def test_kill_9_of_serve_leaves_nothing_running(serve: Serve) -> None:
     assert group_alive(server)
     serve.process.kill()
     serve.process.wait()
-    assert group_gone_within(server, 30), "tritonserver or a stub outlived serve by 30 s"
+    assert group_gone_within(server), "tritonserver or a stub outlived serve"
     prefix = f"qvl{serve.process.pid}x"
     assert list(SHM_DIR.glob(f"{prefix}*")), "a killed serve cannot remove its shm itself"
     remove_stale_shm()  # what the next start does
@@ -280,7 +260,7 @@ def test_sigterm_before_ready_stops_tritonserver(serve: Serve) -> None:
     serve.process.send_signal(signal.SIGTERM)
     serve.process.wait(timeout=60)
     # As for kill -9 of serve: nothing of it runs 30 s later.
-    assert group_gone_within(server, 30), "SIGTERM before ready orphaned tritonserver"
+    assert group_gone_within(server), "SIGTERM before ready orphaned tritonserver"
 
 
 def wait_for_new_gateway(serve: Serve, crashed: int, port: int) -> int:
@@ -389,4 +369,4 @@ def test_a_second_sigterm_cuts_the_drain_and_exits_1(slow_repo: Path, tmp_path: 
         remove_stale_shm()
     assert code == 1, serve.output()
     assert ends == ["error", "error"]
-    assert group_gone_within(server, 30), "a forced stop left tritonserver running"
+    assert group_gone_within(server), "a forced stop left tritonserver running"
