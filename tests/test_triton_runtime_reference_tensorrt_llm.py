@@ -58,6 +58,12 @@ BROKEN = {
     "missing mrope table": ({c.MROPE_ROTARY_COS_SIN: None}, "mrope_rotary_cos_sin and "
                             "mrope_position_deltas are required"),
     "missing mrope delta": ({c.MROPE_POSITION_DELTAS: None}, "are required"),
+    # The executor's checkMinTokens; the penalty kernel would mask index -1 without an end id.
+    "negative min_tokens": ({c.MIN_TOKENS: np.int32(-1)}, "min_tokens = -1 must be >= 0"),
+    "min_tokens without end id": ({c.MIN_TOKENS: np.int32(2), c.END_ID: np.int32(-1)},
+                                  "holds back the end id, and the request has none"),
+    "min_tokens, end id absent": ({c.MIN_TOKENS: np.int32(2), c.END_ID: None},
+                                  "holds back the end id"),
 }
 
 
@@ -67,6 +73,24 @@ def test_each_contract_rule_broken_is_refused(case) -> None:
     inputs = {k: v for k, v in {**good_inputs(), **change}.items() if v is not None}
     with pytest.raises(InputError, match=message):
         LlmRequest.from_inputs(inputs, LIMITS)
+
+
+def test_min_tokens_and_no_end_id_reach_the_decoders_sampling() -> None:
+    """min_tokens holds back the end id in the decoder (llm.sampling.choose_token); end_id -1,
+    the batch manager's "none", is no stop token."""
+    pytest.importorskip("torch")
+    from qvl_trt.triton.runtime.reference_tensorrt_llm import _decode_request
+
+    held = LlmRequest.from_inputs({**good_inputs(), c.MIN_TOKENS: np.int32(3)}, LIMITS)
+    sampling = _decode_request(held).sampling
+    assert (held.min_tokens, sampling.min_tokens, sampling.end_id) == (3, 3, 0)
+    assert 0 in sampling.stop_token_ids
+    free = LlmRequest.from_inputs({**good_inputs(), c.END_ID: np.int32(c.NO_END_ID)}, LIMITS)
+    assert free.end_id is None and free.min_tokens == 0
+    assert _decode_request(free).sampling.stop_token_ids == ()
+    # A temperature below float32's normal range is greedy, as TensorRT-LLM computes it.
+    tiny = LlmRequest.from_inputs({**good_inputs(), c.TEMPERATURE: np.float32(1e-40)}, LIMITS)
+    assert _decode_request(tiny).sampling.is_greedy
 
 
 def test_the_executors_length_rules(caplog) -> None:

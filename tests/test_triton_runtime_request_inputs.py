@@ -53,6 +53,12 @@ def test_messages_with_data_uri_images_and_the_text_form_agree() -> None:
     ({"text_input": b"hi", "max_tokens": np.int32(0)}, "max_tokens = 0 must be at least 1"),
     ({"text_input": b"hi", "temperature": np.float32(-1)}, "temperature = -1.0 must be >= 0"),
     ({"text_input": b"hi", "top_p": np.float32(0)}, "top_p = 0.0 must be in (0, 1]"),
+    # A number beyond float32 arrives as inf: said so, not "inf must be >= 0".
+    ({"text_input": b"hi", "temperature": np.float32(np.inf)},
+     "temperature = inf is not a finite number; send a number >= 0"),
+    ({"text_input": b"hi", "min_tokens": np.int32(-2)}, "min_tokens = -2 must be at least 0"),
+    ({"text_input": b"hi", "max_tokens": np.int32(3), "min_tokens": np.int32(4)},
+     "min_tokens = 4 is above max_tokens = 3"),
     ({"text_input": b"\xff"}, "text_input is not UTF-8"),
     ({"text_input": b"hi", "messages": b"[]"}, "send either messages, or text_input"),
     ({"text_input": b"hi", "top_k": np.int32(-1)}, "top_k = -1.0 must be >= 0"),
@@ -108,6 +114,11 @@ def test_greedy_and_defaults() -> None:
     greedy = chat_request({"text_input": b"x", "top_k": 5}, urls=UrlPolicy(),
                           defaults=SamplingDefaults(temperature=0.0), limits=LIMITS).settings
     assert (greedy.temperature, greedy.top_k, greedy.top_p) == (0.0, 5, 1.0)
+    assert (settings.min_tokens, settings.ignore_eos) == (0, False)
+    fixed = _parse(text_input=b"x", max_tokens=np.int32(6), min_tokens=np.int32(6),
+                   ignore_eos=np.bool_(True), temperature=np.float32(1e-45)).settings
+    assert (fixed.max_tokens, fixed.min_tokens, fixed.ignore_eos) == (6, 6, True)
+    assert fixed.temperature == float(np.float32(1e-45)) > 0  # subnormal: taken
 
 
 # ---- bounds on the request's size and structure (mm.request.RequestBounds) -------------------
