@@ -21,7 +21,7 @@ A client that goes away (a closed connection) cancels its handler (aiohttp's
 handler_cancellation), which cancels its Triton call and so the generation.
 Every error of /v1/ is in OpenAI's shape, also where aiohttp refuses a request before any
 route sees it (a malformed request line or header, a header too large, Content-Length
-with chunked Transfer-Encoding: `_ShapedErrors`) and for a handler's unexpected exception.
+with chunked Transfer-Encoding: `_app_runner`) and for a handler's unexpected exception.
 SIGTERM (or Ctrl-C) stops accepting connections, lets the answers in flight finish for up to
 `shutdown_timeout_s`, cancels the rest, and exits; a second signal cancels at once.
 """
@@ -365,8 +365,9 @@ def _app_runner(web):
     class ShapedErrors(web_protocol.RequestHandler):
         def handle_error(self, request, status=500, exc=None, message=None):
             plain = super().handle_error(request, status, exc, message)  # logs it
-            if status >= 500:
-                message = f"internal error of the gateway ({type(exc).__name__}); see its log"
+            if status >= 500:  # the exception's text is the log's, not the client's
+                cause = f" ({type(exc).__name__})" if exc is not None else ""
+                message = f"internal error of the gateway{cause}; see its log"
             error = ApiError(status, f"{plain.reason}: {message or plain.reason}",
                              type="server_error" if status >= 500 else "invalid_request_error")
             shaped = web.json_response(error.body(), status=status)
