@@ -237,6 +237,29 @@ def no_stop_words(monkeypatch):
     monkeypatch.setattr(reference_llm, "_ends_with_stop", lambda tokens, words: False)
 
 
+def test_an_end_id_ends_the_answer_and_end_id_minus_1_never_does(no_stop_words) -> None:
+    """The fake decoder makes token 7 each step: with end_id 7 the first token ends the answer
+    (the end token left out); with end_id -1 (no end id, ignore_eos) it runs to max_tokens."""
+    decoder = FakeDecoder()
+    llm = ReferenceLlm(decoder, max_batch_size=2)
+    done: dict[int, list] = {}
+    finals = threading.Semaphore(0)
+
+    def submit(end_id: int) -> None:
+        request = LlmRequest.from_inputs({**good_inputs(), c.REQUEST_OUTPUT_LEN: np.int32(5),
+                                          c.END_ID: np.int32(end_id)}, LIMITS)
+        llm.submit(request, lambda t, f: (done.setdefault(end_id, []).extend(t),
+                                          f and finals.release()), pytest.fail)
+
+    submit(7)
+    submit(c.NO_END_ID)
+    decoder.go.set()
+    for _ in range(2):
+        assert finals.acquire(timeout=60)
+    llm.close()
+    assert done == {7: [], c.NO_END_ID: [7] * 5}
+
+
 def test_in_flight_batching_admits_at_the_next_step_and_frees_a_cancelled_slot(
         no_stop_words) -> None:
     """max_batch_size 2. A long stream runs alone; B and C arrive during its step 2: B joins
