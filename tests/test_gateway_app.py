@@ -473,6 +473,38 @@ def test_every_v1_refusal_is_openai_shaped_whatever_layer_refuses(tmp_path) -> N
         assert urllib.request.urlopen(f"{gateway.url}/live").status == 200
 
 
+def test_an_uncaught_handler_error_is_a_500_in_openai_shape_without_its_detail() -> None:
+    """A handler's exception that no middleware answers reaches aiohttp's handle_error: the
+    gateway's runner answers it in OpenAI's shape, naming the type only (the text stays in
+    the log)."""
+    from aiohttp import web
+
+    from qvl_trt.gateway.app import _app_runner
+    from qvl_trt.serve.server import free_ports
+
+    async def boom(request):
+        raise RuntimeError("a secret detail")
+
+    async def main() -> tuple[int, dict[str, str], bytes]:
+        app = web.Application()
+        app.add_routes([web.get("/v1/boom", boom)])
+        runner = _app_runner(web)(app, access_log=None)
+        await runner.setup()
+        port = free_ports().http
+        try:
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            return await asyncio.to_thread(exchange, port,
+                                           b"GET /v1/boom HTTP/1.1\r\nHost: x\r\n\r\n")
+        finally:
+            await runner.cleanup()
+
+    status, headers, body = asyncio.run(main())
+    assert status == 500 and headers["content-type"].startswith("application/json")
+    error = json.loads(body)["error"]
+    assert error["type"] == "server_error" and "(RuntimeError)" in error["message"]
+    assert "secret" not in error["message"]
+
+
 def test_with_an_api_key_v1_asks_for_it_and_the_rest_stays_open(gateway, triton_server,
                                                                   tmp_path) -> None:
     """QVL_TRT_API_KEY's gateway: /v1/ without the key or with another one answers 401
