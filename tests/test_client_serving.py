@@ -71,6 +71,21 @@ def test_infer_reports_a_refused_request_in_one_line(triton_server, tmp_path):
     assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("flags, words", [
+    (("--prompt", "hi \udcff"), "text_input holds a lone surrogate (U+DCFF at character 3)"),
+    (("--prompt", "hi", "--stop", "\udcfe"), "stop[0] holds a lone surrogate (U+DCFE"),
+])
+@pytest.mark.parametrize("scheme", ["grpc", "http"])
+def test_infer_refuses_text_utf8_cannot_carry_in_one_line(flags, words, scheme):
+    """A byte of argv that is not UTF-8 reaches Python as a lone surrogate: refused by name
+    where the tensors are made, before any server is asked (none listens here)."""
+    from qvl_trt.serve.server import free_ports
+
+    result = run_cli("infer", "--url", f"{scheme}://127.0.0.1:{free_ports().http}", *flags)
+    assert result.returncode == 1 and result.stderr.startswith(f"error: {words}"), result.stderr
+    assert result.stderr.strip().count("\n") == 0
+
+
 def test_bench_numbers_are_consistent(triton_server, tmp_path):
     out = tmp_path / "bench"
     result = run_cli("bench", "--url", _grpc(triton_server), "--synthetic", "96x64",

@@ -26,6 +26,7 @@ openai = pytest.importorskip("openai", reason="the acceptance tests use the open
                              "the client: pip install openai")
 
 MODEL = c.ENSEMBLE  # the unnamed build's ensemble: its OpenAI model id
+CHECKPOINT = "ckpt"  # the test checkpoint folder's name (conftest.tiny_ckpt)
 LLM_TOKENS = "qvl_reference_llm_tokens_total"
 
 
@@ -246,6 +247,69 @@ def test_models_list_the_builds_by_ensemble_name(gateway) -> None:
     assert api.models.retrieve(MODEL).id == MODEL
     with pytest.raises(openai.NotFoundError):
         api.models.retrieve("tensorrt_llm")
+    # vLLM's root: the checkpoint folder's name (the test checkpoint's is "ckpt"), which is
+    # also taken as the model id, so a client can name the model by its tokenizer.
+    listed = json.loads(urllib.request.urlopen(f"{gateway.url}/v1/models", timeout=10).read())
+    assert [(m["id"], m["root"]) for m in listed["data"]] == [(MODEL, CHECKPOINT)]
+    assert api.models.retrieve(CHECKPOINT).id == MODEL
+    answer = api.chat.completions.create(model=CHECKPOINT, messages=[
+        {"role": "user", "content": "Hi"}], max_tokens=2, temperature=0)
+    assert answer.usage.completion_tokens >= 1
+
+
+def test_a_fixed_output_length_as_aiperf_asks_for_it(gateway, triton_server) -> None:
+    """vLLM's ignore_eos with min_tokens = max_tokens = N (what NVIDIA AIPerf sends): exactly N
+    completion tokens, streamed or not; continuous_usage_stats puts the usage so far in every
+    chunk."""
+    api = client(gateway)
+    messages = [{"role": "user", "content": "Count."}]
+    fixed = {"ignore_eos": True, "min_tokens": 24}
+    answer = api.chat.completions.create(model=MODEL, messages=messages, max_tokens=24,
+                                         temperature=0, extra_body=fixed)
+    assert answer.usage.completion_tokens == 24 and answer.choices[0].finish_reason == "length"
+    chunks = list(api.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=24, temperature=0, stream=True,
+        extra_body=fixed, stream_options={"include_usage": True,
+                                          "continuous_usage_stats": True}))
+    counts = [chunk.usage.completion_tokens for chunk in chunks]
+    assert counts[0] == 0 and counts[-1] == 24 and counts == sorted(counts)
+    assert all(chunk.usage.prompt_tokens == answer.usage.prompt_tokens for chunk in chunks)
+    assert "".join(ch.delta.content or "" for chunk in chunks for ch in chunk.choices) == \
+        answer.choices[0].message.content
+    # The ensemble takes the same inputs and answers the same tokens.
+    ensemble = grpc_ask(triton_server, messages=messages, max_tokens=24, temperature=0,
+                        min_tokens=24, ignore_eos=True)
+    assert ensemble.completion_tokens == 24 and ensemble.text == answer.choices[0].message.content
+    with pytest.raises(openai.BadRequestError) as caught:
+        api.chat.completions.create(model=MODEL, messages=messages, extra_body={
+            "min_tokens": 10**6})
+    assert "min_tokens = 1000000 is above max_tokens" in caught.value.body["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_lone_surrogate_is_a_400_naming_its_field(gateway, stream) -> None:
+    """JSON can spell a lone surrogate, which the ensemble's UTF-8 inputs cannot carry: refused
+    by name before any call (it used to fail inside the gRPC call and cancel it)."""
+    def ask(**fields) -> tuple[int, dict]:
+        request = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+                   "max_tokens": 2, "stream": stream, **fields}
+        return post(gateway, json.dumps(request).encode())  # "\ud800" spelled as an escape
+
+    status, body = ask(messages=[{"role": "user", "content": [
+        {"type": "text", "text": "look \ud800"}]}])
+    assert status == 400 and body["error"]["param"] == "messages[0].content[0].text"
+    assert "holds a lone surrogate (U+D800" in body["error"]["message"]
+    status, body = ask(stop=["ok", "\udfff"])
+    assert (status, body["error"]["param"]) == (400, "stop")
+    assert "stop[1] holds a lone surrogate" in body["error"]["message"]
+    status, body = ask(temperature=1e308)
+    assert status == 400 and "beyond float32" in body["error"]["message"]
+    # Far below float32's normal range: greedy, as TensorRT-LLM computes it (it was a 500).
+    for tiny in (1e-40, 1e-45):
+        status, body = ask(temperature=tiny, stream=False, max_tokens=6)
+        assert status == 200, body
+        assert body["choices"][0]["message"]["content"] == ask(
+            temperature=0, stream=False, max_tokens=6)[1]["choices"][0]["message"]["content"]
 
 
 # ---- cancellation ---------------------------------------------------------------------------
@@ -358,6 +422,87 @@ def test_without_triton_readiness_fails_and_limits_answer_429_and_413(tmp_path) 
                 {"role": "user", "content": "Hi"}])
         assert caught.value.response.headers["retry-after"] == "1"
         slow.close()
+
+
+def exchange(port: int, raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    """One raw HTTP exchange: (status, headers, body) of the answer to `raw`."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+        conn.sendall(raw)
+        reply = http.client.HTTPResponse(conn)
+        reply.begin()
+        return reply.status, {k.lower(): v for k, v in reply.getheaders()}, reply.read()
+
+
+def test_every_v1_refusal_is_openai_shaped_whatever_layer_refuses(tmp_path) -> None:
+    """aiohttp's own refusals (its HTTP parser's, before any route or middleware) and JSON
+    nested past the parser's bound answer in OpenAI's error shape, not aiohttp's plain text;
+    the gateway goes on serving. No Triton is needed to refuse them."""
+    from qvl_trt.gateway.options import GatewayOptions
+    from qvl_trt.serve.gateway_process import GatewayProcess
+    from qvl_trt.serve.server import free_ports
+
+    ports = free_ports()
+    opts = GatewayOptions(f"127.0.0.1:{ports.grpc}", port=ports.http, max_body_bytes=2**20)
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+    cases = {
+        "a 100 KB header": head + b"X-Big: " + b"a" * 100_000 + b"\r\n\r\n",
+        "Content-Length with chunked": head + b"Content-Length: 5\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        "a malformed request line": b"POST /v1/chat/completions HTTP/9\x00\r\n\r\n",
+        "a bad header name": head + b"Bad Header: 1\r\n\r\n",
+    }
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with GatewayProcess(opts, log_file=tmp_path / "gateway.log") as gateway:
+        for case, raw in cases.items():
+            status, headers, body = exchange(ports.http, raw)
+            assert 400 <= status < 500, case
+            assert headers["content-type"].startswith("application/json"), (case, body)
+            error = json.loads(body)["error"]
+            assert error["type"] == "invalid_request_error" and error["message"], case
+        status, headers, body = exchange(ports.http, head + b"Content-Type: application/json"
+                                         b"\r\nContent-Length: %d\r\n\r\n" % len(deep) + deep)
+        assert status == 400 and "nests its JSON too deeply" in json.loads(body)["error"][
+            "message"]
+        # Through the openai package too (it cannot send a lone surrogate: its own encoder
+        # refuses one), and the gateway still answers.
+        with pytest.raises(openai.BadRequestError) as caught:
+            client(gateway).chat.completions.create(model=MODEL, messages=[
+                {"role": "user", "content": "Hi"}], temperature=1e308)
+        assert caught.value.body["param"] == "temperature"
+        assert "beyond float32" in caught.value.body["message"]
+        assert urllib.request.urlopen(f"{gateway.url}/live").status == 200
+
+
+def test_an_uncaught_handler_error_is_a_500_in_openai_shape_without_its_detail() -> None:
+    """A handler's exception that no middleware answers reaches aiohttp's handle_error: the
+    gateway's runner answers it in OpenAI's shape, naming the type only (the text stays in
+    the log)."""
+    from aiohttp import web
+
+    from qvl_trt.gateway.app import _app_runner
+    from qvl_trt.serve.server import free_ports
+
+    async def boom(request):
+        raise RuntimeError("a secret detail")
+
+    async def main() -> tuple[int, dict[str, str], bytes]:
+        app = web.Application()
+        app.add_routes([web.get("/v1/boom", boom)])
+        runner = _app_runner(web)(app, access_log=None)
+        await runner.setup()
+        port = free_ports().http
+        try:
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            return await asyncio.to_thread(exchange, port,
+                                           b"GET /v1/boom HTTP/1.1\r\nHost: x\r\n\r\n")
+        finally:
+            await runner.cleanup()
+
+    status, headers, body = asyncio.run(main())
+    assert status == 500 and headers["content-type"].startswith("application/json")
+    error = json.loads(body)["error"]
+    assert error["type"] == "server_error" and "(RuntimeError)" in error["message"]
+    assert "secret" not in error["message"]
 
 
 def test_with_an_api_key_v1_asks_for_it_and_the_rest_stays_open(gateway, triton_server,

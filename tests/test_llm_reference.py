@@ -348,6 +348,40 @@ def test_choose_token_filters() -> None:
     assert draws(temperature=0.05) == {0}
 
 
+def test_a_temperature_below_float32s_normal_range_scales_as_tensorrt_llm_scales() -> None:
+    """TensorRT-LLM multiplies the logits by 1 / (temperature + 1e-6) in float32 (not at all at
+    1): 1e-40 and 1e-45 scale as 0 does, so they are greedy; a temperature beyond float32
+    scales by 0 (uniform). Dividing by them made inf and NaN for torch.multinomial."""
+    from qvl_trt.llm.sampling import inverse_temperature, scales_as_greedy
+
+    logits = torch.tensor([3.0, 2.9999, -1.0, 0.5])
+    generator = torch.Generator().manual_seed(0)
+    assert inverse_temperature(1.0) == 1 and inverse_temperature(0.0) == np.float32(1 / 1e-6)
+    assert inverse_temperature(0.5) == np.float32(1) / np.float32(0.500001)
+    for tiny in (1e-40, 1e-45, 0.0):
+        assert scales_as_greedy(tiny) and SamplingParams(temperature=tiny).is_greedy
+        assert {choose_token(logits, SamplingParams(temperature=tiny), generator)
+                for _ in range(20)} == {0}
+    assert not scales_as_greedy(1e-3) and inverse_temperature(1e39) == 0
+    uniform = SamplingParams(temperature=3.0e38)  # the largest float32 scales by ~0
+    assert {choose_token(logits, uniform, generator) for _ in range(200)} == {0, 1, 2, 3}
+
+
+def test_min_tokens_holds_back_the_end_id_only() -> None:
+    """TensorRT-LLM masks the end id's logit until min_tokens tokens (penaltyKernels.cu);
+    another id, like a stop word, is not held back."""
+    logits = torch.tensor([5.0, 1.0, 4.0, 0.0])  # 0: the end id, the likeliest
+    generator = torch.Generator().manual_seed(0)
+    held = SamplingParams(greedy=True, min_tokens=2, end_id=0)
+    assert [choose_token(logits, held, generator, n) for n in range(4)] == [2, 2, 0, 0]
+    sampled = SamplingParams(temperature=0.5, min_tokens=3, end_id=0)
+    assert 0 not in {choose_token(logits, sampled, generator, 2) for _ in range(100)}
+    assert choose_token(logits, SamplingParams(greedy=True, min_tokens=2, end_id=2),
+                        generator, 0) == 0
+    with pytest.raises(InputError, match="min_tokens = -1 must be an integer >= 0"):
+        SamplingParams(min_tokens=-1)
+
+
 def test_top_k_above_tensorrt_llms_limit_is_clipped(caplog) -> None:
     """top_k 5000 over 2000 tokens would keep them all; TensorRT-LLM clips it to TOP_K_MAX
     (1024) with a warning, and so do the sampling parameters: only the 1024 likeliest are

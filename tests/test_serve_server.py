@@ -66,7 +66,8 @@ def grpc_ask(server, *, prompt: str | None = None, images=(), messages=None,
              max_tokens: int = 12, temperature: float | None = 0.0,
              top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
              stream: bool = True, stop=(), model: str = c.ENSEMBLE, videos=(),
-             video_fps: float | None = None) -> Answer:
+             video_fps: float | None = None, min_tokens: int | None = None,
+             ignore_eos: bool | None = None) -> Answer:
     """One request through the ensemble (`model`) over gRPC streaming; a setting that is
     None is left out (the checkpoint's generation defaults apply)."""
     values = {c.MAX_TOKENS: np.array([[max_tokens]], np.int32),
@@ -91,6 +92,10 @@ def grpc_ask(server, *, prompt: str | None = None, images=(), messages=None,
         values[c.TOP_P] = np.array([[top_p]], np.float32)
     if stop:
         values[c.STOP] = np.array([[s.encode() for s in stop]], object)
+    if min_tokens is not None:
+        values[c.MIN_TOKENS] = np.array([[min_tokens]], np.int32)
+    if ignore_eos is not None:
+        values[c.IGNORE_EOS] = np.array([[ignore_eos]])
     inputs = []
     for name, value in values.items():
         tensor = grpcclient.InferInput(name, list(value.shape), ENSEMBLE_TYPES[name])

@@ -46,8 +46,8 @@ def test_the_ensemble_request_names_every_input_and_round_trips() -> None:
         messages=json.dumps([{"role": "user", "content": "é"}]), text_input="q",
         image_bytes=(b"a", b"bc"),
         video_bytes=(b"v",), video_frames=(b"f1", b"f2"), video_frame_counts=(2,),
-        video_fps=(2.0,), max_tokens=7, temperature=0.5, top_p=0.75, top_k=3, seed=2**64 - 1,
-        stop=("x", "ü"), stream=False)
+        video_fps=(2.0,), max_tokens=7, min_tokens=2, ignore_eos=True, temperature=0.5,
+        top_p=0.75, top_k=3, seed=2**64 - 1, stop=("x", "ü"), stream=False)
     tensors = full.to_tensors()
     specs = {s.name: s for s in c.ENSEMBLE_INPUTS}
     assert list(tensors) == list(specs)
@@ -60,6 +60,27 @@ def test_the_ensemble_request_names_every_input_and_round_trips() -> None:
     assert c.EnsembleRequest(text_input="hi").to_tensors().keys() == {c.TEXT_INPUT}
     with pytest.raises(InputError, match="stop is not UTF-8 text"):
         c.EnsembleRequest.from_row({c.STOP: np.array([b"\xff"], object)})
+
+
+@pytest.mark.parametrize("request_, words", [
+    # A lone surrogate (JSON can spell one; argv's surrogateescape makes one of a bad byte).
+    (dict(text_input="ok \ud800"), "text_input holds a lone surrogate (U+D800 at character 3)"),
+    (dict(messages='[{"content": "\udcff"}]'), "messages holds a lone surrogate (U+DCFF"),
+    (dict(text_input="q", stop=("fine", "\udfff")), "stop[1] holds a lone surrogate"),
+    # An FP32 input beyond float32 would travel as inf.
+    (dict(text_input="q", temperature=1e308), "temperature = 1e+308 is beyond float32"),
+    (dict(text_input="q", top_p=-4e38), "top_p = -4e+38 is beyond float32"),
+    (dict(text_input="q", video_fps=(1.0, 1e39)), "video_fps = 1e+39 is beyond float32"),
+])
+def test_the_encoder_refuses_what_its_tensors_cannot_carry_by_name(request_, words) -> None:
+    from qvl_trt.triton import contract as c
+
+    with pytest.raises(InputError) as caught:
+        c.EnsembleRequest(**request_).to_tensors()
+    assert words in str(caught.value) and "\n" not in str(caught.value)
+    # float32's largest value itself travels as it is.
+    largest = c.EnsembleRequest(text_input="q", temperature=c.FP32_MAX).to_tensors()
+    assert np.isfinite(largest[c.TEMPERATURE]).all()
 
 
 # ---- error kinds: raised in a python model, read back from the text --------------------------

@@ -58,6 +58,12 @@ BROKEN = {
     "missing mrope table": ({c.MROPE_ROTARY_COS_SIN: None}, "mrope_rotary_cos_sin and "
                             "mrope_position_deltas are required"),
     "missing mrope delta": ({c.MROPE_POSITION_DELTAS: None}, "are required"),
+    # The executor's checkMinTokens; the penalty kernel would mask index -1 without an end id.
+    "negative min_tokens": ({c.MIN_TOKENS: np.int32(-1)}, "min_tokens = -1 must be >= 0"),
+    "min_tokens without end id": ({c.MIN_TOKENS: np.int32(2), c.END_ID: np.int32(-1)},
+                                  "holds back the end id, and the request has none"),
+    "min_tokens, end id absent": ({c.MIN_TOKENS: np.int32(2), c.END_ID: None},
+                                  "holds back the end id"),
 }
 
 
@@ -67,6 +73,24 @@ def test_each_contract_rule_broken_is_refused(case) -> None:
     inputs = {k: v for k, v in {**good_inputs(), **change}.items() if v is not None}
     with pytest.raises(InputError, match=message):
         LlmRequest.from_inputs(inputs, LIMITS)
+
+
+def test_min_tokens_and_no_end_id_reach_the_decoders_sampling() -> None:
+    """min_tokens holds back the end id in the decoder (llm.sampling.choose_token); end_id -1,
+    the batch manager's "none", is no stop token."""
+    pytest.importorskip("torch")
+    from qvl_trt.triton.runtime.reference_tensorrt_llm import _decode_request
+
+    held = LlmRequest.from_inputs({**good_inputs(), c.MIN_TOKENS: np.int32(3)}, LIMITS)
+    sampling = _decode_request(held).sampling
+    assert (held.min_tokens, sampling.min_tokens, sampling.end_id) == (3, 3, 0)
+    assert 0 in sampling.stop_token_ids
+    free = LlmRequest.from_inputs({**good_inputs(), c.END_ID: np.int32(c.NO_END_ID)}, LIMITS)
+    assert free.end_id is None and free.min_tokens == 0
+    assert _decode_request(free).sampling.stop_token_ids == ()
+    # A temperature below float32's normal range is greedy, as TensorRT-LLM computes it.
+    tiny = LlmRequest.from_inputs({**good_inputs(), c.TEMPERATURE: np.float32(1e-40)}, LIMITS)
+    assert _decode_request(tiny).sampling.is_greedy
 
 
 def test_the_executors_length_rules(caplog) -> None:
@@ -211,6 +235,29 @@ def no_stop_words(monkeypatch):
 
     pytest.importorskip("torch")
     monkeypatch.setattr(reference_llm, "_ends_with_stop", lambda tokens, words: False)
+
+
+def test_an_end_id_ends_the_answer_and_end_id_minus_1_never_does(no_stop_words) -> None:
+    """The fake decoder makes token 7 each step: with end_id 7 the first token ends the answer
+    (the end token left out); with end_id -1 (no end id, ignore_eos) it runs to max_tokens."""
+    decoder = FakeDecoder()
+    llm = ReferenceLlm(decoder, max_batch_size=2)
+    done: dict[int, list] = {}
+    finals = threading.Semaphore(0)
+
+    def submit(end_id: int) -> None:
+        request = LlmRequest.from_inputs({**good_inputs(), c.REQUEST_OUTPUT_LEN: np.int32(5),
+                                          c.END_ID: np.int32(end_id)}, LIMITS)
+        llm.submit(request, lambda t, f: (done.setdefault(end_id, []).extend(t),
+                                          f and finals.release()), pytest.fail)
+
+    submit(7)
+    submit(c.NO_END_ID)
+    decoder.go.set()
+    for _ in range(2):
+        assert finals.acquire(timeout=60)
+    llm.close()
+    assert done == {7: [], c.NO_END_ID: [7] * 5}
 
 
 def test_in_flight_batching_admits_at_the_next_step_and_frees_a_cancelled_slot(

@@ -53,6 +53,12 @@ def test_messages_with_data_uri_images_and_the_text_form_agree() -> None:
     ({"text_input": b"hi", "max_tokens": np.int32(0)}, "max_tokens = 0 must be at least 1"),
     ({"text_input": b"hi", "temperature": np.float32(-1)}, "temperature = -1.0 must be >= 0"),
     ({"text_input": b"hi", "top_p": np.float32(0)}, "top_p = 0.0 must be in (0, 1]"),
+    # A number beyond float32 arrives as inf: said so, not "inf must be >= 0".
+    ({"text_input": b"hi", "temperature": np.float32(np.inf)},
+     "temperature = inf is not a finite number; send a number >= 0"),
+    ({"text_input": b"hi", "min_tokens": np.int32(-2)}, "min_tokens = -2 must be at least 0"),
+    ({"text_input": b"hi", "max_tokens": np.int32(3), "min_tokens": np.int32(4)},
+     "min_tokens = 4 is above max_tokens = 3"),
     ({"text_input": b"\xff"}, "text_input is not UTF-8"),
     ({"text_input": b"hi", "messages": b"[]"}, "send either messages, or text_input"),
     ({"text_input": b"hi", "top_k": np.int32(-1)}, "top_k = -1.0 must be >= 0"),
@@ -108,6 +114,11 @@ def test_greedy_and_defaults() -> None:
     greedy = chat_request({"text_input": b"x", "top_k": 5}, urls=UrlPolicy(),
                           defaults=SamplingDefaults(temperature=0.0), limits=LIMITS).settings
     assert (greedy.temperature, greedy.top_k, greedy.top_p) == (0.0, 5, 1.0)
+    assert (settings.min_tokens, settings.ignore_eos) == (0, False)
+    fixed = _parse(text_input=b"x", max_tokens=np.int32(6), min_tokens=np.int32(6),
+                   ignore_eos=np.bool_(True), temperature=np.float32(1e-45)).settings
+    assert (fixed.max_tokens, fixed.min_tokens, fixed.ignore_eos) == (6, 6, True)
+    assert fixed.temperature == float(np.float32(1e-45)) > 0  # subnormal: taken
 
 
 # ---- bounds on the request's size and structure (mm.request.RequestBounds) -------------------
@@ -259,3 +270,43 @@ def test_video_tensors_count_towards_the_request_size() -> None:
         _parse(limits, text_input=b"hi", video_bytes=np.array([b"v" * 101], object))
     with pytest.raises(InputError, match="send either messages, or text_input"):
         _parse(messages=b"[]", video_frames=np.array([b"f"], object))
+
+
+# ---- what the preprocessing step makes of the settings ---------------------------------------
+
+def test_preprocessing_sends_min_tokens_no_end_id_and_greedy_as_tensorrt_llm_reads_them(
+        tmp_path, tiny_build, tiny_ckpt) -> None:
+    """ignore_eos: end_id -1 (no end id) and no other end id among the stop words, min_tokens
+    0 (nothing to hold back); min_tokens alone travels as it is; a temperature that scales as 0
+    does is greedy. The repository records the checkpoint's name."""
+    from qvl_trt.checkpoint import open_checkpoint
+    from qvl_trt.triton import contract as c
+    from qvl_trt.triton.model_configs import Flavor
+    from qvl_trt.triton.pbconfig import read_config
+    from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo
+    from qvl_trt.triton.runtime.preprocessing import Preprocessor
+
+    repo = write_repo([BuildInput(tiny_build)], tmp_path / "repo",
+                      RepoOptions(flavor=Flavor.REFERENCE)).path
+    params = c.PreprocessingParameters.from_parameters(
+        {k: v.string_value for k, v in read_config(repo / "preprocessing").parameters.items()})
+    assert params.checkpoint_name == tiny_ckpt.name
+    step = Preprocessor(tiny_ckpt, params)
+    end_ids = open_checkpoint(tiny_ckpt).generation.end_ids
+    assert len(end_ids) == 2  # one end_id, one more as a one-token stop word
+
+    def sent(**settings):
+        out = step({"text_input": b"Hi", "max_tokens": np.int32(4), **settings})
+        words = c.word_list_sequences(out[c.STOP_WORDS_LIST])
+        return int(out[c.END_ID][0]), int(out[c.MIN_TOKENS][0]), words, out
+
+    assert sent()[:3] == (end_ids[0], 0, [[end_ids[1]]])
+    assert sent(min_tokens=np.int32(3))[:3] == (end_ids[0], 3, [[end_ids[1]]])
+    assert sent(min_tokens=np.int32(4), ignore_eos=np.bool_(True))[:3] == (c.NO_END_ID, 0, [])
+    for tiny in (1e-40, 1e-45):
+        out = sent(temperature=np.float32(tiny))[3]
+        assert (out[c.RUNTIME_TOP_K][0], out[c.TEMPERATURE][0]) == (1, 1.0)
+    with pytest.raises(InputError, match="min_tokens = 9 is above max_tokens = 4"):
+        step({"text_input": b"Hi", "max_tokens": np.int32(4), "min_tokens": np.int32(9)})
+    with pytest.raises(InputError, match="the deployment's default where max_tokens is left"):
+        step({"text_input": b"Hi", "min_tokens": np.int32(10**6)})

@@ -1,7 +1,8 @@
 """The gateway's web server (aiohttp): routes, limits, streaming, shutdown.
 
     GET  /                      the chat page (static HTML + JS, no external assets)
-    GET  /v1/models             one model per build, by its ensemble's name
+    GET  /v1/models             one model per build, by its ensemble's name, with the
+                                checkpoint's name as its `root` (also taken as its id)
     GET  /v1/models/{model}
     POST /v1/chat/completions   OpenAI chat completions, streamed as server-sent events
     GET  /ready                 200 while the deployment answers (readiness.py says when)
@@ -18,6 +19,9 @@ the largest `max_request_bytes` of the builds' preprocessing models plus room fo
 fields); more than `max_concurrency` chat requests in flight get 429 with Retry-After.
 A client that goes away (a closed connection) cancels its handler (aiohttp's
 handler_cancellation), which cancels its Triton call and so the generation.
+Every error of /v1/ is in OpenAI's shape, also where aiohttp refuses a request before any
+route sees it (a malformed request line or header, a header too large, Content-Length
+with chunked Transfer-Encoding: `_app_runner`) and for a handler's unexpected exception.
 SIGTERM (or Ctrl-C) stops accepting connections, lets the answers in flight finish for up to
 `shutdown_timeout_s`, cancels the rest, and exits; a second signal cancels at once.
 """
@@ -172,12 +176,14 @@ class Gateway:
     async def page(self, request):
         return self.web.Response(body=self._page, content_type="text/html", charset="utf-8")
 
+    def _card(self, model: ServedModel) -> dict:
+        return model_card(model.name, self.created, model.root)
+
     async def models(self, request):
-        return self._json(models_list(sorted(self.served), self.created))
+        return self._json(models_list([self._card(self.served[n]) for n in sorted(self.served)]))
 
     async def model(self, request):
-        name = self._model(request.match_info["model"]).name
-        return self._json(model_card(name, self.created))
+        return self._json(self._card(self._model(request.match_info["model"])))
 
     async def ready(self, request):
         if not self.served:
@@ -206,8 +212,16 @@ class Gateway:
                         code="unavailable")
 
     def _model(self, name: str) -> ServedModel:
+        """A build by its name, or by its checkpoint's name where one build has it."""
         if name in self.served:
             return self.served[name]
+        by_root = [m for m in self.served.values() if m.root == name]
+        if len(by_root) == 1:
+            return by_root[0]
+        if by_root:
+            raise ApiError(404, f"the model {name!r} names the checkpoint of "
+                           f"{', '.join(m.name for m in by_root)}; send one of these names",
+                           param="model", code="model_not_found")
         if not self.served:
             raise self._not_ready()
         raise ApiError(404, f"the model {name!r} does not exist; this server has "
@@ -310,18 +324,23 @@ class Gateway:
                 "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                 "X-Accel-Buffering": "no"})  # nginx: do not buffer the stream
             await response.prepare(request)
-            writer = ChunkWriter(model.name, include_usage=req.include_usage)
-            await response.write(writer.event({"role": "assistant", "content": ""}))
+            writer = ChunkWriter(model.name, include_usage=req.include_usage,
+                                 continuous_usage=req.continuous_usage)
+            await response.write(writer.event({"role": "assistant", "content": ""},
+                                              counts=usage(piece.prompt_tokens, 0)))
             try:
                 while piece is not None:
                     last = piece
                     if piece.text:
-                        await response.write(writer.event({"content": piece.text}))
+                        await response.write(writer.event(
+                            {"content": piece.text},
+                            counts=usage(piece.prompt_tokens, piece.completion_tokens)))
                     piece = await anext(pieces, None)
             except ApiError as exc:
                 await response.write(sse(exc.body()) + DONE)
                 return response, exc.status
-        tail = writer.event({}, last.finish_reason)
+        tail = writer.event({}, last.finish_reason,
+                            counts=usage(last.prompt_tokens, last.completion_tokens))
         if req.include_usage:
             tail += writer.usage_event(usage(last.prompt_tokens, last.completion_tokens))
         await response.write(tail + DONE)
@@ -336,6 +355,39 @@ def _retry_after(exc: ApiError) -> dict[str, str] | None:
 
 # ---- running it -------------------------------------------------------------------------------
 
+def _app_runner(web):
+    """aiohttp's AppRunner whose connections answer in OpenAI's error shape what aiohttp
+    answers itself: its HTTP parser's refusals (400, 413, 431, ...) and a handler's uncaught
+    exception (500) reach RequestHandler.handle_error, never the application's middleware
+    (aiohttp web_protocol.py: `_make_error_handler`, `_handle_request`)."""
+    from aiohttp import web_protocol
+
+    class ShapedErrors(web_protocol.RequestHandler):
+        def handle_error(self, request, status=500, exc=None, message=None):
+            plain = super().handle_error(request, status, exc, message)  # logs it
+            if status >= 500:  # the exception's text is the log's, not the client's
+                cause = f" ({type(exc).__name__})" if exc is not None else ""
+                message = f"internal error of the gateway{cause}; see its log"
+            error = ApiError(status, f"{plain.reason}: {message or plain.reason}",
+                             type="server_error" if status >= 500 else "invalid_request_error")
+            shaped = web.json_response(error.body(), status=status)
+            shaped.force_close()  # as aiohttp's own answer: the connection cannot go on
+            return shaped
+
+    class Server(web.Server):
+        def __call__(self):
+            return ShapedErrors(self, loop=self._loop, **self._kwargs)
+
+    class Runner(web.AppRunner):
+        async def _make_server(self):
+            plain = await super()._make_server()  # starts the application
+            return Server(plain.request_handler, request_factory=plain.request_factory,
+                          handler_cancellation=plain.handler_cancellation,
+                          loop=asyncio.get_running_loop(), **plain._kwargs)
+
+    return Runner
+
+
 def run_gateway(opts: GatewayOptions, on_ready: Callable[[], None] | None = None) -> None:
     """Serve until SIGTERM or Ctrl-C (see the module doc); `on_ready` is called once the port
     is open."""
@@ -345,8 +397,8 @@ def run_gateway(opts: GatewayOptions, on_ready: Callable[[], None] | None = None
 
 async def _serve(opts: GatewayOptions, on_ready: Callable[[], None] | None) -> None:
     web = require("aiohttp.web", extra="gateway", why="run the gateway")
-    runner = web.AppRunner(Gateway(opts).app(), handler_cancellation=True,
-                           shutdown_timeout=opts.shutdown_timeout_s, access_log=None)
+    runner = _app_runner(web)(Gateway(opts).app(), handler_cancellation=True,
+                              shutdown_timeout=opts.shutdown_timeout_s, access_log=None)
     await runner.setup()
     try:
         try:

@@ -23,7 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import QvlError
+from ..errors import InputError, QvlError
+from ..triton import contract as c
 
 INT32_MAX = 2**31 - 1
 UINT64_MAX = 2**64 - 1
@@ -64,6 +65,11 @@ class ChatCompletionRequest:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage
+    # stream_options.continuous_usage_stats (vLLM's): every chunk carries the usage so far.
+    continuous_usage: bool = False
+    # vLLM's: no end token before min_tokens tokens; ignore_eos: none ends the answer.
+    min_tokens: int | None = None
+    ignore_eos: bool = False
 
 
 # Fields the deployment cannot honour, with the values that ask for nothing more than what
@@ -93,8 +99,10 @@ _DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
 }
 # Accepted and without effect on the answer.
 _IGNORED = ("user", "metadata", "service_tier")
-_KNOWN = ("model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
-          "top_k", "seed", "stop", "stream", "stream_options", *_IGNORED, *_DEFAULT_ONLY)
+_KNOWN = ("model", "messages", "max_tokens", "max_completion_tokens", "min_tokens",
+          "ignore_eos", "temperature", "top_p", "top_k", "seed", "stop", "stream",
+          "stream_options", *_IGNORED, *_DEFAULT_ONLY)
+_STREAM_OPTIONS = ("include_usage", "continuous_usage_stats")
 
 
 def parse_chat_request(body: bytes) -> ChatCompletionRequest:
@@ -119,22 +127,63 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages must be a non-empty list of {role, content} objects",
                           "messages")
+    _check_texts(messages)
     stream = _optional(data, "stream", bool, "true or false") or False
-    options = data.get("stream_options")
-    include_usage = False
-    if options is not None:
-        if not stream:
-            raise bad_request("stream_options is only allowed when stream is true",
-                              "stream_options")
-        if not isinstance(options, Mapping) or set(options) - {"include_usage"}:
-            raise bad_request("stream_options supports only include_usage", "stream_options")
-        include_usage = _optional(options, "include_usage", bool, "true or false",
-                                  "stream_options.include_usage") or False
+    include_usage, continuous_usage = _stream_options(data, stream)
+    max_tokens, min_tokens = _max_tokens(data), _integer(data, "min_tokens", 0, INT32_MAX)
+    if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
+        raise bad_request(f"min_tokens = {min_tokens} is above max_tokens = {max_tokens}; "
+                          "send min_tokens <= max_tokens", "min_tokens")
     return ChatCompletionRequest(
-        model=model, messages=messages, max_tokens=_max_tokens(data),
+        model=model, messages=messages, max_tokens=max_tokens,
         temperature=_number(data, "temperature"), top_p=_number(data, "top_p"),
         top_k=_top_k(data), seed=_seed(data), stop=_stop(data), stream=stream,
-        include_usage=include_usage)
+        include_usage=include_usage, continuous_usage=continuous_usage,
+        min_tokens=min_tokens,
+        ignore_eos=_optional(data, "ignore_eos", bool, "true or false") or False)
+
+
+def _stream_options(data: Mapping[str, Any], stream: bool) -> tuple[bool, bool]:
+    """(include_usage, continuous_usage_stats) of stream_options."""
+    options = data.get("stream_options")
+    if options is None:
+        return False, False
+    if not stream:
+        raise bad_request("stream_options is only allowed when stream is true",
+                          "stream_options")
+    if not isinstance(options, Mapping) or set(options) - set(_STREAM_OPTIONS):
+        raise bad_request(f"stream_options supports only {' and '.join(_STREAM_OPTIONS)}",
+                          "stream_options")
+    include, continuous = (_optional(options, name, bool, "true or false",
+                                     f"stream_options.{name}") or False
+                           for name in _STREAM_OPTIONS)
+    if continuous and not include:
+        raise bad_request("stream_options.continuous_usage_stats needs include_usage true: "
+                          "send both", "stream_options.continuous_usage_stats")
+    return include, continuous
+
+
+def _check_texts(messages: list[Any]) -> None:
+    """Every string of the messages (keys too) can travel as UTF-8; the refusal names the
+    field, e.g. messages[0].content. Walked without recursion: JSON may nest deeply."""
+    todo: list[tuple[str, Any]] = [("messages", messages)]
+    while todo:
+        path, value = todo.pop()
+        if isinstance(value, str):
+            _text(value, path, path)
+        elif isinstance(value, list):
+            todo += ((f"{path}[{i}]", v) for i, v in enumerate(value))
+        elif isinstance(value, Mapping):
+            for key, v in value.items():
+                _text(key, f"a key of {path}", path)
+                todo.append((f"{path}.{key}", v))
+
+
+def _text(text: str, where: str, param: str) -> None:
+    try:
+        c.text_bytes(text, where)
+    except InputError as exc:
+        raise bad_request(str(exc), param) from None
 
 
 def _json_object(body: bytes) -> dict[str, Any]:
@@ -146,6 +195,9 @@ def _json_object(body: bytes) -> dict[str, Any]:
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"the request body is not valid JSON ({exc}); send a JSON object") \
             from None
+    except RecursionError:  # the parser's own bound on nesting
+        raise bad_request("the request body nests its JSON too deeply for this server; send "
+                          "a flatter body") from None
     if not isinstance(data, dict):
         raise bad_request("the request body must be a JSON object")
     return data
@@ -186,10 +238,18 @@ def _max_tokens(data: Mapping[str, Any]) -> int | None:
 
 
 def _number(data: Mapping[str, Any], name: str) -> float | None:
+    """A number of an FP32 input of the ensemble (temperature, top_p)."""
     value = _optional(data, name, (int, float), "a number")
-    if value is not None and not math.isfinite(value):
-        raise bad_request(f"{name} must be a finite number", name)
-    return None if value is None else float(value)
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond any float
+        number = math.inf
+    try:
+        return c.fp32(number, name)
+    except InputError as exc:
+        raise bad_request(str(exc), name) from None
 
 
 def _top_k(data: Mapping[str, Any]) -> int | None:
@@ -208,6 +268,8 @@ def _stop(data: Mapping[str, Any]) -> tuple[str, ...]:
     words = [stop] if isinstance(stop, str) else stop
     if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
         raise bad_request("stop must be a string or a list of strings", "stop")
+    for i, word in enumerate(words):
+        _text(word, "stop" if isinstance(stop, str) else f"stop[{i}]", "stop")
     return tuple(words)
 
 
@@ -234,16 +296,22 @@ def completion(ident: str, created: int, model: str, text: str, finish: str,
 class ChunkWriter:
     """The `chat.completion.chunk` events of one streamed answer, as SSE `data:` lines."""
 
-    def __init__(self, model: str, *, include_usage: bool) -> None:
+    def __init__(self, model: str, *, include_usage: bool,
+                 continuous_usage: bool = False) -> None:
         self.head = {"id": completion_id(), "object": "chat.completion.chunk",
                      "created": int(time.time()), "model": model}
         self.include_usage = include_usage
+        self.continuous_usage = continuous_usage
 
-    def event(self, delta: dict[str, str], finish: str | None = None) -> bytes:
+    def event(self, delta: dict[str, str], finish: str | None = None,
+              counts: dict[str, int] | None = None) -> bytes:
+        """`counts`: the usage so far, which a chunk carries with continuous_usage."""
         chunk = {**self.head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
                                            "finish_reason": finish}]}
         if self.include_usage:
-            chunk["usage"] = None  # OpenAI: every chunk but the last carries a null usage
+            # OpenAI: every chunk but the last carries a null usage; vLLM's
+            # continuous_usage_stats: the usage so far.
+            chunk["usage"] = counts if self.continuous_usage else None
         return sse(chunk)
 
     def usage_event(self, counts: dict[str, int]) -> bytes:
@@ -258,9 +326,12 @@ def sse(data: Mapping[str, Any]) -> bytes:
         + b"\n\n"
 
 
-def models_list(names: Sequence[str], created: int) -> dict[str, Any]:
-    return {"object": "list", "data": [model_card(n, created) for n in names]}
+def models_list(cards: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    return {"object": "list", "data": list(cards)}
 
 
-def model_card(name: str, created: int) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": created, "owned_by": "qvl-trt"}
+def model_card(name: str, created: int, root: str) -> dict[str, Any]:
+    """`root`: the checkpoint the model serves (vLLM's field; a client such as AIPerf takes
+    its tokenizer by that name)."""
+    return {"id": name, "object": "model", "created": created, "owned_by": "qvl-trt",
+            "root": root, "parent": None}

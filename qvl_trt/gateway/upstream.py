@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..deps import require
+from ..errors import InputError
 from ..triton import contract as c
 from .openai_api import ApiError, ChatCompletionRequest
 
@@ -36,6 +37,11 @@ class ServedModel:
     name: str
     models: c.ModelNames
     limits: c.PreprocessingParameters  # its preprocessing model's parameters
+
+    @property
+    def root(self) -> str:
+        """The checkpoint's name (a repository written before it was recorded: the name)."""
+        return self.limits.checkpoint_name or self.name
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,7 @@ def _ensemble_request(request: ChatCompletionRequest) -> c.EnsembleRequest:
     absent settings are left to the deployment's defaults."""
     return c.EnsembleRequest(
         messages=json.dumps(request.messages, ensure_ascii=False), max_tokens=request.max_tokens,
+        min_tokens=request.min_tokens, ignore_eos=request.ignore_eos or None,
         temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
         seed=request.seed, stop=request.stop, stream=True)
 
@@ -161,10 +168,13 @@ class Upstream:
         cancelled) cancels the call: the model sees its request cancelled and stops
         generating."""
         closed = asyncio.Event()
+        try:  # encoded here, not inside the call's request stream, which would cancel it
+            inputs = _ensemble_request(request).infer_inputs(self._grpc.InferInput)
+        except InputError as exc:
+            raise ApiError(400, str(exc)) from None
 
         async def requests():
-            yield {"model_name": model.models.tensorrt_llm_bls,
-                   "inputs": _ensemble_request(request).infer_inputs(self._grpc.InferInput)}
+            yield {"model_name": model.models.tensorrt_llm_bls, "inputs": inputs}
             await closed.wait()  # the stream stays open until the answer is complete
 
         call = self.client.stream_infer(requests())

@@ -370,7 +370,7 @@ class DecodeBatch:
         events = []
         for row, s in enumerate(rows):
             sampling = s.request.sampling
-            token = choose_token(logits[row], sampling, s.generator)
+            token = choose_token(logits[row], sampling, s.generator, len(s.tokens))
             s.tokens.append(token)
             if s.request.return_generation_logits:
                 s.generation_logits.append(logits[row].cpu())

@@ -23,6 +23,31 @@ log = logging.getLogger(__name__)
 # cpp/tensorrt_llm/layers/topKSamplingLayer.cpp clamps every request's top_k).
 TOP_K_MAX = 1024
 
+# TensorRT-LLM scales logits by 1 / (temperature + 1e-6) in float32, and not at all at its
+# default temperature 1 (the sampling layers' penalty kernel:
+# cpp/tensorrt_llm/kernels/penaltyKernels.cu batchApplyPenalty, `invTemperature = 1.0f /
+# (temperature + 1e-6f)`, applied unless almostEqual(temperature, 1, 1e-9), the default of
+# layers/defaultDecodingParams.h); its executor takes any temperature >= 0
+# (cpp/tensorrt_llm/executor/samplingConfig.cpp checkTemperature). So a temperature far below
+# float32's normal range (1e-40, 1e-45; float32 makes them subnormal or 0) scales as 0 does,
+# by 1e6: the stand-in computes it the same way, and a temperature whose scale equals 0's is
+# greedy (what the ensemble asks for at temperature 0).
+TEMPERATURE_EPSILON = np.float32(1e-6)
+
+
+def inverse_temperature(temperature: float) -> np.float32:
+    """The factor TensorRT-LLM multiplies the logits by, computed as it does."""
+    with np.errstate(over="ignore"):  # beyond float32: inf, a factor of 0
+        t = np.float32(temperature)
+        if abs(float(t) - 1.0) < 1e-9:
+            return np.float32(1)
+        return np.float32(1) / (t + TEMPERATURE_EPSILON)
+
+
+def scales_as_greedy(temperature: float) -> bool:
+    """True where TensorRT-LLM cannot tell the temperature from 0."""
+    return inverse_temperature(temperature) == inverse_temperature(0.0)
+
 
 class FinishReason(str, enum.Enum):
     STOP = "stop"  # a stop token was generated (it is the last token returned)
@@ -31,9 +56,11 @@ class FinishReason(str, enum.Enum):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How tokens are chosen. Greedy when `greedy`, `temperature == 0` or `top_k == 1`;
-    otherwise temperature scaling, then top-k (0 = off; above TOP_K_MAX clipped to it, as
-    TensorRT-LLM does), then top-p (1 = off)."""
+    """How tokens are chosen. Greedy when `greedy`, `top_k == 1` or a temperature that scales
+    as 0 does (scales_as_greedy); otherwise temperature scaling (as TensorRT-LLM scales), then
+    top-k (0 = off; above TOP_K_MAX clipped to it, as TensorRT-LLM does), then top-p (1 =
+    off). `end_id` is never chosen before `min_tokens` tokens (TensorRT-LLM masks the end
+    id's logit until then, penaltyKernels.cu; stop words are not held back)."""
 
     max_tokens: int = 16
     greedy: bool = False
@@ -42,6 +69,8 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    min_tokens: int = 0
+    end_id: int | None = None
 
     def __post_init__(self) -> None:
         checks = (
@@ -53,13 +82,16 @@ class SamplingParams:
             ("seed", self.seed is None or _is_int(self.seed), "an integer"),
             ("stop_token_ids", all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
              "non-negative token ids"),
+            ("min_tokens", _is_int(self.min_tokens) and self.min_tokens >= 0, "an integer >= 0"),
+            ("end_id", self.end_id is None or (_is_int(self.end_id) and self.end_id >= 0),
+             "a token id"),
         )  # fmt: skip
         for name, ok, what in checks:
             if not ok:
                 raise InputError(f"sampling {name} = {getattr(self, name)!r} must be {what}")
         # numpy scalars (Triton inputs) become plain Python numbers.
         for name, kind in (("max_tokens", int), ("temperature", float), ("top_k", int),
-                           ("top_p", float)):
+                           ("top_p", float), ("min_tokens", int)):
             object.__setattr__(self, name, kind(getattr(self, name)))
         if self.top_k > TOP_K_MAX:
             log.warning("top_k %d is larger than the %d TensorRT-LLM samples from; clipped to "
@@ -71,7 +103,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.greedy or self.temperature == 0 or self.top_k == 1
+        return self.greedy or scales_as_greedy(self.temperature) or self.top_k == 1
 
 
 @dataclass(frozen=True)
@@ -130,12 +162,18 @@ def make_generator(seed: int | None):
     return torch.Generator().manual_seed(seed)
 
 
-def choose_token(logits, params: SamplingParams, generator) -> int:
-    """Pick the next token from one row of fp32 logits."""
+def choose_token(logits, params: SamplingParams, generator, generated: int = 0) -> int:
+    """Pick the next token from one row of fp32 logits, `generated` tokens into the answer."""
     torch = require("torch", extra="export", why="sample tokens")
+    held = params.end_id is not None and generated < params.min_tokens
     if params.is_greedy:
+        if held:
+            logits = logits.clone()
+            logits[params.end_id] = -math.inf
         return int(torch.argmax(logits))
-    logits = logits.float().cpu() / params.temperature
+    logits = logits.float().cpu() * float(inverse_temperature(params.temperature))
+    if held:
+        logits[params.end_id] = -math.inf
     if params.top_k and params.top_k < logits.numel():
         kth = torch.topk(logits, params.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, -math.inf)

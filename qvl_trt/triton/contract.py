@@ -116,6 +116,9 @@ class PreprocessingParameters(ModelParameters):
     max_video_frame_pixels: int
     max_video_tokens: int
     image_url_allow_list: str = ""  # comma-separated hosts remote image and video URLs may name
+    # The checkpoint folder's name (e.g. Qwen3-VL-2B-Instruct): the gateway's `root` of the
+    # model, and a model id it takes.
+    checkpoint_name: str = ""
 
 
 @dataclass(frozen=True)
@@ -237,6 +240,12 @@ VIDEO_FRAME_COUNTS = "video_frame_counts"
 # sampled at this many frames per second; a frame list was taken at this rate.
 VIDEO_FPS = "video_fps"
 MAX_TOKENS = "max_tokens"
+# The end token is not chosen before this many tokens (the stock backend's input of the name:
+# TensorRT-LLM masks the request's end id until then, kernels/penaltyKernels.cu).
+MIN_TOKENS = "min_tokens"
+# True: no end token ends the answer (vLLM's ignore_eos): tensorrt_llm gets end_id NO_END_ID
+# and the checkpoint's other end tokens are no stop words; max_tokens or a stop string ends it.
+IGNORE_EOS = "ignore_eos"
 TEMPERATURE = "temperature"  # 0 means greedy
 TOP_P = "top_p"
 TOP_K = "top_k"
@@ -260,6 +269,8 @@ ENSEMBLE_INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec(VIDEO_FRAME_COUNTS, "INT32", (-1,), optional=True),
     TensorSpec(VIDEO_FPS, "FP32", (-1,), optional=True),
     _scalar(MAX_TOKENS, "INT32", optional=True),
+    _scalar(MIN_TOKENS, "INT32", optional=True),
+    _scalar(IGNORE_EOS, "BOOL", optional=True),
     _scalar(TEMPERATURE, "FP32", optional=True),
     _scalar(TOP_P, "FP32", optional=True),
     _scalar(TOP_K, "INT32", optional=True),
@@ -290,6 +301,8 @@ class EnsembleRequest:
     video_frame_counts: tuple[int, ...] | None = None
     video_fps: tuple[float, ...] = ()
     max_tokens: int | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -306,7 +319,10 @@ class EnsembleRequest:
                 continue
             row = [value] if spec.dims == (1,) else list(value)
             if spec.data_type == "BYTES":
-                row = [v.encode() if isinstance(v, str) else v for v in row]
+                row = [text_bytes(v, spec.name if spec.dims == (1,) else f"{spec.name}[{i}]")
+                       if isinstance(v, str) else v for i, v in enumerate(row)]
+            elif spec.data_type == "FP32":
+                row = [fp32(v, spec.name) for v in row]
             tensors[spec.name] = np.array([row], _NUMPY_TYPES[spec.data_type])
         return tensors
 
@@ -340,6 +356,29 @@ class EnsembleRequest:
         return sum(len(v.encode()) if isinstance(v, str) else len(v)
                    for spec in ENSEMBLE_INPUTS if spec.data_type == "BYTES"
                    for v in _elements(getattr(self, spec.name)))
+
+
+def text_bytes(text: str, name: str) -> bytes:
+    """`text` as UTF-8; an InputError names the input (or the JSON field) holding a lone
+    surrogate, which UTF-8 cannot encode (JSON can spell one: "\\ud800")."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError as exc:
+        raise InputError(f"{name} holds a lone surrogate (U+{ord(text[exc.start]):04X} at "
+                         f"character {exc.start}), which is not Unicode text; send it with "
+                         "its pair or without it") from None
+
+
+FP32_MAX = float(np.finfo(np.float32).max)
+
+
+def fp32(value: float, name: str) -> float:
+    """A number for an FP32 input; an InputError names one float32 cannot hold (its cast
+    would be inf)."""
+    if not abs(value) <= FP32_MAX:
+        raise InputError(f"{name} = {value:g} is beyond float32 (at most {FP32_MAX:.7g}), the "
+                         "type the deployment takes it in; send a smaller number")
+    return value
 
 
 def _elements(value: Any) -> tuple[Any, ...]:
@@ -416,6 +455,9 @@ INPUT_IDS = "input_ids"
 INPUT_LENGTHS = "input_lengths"
 REQUEST_OUTPUT_LEN = "request_output_len"
 END_ID = "end_id"
+# No end id: what the batch manager makes of a request without one (its end_id input is
+# optional: createNewDecoderRequests.cpp, `mEndId.value_or(-1)`); no generated token equals it.
+NO_END_ID = -1
 PAD_ID = "pad_id"
 STREAMING = "streaming"
 RUNTIME_TOP_K = "runtime_top_k"
@@ -454,6 +496,7 @@ LLM_INPUTS: tuple[TensorSpec, ...] = (
     _scalar(END_ID, "INT32", optional=True, reshape=True),
     _scalar(PAD_ID, "INT32", optional=True, reshape=True),
     _scalar(STREAMING, "BOOL", optional=True, reshape=True),
+    _scalar(MIN_TOKENS, "INT32", optional=True, reshape=True),
     _scalar(TEMPERATURE, "FP32", optional=True, reshape=True),
     _scalar(RUNTIME_TOP_K, "INT32", optional=True, reshape=True),
     _scalar(RUNTIME_TOP_P, "FP32", optional=True, reshape=True),
@@ -480,6 +523,7 @@ PREPROCESSING_OUTPUTS: tuple[TensorSpec, ...] = (
     _scalar(END_ID, "INT32"),
     _scalar(PAD_ID, "INT32"),
     _scalar(STREAMING, "BOOL"),
+    _scalar(MIN_TOKENS, "INT32"),
     _scalar(TEMPERATURE, "FP32"),
     _scalar(RUNTIME_TOP_K, "INT32"),
     _scalar(RUNTIME_TOP_P, "FP32"),

@@ -265,8 +265,8 @@ def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOpt
                       to_jsonable(_build_info(build, options, names, kv_tokens)))
 
 
-def preprocessing_parameters(profile: GpuProfile,
-                             options: RepoOptions) -> c.PreprocessingParameters:
+def preprocessing_parameters(profile: GpuProfile, options: RepoOptions,
+                             checkpoint_name: str = "") -> c.PreprocessingParameters:
     """The preprocessing model's parameters for a profile (scripts/bench_preprocess.py runs the
     model's code with them)."""
     lim = profile.limits
@@ -276,12 +276,14 @@ def preprocessing_parameters(profile: GpuProfile,
         max_pixels=lim.vision_max_pixels, max_visual_tokens=lim.max_visual_tokens_per_request,
         default_max_tokens=options.default_max_tokens,
         image_url_allow_list=",".join(options.image_url_allow_list),
+        checkpoint_name=checkpoint_name,
         **asdict(RequestBounds()), **asdict(RequestLimits.from_profile(profile).video))
 
 
 def _python_parameters(build: _Build, options: RepoOptions) -> dict[str, c.ModelParameters]:
     parameters: dict[str, c.ModelParameters] = {
-        c.PREPROCESSING: preprocessing_parameters(build.profile, options),
+        c.PREPROCESSING: preprocessing_parameters(build.profile, options,
+                                                  build.checkpoint.path.resolve().name),
         c.VISION_ENCODER: c.VisionEncoderParameters(
             flavor=options.flavor, device=options.device, dtype=options.reference_dtype,
             cache_bytes=options.vision_cache_mib * 2**20),

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import InputError
+from ...llm.sampling import scales_as_greedy
 from ...mm.pixels import warm_up
 from ...mm.request import RequestLimits, RequestPreprocessor
 from .. import contract as c
@@ -51,7 +52,11 @@ class Preprocessor:
                 f"max_tokens = {max_tokens} is above the limit: the prompt has {prompt_tokens} "
                 f"tokens and the engine holds {self.limits.max_seq_len} per sequence, so at most "
                 f"{room} can be generated; lower max_tokens")
-        greedy = s.temperature == 0 or s.top_k == 1
+        if s.min_tokens > max_tokens:
+            raise InputError(f"min_tokens = {s.min_tokens} is above max_tokens = {max_tokens} "
+                             "(the deployment's default where max_tokens is left out); send "
+                             "min_tokens <= max_tokens")
+        greedy = scales_as_greedy(s.temperature) or s.top_k == 1
         seed = s.seed if s.seed is not None else secrets.randbits(63)
 
         def scalar(value, dtype) -> np.ndarray:
@@ -62,15 +67,19 @@ class Preprocessor:
             c.INPUT_IDS: prepared.engine_input_ids,
             c.INPUT_LENGTHS: scalar(prompt_tokens, np.int32),
             c.REQUEST_OUTPUT_LEN: scalar(max_tokens, np.int32),
-            c.END_ID: scalar(self.end_id, np.int32),
+            # ignore_eos: no end id, and the other end ids are no stop words; min_tokens then
+            # has no end id to hold back (the stock kernel would mask index -1).
+            c.END_ID: scalar(c.NO_END_ID if s.ignore_eos else self.end_id, np.int32),
             c.PAD_ID: scalar(self.pad_id, np.int32),
             c.STREAMING: scalar(s.stream, np.bool_),
+            c.MIN_TOKENS: scalar(0 if s.ignore_eos else s.min_tokens, np.int32),
             # Greedy as TensorRT-LLM spells it: top_k 1 (temperature 0 is not accepted there).
             c.TEMPERATURE: scalar(1.0 if greedy else s.temperature, np.float32),
             c.RUNTIME_TOP_K: scalar(1 if greedy else s.top_k, np.int32),
             c.RUNTIME_TOP_P: scalar(1.0 if greedy else s.top_p, np.float32),
             c.SEED: scalar(seed, np.uint64),
-            c.STOP_WORDS_LIST: c.stop_words_list(stops + self.extra_end_ids),
+            c.STOP_WORDS_LIST: c.stop_words_list(
+                stops + ([] if s.ignore_eos else self.extra_end_ids)),
             c.PROMPT_TABLE_EXTRA_IDS: prepared.prompt_table_extra_ids,
             c.MROPE_POSITION_IDS: prepared.position_ids,
             c.MROPE_POSITION_DELTAS: scalar(prepared.mrope_position_delta, np.int64),

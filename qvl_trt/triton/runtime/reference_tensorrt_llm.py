@@ -14,8 +14,9 @@ non-streaming one a single response.
 It is at least as strict as the stock backend (STOCK_BACKEND.md): it refuses what the backend
 or the executor refuses (outputs not both requested, a missing MRoPE tensor, a prompt table of
 the wrong dtype, width or size, a prompt above the executor's maximum input length, a malformed
-stop_words_list), clips what the executor clips (request_output_len to the sequence length,
-top_k to TOP_K_MAX, both with a warning), and refuses prompt_table_extra_ids of the wrong
+stop_words_list, min_tokens below 0 or without an end id), clips what the executor clips
+(request_output_len to the sequence length, top_k to TOP_K_MAX, both with a warning), and
+refuses prompt_table_extra_ids of the wrong
 length, which the backend silently ignores. It reads only the inputs the backend reads. A
 cancelled request (its Triton request cancelled, or a stop request naming its id) ends within
 a token with a final response holding the tokens not yet sent and no error, as the backend
@@ -88,7 +89,8 @@ class LlmRequest:
 
     input_ids: tuple[int, ...]
     max_tokens: int
-    end_id: int | None
+    end_id: int | None  # None: no end id (absent or negative, which no token equals)
+    min_tokens: int
     streaming: bool
     temperature: float
     top_k: int
@@ -125,10 +127,15 @@ class LlmRequest:
                              f"{ids.size} input ids: the backend would ignore them and KV reuse "
                              "would mix images; send one per input token")
         words = x.get(c.STOP_WORDS_LIST)
+        end_id = scalar(c.END_ID)
+        end_id = None if end_id is None or end_id < 0 else int(end_id)
+        min_tokens = int(scalar(c.MIN_TOKENS, 0))
+        _check_min_tokens(min_tokens, end_id)
         return cls(
             input_ids=tuple(int(t) for t in ids),
             max_tokens=max_tokens,
-            end_id=scalar(c.END_ID),
+            end_id=end_id,
+            min_tokens=min_tokens,
             streaming=bool(scalar(c.STREAMING, False)),
             temperature=float(scalar(c.TEMPERATURE, 1.0)),
             top_k=int(scalar(c.RUNTIME_TOP_K, 0)),
@@ -157,6 +164,18 @@ def _output_len(prompt: int, asked: int, limits: LlmLimits) -> int:
                     asked, limits.max_seq_len, limits.max_seq_len - prompt)
         return limits.max_seq_len - prompt
     return asked
+
+
+def _check_min_tokens(min_tokens: int, end_id: int | None) -> None:
+    """The executor refuses min_tokens < 0 (executor/samplingConfig.cpp checkMinTokens). The
+    penalty kernel masks the logit at the request's end id until min_tokens
+    (kernels/penaltyKernels.cu): without an end id that is index -1, out of the row, so it is
+    refused here too."""
+    if min_tokens < 0:
+        raise InputError(f"min_tokens = {min_tokens} must be >= 0")
+    if min_tokens and end_id is None:
+        raise InputError(f"min_tokens = {min_tokens} holds back the end id, and the request "
+                         "has none; send an end_id, or min_tokens 0")
 
 
 def _check_table(table: np.ndarray, limits: LlmLimits) -> None:
@@ -354,7 +373,7 @@ def _decode_request(r: LlmRequest) -> Any:
         prompt_table=table,
         sampling=SamplingParams(
             max_tokens=r.max_tokens, temperature=r.temperature, top_k=r.top_k,
-            top_p=r.top_p, seed=r.seed,
+            top_p=r.top_p, seed=r.seed, min_tokens=r.min_tokens, end_id=r.end_id,
             stop_token_ids=(*((r.end_id,) if r.end_id is not None else ()), *singles)))
 
 

@@ -47,6 +47,8 @@ class UrlPolicy:
 @dataclass(frozen=True)
 class GenerationSettings:
     max_tokens: int | None  # None: the deployment's default
+    min_tokens: int  # 0: off
+    ignore_eos: bool
     temperature: float  # 0: greedy
     top_p: float  # 1: off
     top_k: int  # 0: off
@@ -272,12 +274,21 @@ def _settings(req: c.EnsembleRequest, defaults: SamplingDefaults,
         if value is None:
             return default
         value = float(value)
-        if not (math.isfinite(value) and ok(value)):
+        if not math.isfinite(value):  # an FP32 input beyond float32 arrives as inf
+            raise InputError(f"{name} = {value} is not a finite number; send a number "
+                             f"{what}")
+        if not ok(value):
             raise InputError(f"{name} = {value} must be {what}")
         return value
 
     if req.max_tokens is not None and req.max_tokens <= 0:
         raise InputError(f"{c.MAX_TOKENS} = {req.max_tokens} must be at least 1")
+    min_tokens = 0 if req.min_tokens is None else req.min_tokens
+    if min_tokens < 0:
+        raise InputError(f"{c.MIN_TOKENS} = {min_tokens} must be at least 0")
+    if req.max_tokens is not None and min_tokens > req.max_tokens:
+        raise InputError(f"{c.MIN_TOKENS} = {min_tokens} is above {c.MAX_TOKENS} = "
+                         f"{req.max_tokens}; send {c.MIN_TOKENS} <= {c.MAX_TOKENS}")
     bounds.check("the number of stop strings", len(req.stop), "max_stop_words",
                  "send fewer stop strings")
     for word in req.stop:
@@ -287,6 +298,8 @@ def _settings(req: c.EnsembleRequest, defaults: SamplingDefaults,
                      "send a shorter stop string")
     return GenerationSettings(
         max_tokens=req.max_tokens,
+        min_tokens=min_tokens,
+        ignore_eos=bool(req.ignore_eos),
         temperature=number(c.TEMPERATURE, req.temperature, defaults.temperature,
                            lambda v: v >= 0, ">= 0"),
         top_p=number(c.TOP_P, req.top_p, defaults.top_p, lambda v: 0 < v <= 1, "in (0, 1]"),
