@@ -107,6 +107,46 @@ def test_bench_numbers_are_consistent(triton_server, tmp_path):
         assert png.format == "PNG"
 
 
+def test_bench_measures_every_path_alike(triton_server, gateway, tmp_path):
+    """The same greedy requests (the same images: a fixed seed) through the ensemble, the
+    build's tensorrt_llm_bls and the OpenAI endpoint: each request's token counts agree
+    across paths, and each path's records satisfy the metric definitions."""
+    load = ["--synthetic", "96x64", "--seed", "7", "--concurrency", "2", "--requests", "4",
+            "--max-tokens", "6", "--warmup", "0"]
+    reports = {}
+    for endpoint, url in (("ensemble", _grpc(triton_server)), ("bls", _grpc(triton_server)),
+                          ("openai", gateway.url)):
+        out = tmp_path / endpoint
+        result = run_cli("bench", "--endpoint", endpoint, "--url", url, *load, "--out", str(out))
+        assert result.returncode == 0, result.stderr
+        assert "concurrency 2: 4 requests, 0 errors" in result.stdout
+        reports[endpoint] = json.loads((out / "bench.json").read_text())
+    assert reports["bls"]["settings"]["target"] == "tensorrt_llm_bls"
+    assert reports["ensemble"]["settings"]["target"] == "ensemble"
+    assert reports["openai"]["settings"]["endpoint"] == "openai"
+    counts = {}
+    for endpoint, report in reports.items():
+        (level,) = report["levels"]
+        for r in level["records"]:
+            assert r["sent"] < r["first_token"] <= r["last_response"]
+        counts[endpoint] = [(r["output_tokens"], r["input_text_tokens"] + r["input_image_tokens"])
+                            for r in level["records"]]
+        assert level["total_output_tokens"] == sum(n for n, _ in counts[endpoint])
+    assert all(n >= 1 and isl > 0 for n, isl in counts["ensemble"])
+    assert counts["ensemble"] == counts["bls"] == counts["openai"]
+    # the OpenAI API does not show the pixel bounds: its prompt tokens count as text
+    assert reports["openai"]["levels"][0]["total_input_image_tokens"] == 0
+    assert reports["bls"]["levels"][0]["total_input_image_tokens"] == \
+        reports["ensemble"]["levels"][0]["total_input_image_tokens"] > 0
+
+
+def test_bench_refuses_a_grpc_url_for_the_openai_endpoint(triton_server):
+    result = run_cli("bench", "--endpoint", "openai", "--url", _grpc(triton_server))
+    assert result.returncode != 0 and "the OpenAI endpoint is HTTP" in result.stderr
+    result = run_cli("bench", "--endpoint", "chat", "--url", _grpc(triton_server))
+    assert result.returncode != 0 and "expected one of ensemble, bls, openai" in result.stderr
+
+
 @pytest.fixture(scope="module")
 def video(tmp_path_factory) -> Path:
     """An MP4 of 20 frames of 96x64 at 10 fps: 4 frames at 2 fps, 2 temporal groups."""

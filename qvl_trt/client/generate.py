@@ -86,8 +86,11 @@ class Generation:
 
     @property
     def first_token(self) -> float | None:
-        """Arrival of the first response that carried generated tokens."""
-        return next((r.received for r in self.responses if r.completion_tokens > 0), None)
+        """Arrival of the first response that carried output: generated tokens (the
+        ensemble's responses) or text (the OpenAI endpoint's content chunks, which carry no
+        counts)."""
+        return next((r.received for r in self.responses if r.completion_tokens > 0 or r.text),
+                    None)
 
     @property
     def last_response(self) -> float | None:
