@@ -5,10 +5,13 @@ AIPerf (AIPERF_VERSION) goes into a throwaway venv of its own (`--venv DIR` keep
 one; by default a temporary one, removed at the end), never the project's. The endpoint is a
 running gateway (`--url http://HOST:PORT`) or one this script serves (`--repository REPO`:
 `qvl-trt serve REPO --openai-port` on free ports, stopped at the end). The load: `--requests`
-text-only requests at `--concurrency`, prompts of `--isl` tokens (AIPerf's synthetic ones;
-bench sends the first of them, from AIPerf's inputs.json), `--osl` tokens generated; AIPerf
-counts tokens with the server's usage (--use-server-token-count, as bench does) and needs the
-checkpoint's tokenizer files (`--tokenizer DIR`, a local checkpoint folder) for its prompts.
+text-only requests at `--concurrency`, one synthetic prompt of `--isl` tokens made by AIPerf
+(`--num-dataset-entries 1`) and sent by both (bench reads it from AIPerf's inputs.json), `--osl`
+tokens generated, greedy: bench sends temperature 0 and so does AIPerf here (`--extra-inputs
+temperature:0`; without it the server samples with the checkpoint's generation_config, which
+costs the reference flavor more per token). AIPerf counts tokens with the server's usage
+(--use-server-token-count, as bench does) and needs the checkpoint's tokenizer files
+(`--tokenizer DIR`, a local checkpoint folder) for its prompt.
 
 A fixed output length is asked of AIPerf the way it documents it, `--extra-inputs
 ignore_eos:true min_tokens:OSL` (`--no-fixed-length` leaves both out: the length is then at
@@ -115,7 +118,8 @@ def run_aiperf(exe: Path, url: str, model: str, args, out: Path) -> dict:
                "--streaming", "--tokenizer", str(args.tokenizer),
                "--concurrency", str(args.concurrency), "--request-count", str(args.requests),
                "--warmup-request-count", "1", "--isl", str(args.isl), "--isl-stddev", "0",
-               "--osl", str(args.osl), "--use-server-token-count", "--ui", "none",
+               "--osl", str(args.osl), "--num-dataset-entries", "1",
+               "--extra-inputs", "temperature:0", "--use-server-token-count", "--ui", "none",
                "--no-server-metrics", "--artifact-dir", str(out)]
     if args.fixed_length:
         command += ["--extra-inputs", "ignore_eos:true", "--extra-inputs",
