@@ -94,7 +94,7 @@ def endpoint(args, work: Path) -> Iterator[str]:
         deadline = time.monotonic() + 300
         while True:
             try:
-                ChatClient(url, model="").served_model(None)
+                ChatClient(url, model="").served_model()
                 break
             except QvlError:
                 if serve.poll() is not None or time.monotonic() > deadline:
@@ -215,7 +215,7 @@ def main() -> None:
             stack.callback(shutil.rmtree, venv, ignore_errors=True)
         exe = aiperf_venv(venv)
         url = stack.enter_context(endpoint(args, work))
-        model = ChatClient(url, model="").served_model(None)
+        model = ChatClient(url, model="").served_model()
         aiperf = run_aiperf(exe, url, model, args, work / "aiperf")
         inputs = json.loads((work / "aiperf" / "inputs.json").read_text())
         prompt = inputs["data"][0]["payloads"][0]["messages"][0]["content"]

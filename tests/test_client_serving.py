@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +125,7 @@ def test_bench_measures_every_path_alike(triton_server, gateway, tmp_path):
     assert reports["bls"]["settings"]["target"] == "tensorrt_llm_bls"
     assert reports["ensemble"]["settings"]["target"] == "ensemble"
     assert reports["openai"]["settings"]["endpoint"] == "openai"
+    assert "api_key" not in reports["openai"]["settings"]  # a secret stays out of the files
     counts = {}
     for endpoint, report in reports.items():
         (level,) = report["levels"]
@@ -140,9 +142,14 @@ def test_bench_measures_every_path_alike(triton_server, gateway, tmp_path):
         reports["ensemble"]["levels"][0]["total_input_image_tokens"] > 0
 
 
-def test_bench_refuses_a_grpc_url_for_the_openai_endpoint(triton_server):
+def test_bench_refuses_an_endpoint_it_cannot_measure(triton_server, gateway):
     result = run_cli("bench", "--endpoint", "openai", "--url", _grpc(triton_server))
     assert result.returncode != 0 and "the OpenAI endpoint is HTTP" in result.stderr
+    result = run_cli("bench", "--endpoint", "openai", "--url", gateway.url,
+                     "--served-model", "nosuch")
+    assert result.returncode == 1 and "--served-model nosuch: the gateway at" in result.stderr
+    served = json.loads(urllib.request.urlopen(f"{gateway.url}/v1/models", timeout=10).read())
+    assert f"serves {served['data'][0]['id']}; pass one of them" in result.stderr
     result = run_cli("bench", "--endpoint", "chat", "--url", _grpc(triton_server))
     assert result.returncode != 0 and "expected one of ensemble, bls, openai" in result.stderr
 

@@ -353,9 +353,8 @@ def connector(settings: BenchSettings) \
     if not settings.allow_remote:
         require_loopback(endpoint)
     if settings.endpoint is BenchEndpoint.OPENAI:
-        wanted = None if settings.model == c.ENSEMBLE else settings.model
         with ChatClient(settings.url, model="", api_key=settings.api_key) as probe:
-            model = probe.served_model(wanted)
+            model = probe.served_model(settings.model)
         return (lambda: ChatClient(settings.url, model=model, api_key=settings.api_key),
                 lambda req: 0, model)
     with GenerateClient(settings.url, model=settings.model) as client:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 
 from ..errors import InputError, RequestError
+from ..triton import contract as c
 from .generate import (
     Endpoint,
     GenerateRequest,
@@ -88,13 +89,13 @@ class ChatClient:
             raise RequestError(_error(reply.status, body))
         return json.loads(body)
 
-    def served_model(self, wanted: str | None) -> str:
-        """The model id to ask: `wanted` when the gateway serves it, else the one model it
-        serves; an InputError names the ids when that choice is not clear."""
+    def served_model(self, wanted: str = c.ENSEMBLE) -> str:
+        """The model id to ask: `wanted` when the gateway serves it, else (for the default
+        name) the one model it serves; an InputError names the ids when that is not clear."""
         ids = [card["id"] for card in self._get(MODELS_PATH)["data"]]
         if wanted in ids:
             return wanted
-        if len(ids) == 1 and wanted is None:
+        if len(ids) == 1 and wanted == c.ENSEMBLE:
             return ids[0]
         raise InputError(f"--served-model {wanted}: the gateway at {self.endpoint.address} "
                          f"serves {', '.join(ids) or 'no model'}; pass one of them")
