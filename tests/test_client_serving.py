@@ -154,6 +154,19 @@ def test_bench_refuses_an_endpoint_it_cannot_measure(triton_server, gateway):
     assert result.returncode != 0 and "expected one of ensemble, bls, openai" in result.stderr
 
 
+def test_a_refused_chat_request_is_one_line_error(gateway):
+    from qvl_trt.client.chat import ChatClient
+    from qvl_trt.errors import RequestError
+
+    with ChatClient(gateway.url, model="") as probe:
+        client = ChatClient(gateway.url, model=probe.served_model())
+    with pytest.raises(RequestError) as refused:
+        list(client.stream(GenerateRequest("q", (b"\x89PNG\r\n\x1a\n" + b"\0" * 64,))))
+    assert str(refused.value).startswith("HTTP 400: ") and "\n" not in str(refused.value)
+    with pytest.raises(RequestError, match="HTTP 404: "):
+        list(ChatClient(gateway.url, model="nosuch").stream(GenerateRequest("q")))
+
+
 @pytest.fixture(scope="module")
 def video(tmp_path_factory) -> Path:
     """An MP4 of 20 frames of 96x64 at 10 fps: 4 frames at 2 fps, 2 temporal groups."""

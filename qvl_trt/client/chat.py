@@ -123,8 +123,10 @@ class ChatClient:
                 if data == b"[DONE]":
                     return
                 chunk = json.loads(data)
-                if "error" in chunk:
-                    raise RequestError(_one_line(chunk["error"].get("message", chunk["error"])))
+                if "error" in chunk:  # refused after the stream began: OpenAI's error shape
+                    error = chunk["error"]
+                    raise RequestError(_one_line(error.get("message", error)
+                                                 if isinstance(error, dict) else error))
                 for choice in chunk.get("choices") or ():
                     finish = choice.get("finish_reason") or finish
                     text = (choice.get("delta") or {}).get("content") or ""
