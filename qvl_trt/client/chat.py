@@ -20,6 +20,7 @@ from .generate import (
     GenerateRequest,
     Response,
     _one_line,
+    check_max_tokens,
     image_data_uri,
     parse_url,
 )
@@ -40,8 +41,7 @@ def openai_endpoint(url: str) -> Endpoint:
 def chat_body(req: GenerateRequest, model: str) -> dict:
     """The chat completion request of a question: one user message of the prompt, then the
     images and videos as data: URIs; streamed, with the usage in the last chunk."""
-    if req.max_tokens <= 0:
-        raise InputError(f"max tokens must be positive, got {req.max_tokens}")
+    check_max_tokens(req)
     content = [{"type": "text", "text": req.prompt}]
     content += [{"type": "image_url", "image_url": {"url": image_data_uri(data)}}
                 for data in req.images]

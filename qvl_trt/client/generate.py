@@ -179,11 +179,16 @@ def video_file_tokens(data: bytes, fps: float | None,
         return 0
 
 
+def check_max_tokens(req: GenerateRequest) -> None:
+    """What no endpoint can be asked for, refused before a request is sent."""
+    if req.max_tokens <= 0:
+        raise InputError(f"max tokens must be positive, got {req.max_tokens}")
+
+
 def ensemble_request(req: GenerateRequest) -> c.EnsembleRequest:
     """The ensemble's request for a question (the text form: text_input with the images and
     video files)."""
-    if req.max_tokens <= 0:
-        raise InputError(f"max tokens must be positive, got {req.max_tokens}")
+    check_max_tokens(req)
     return c.EnsembleRequest(
         text_input=req.prompt, image_bytes=req.images, video_bytes=req.videos,
         video_fps=() if req.video_fps is None else (req.video_fps,),
