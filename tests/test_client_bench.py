@@ -6,6 +6,7 @@ import base64
 import csv
 import io
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -224,3 +225,47 @@ def test_image_source_takes_one_of_folder_or_synthetic(tmp_path):
     assert name == "synthetic 32x16" and Image.open(io.BytesIO(images(0))).size == (32, 16)
     with pytest.raises(InputError, match="not both"):
         image_source(tmp_path, "32x16")
+
+
+# The OpenAI endpoint's stream: a role chunk, content chunks without counts, the usage chunk.
+CHAT_STREAM = [Response(1.2, "", 0, 0), Response(1.5, "Hel", 0, 0), Response(2.0, "lo", 0, 0),
+               Response(2.1, "", 90, 2, "length")]
+
+
+def test_the_openai_stream_is_measured_as_the_ensembles():
+    # first content chunk = first token; the usage chunk's counts; its arrival ends the request
+    answer = measure(FakeClient(CHAT_STREAM), GenerateRequest("hi"), 0)
+    assert answer.text == "Hello" and answer.finish_reason == "length"
+    assert answer.record == RequestRecord(1.0, 1.5, 2.1, 2, 90, 0)
+
+
+def test_the_chat_request_asks_for_a_stream_with_usage():
+    from qvl_trt.client.chat import chat_body, openai_endpoint
+
+    png = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(png, format="PNG")
+    body = chat_body(GenerateRequest("q", (png.getvalue(),), max_tokens=5, seed=3,
+                                     videos=(b"mp4",)), "tiny")
+    assert body["model"] == "tiny" and body["max_tokens"] == 5 and body["temperature"] == 0.0
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    text, image, video = body["messages"][0]["content"]
+    assert text == {"type": "text", "text": "q"}
+    assert image["image_url"]["url"].startswith("data:image/png;base64,")
+    assert video["video_url"]["url"] == "data:video/mp4;base64," + base64.b64encode(b"mp4").decode()
+    assert body["seed"] == 3 and "top_p" not in body and "stop" not in body
+    with pytest.raises(InputError, match="max tokens must be positive"):
+        chat_body(GenerateRequest("q", max_tokens=0), "tiny")
+    with pytest.raises(InputError, match="the OpenAI endpoint is HTTP"):
+        openai_endpoint("grpc://127.0.0.1:8001")
+
+
+def test_the_bls_endpoint_targets_the_builds_bls_model():
+    from qvl_trt.client.bench import BenchEndpoint
+
+    settings = BenchSettings("grpc://127.0.0.1:1", (1,), 1, 8, endpoint=BenchEndpoint.BLS)
+    assert settings.target() == c.TENSORRT_LLM_BLS
+    assert replace(settings, model="b2").target() == "b2_tensorrt_llm_bls"
+    assert replace(settings, endpoint=BenchEndpoint.ENSEMBLE, model="b2").target() == "b2"
+    assert BenchEndpoint.parse("openai") is BenchEndpoint.OPENAI
+    with pytest.raises(InputError, match="expected one of ensemble, bls, openai"):
+        BenchEndpoint.parse("chat")

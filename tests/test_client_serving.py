@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -120,6 +121,65 @@ def test_bench_numbers_are_consistent(triton_server, tmp_path):
     assert {r["concurrency"] for r in rows} == {"1", "4"}
     with Image.open(out / "bench.png") as png:
         assert png.format == "PNG"
+
+
+def test_bench_measures_every_path_alike(triton_server, gateway, tmp_path):
+    """The same greedy requests (the same images: a fixed seed) through the ensemble, the
+    build's tensorrt_llm_bls and the OpenAI endpoint: each request's token counts agree
+    across paths, and each path's records satisfy the metric definitions."""
+    load = ["--synthetic", "96x64", "--seed", "7", "--concurrency", "2", "--requests", "4",
+            "--max-tokens", "6", "--warmup", "0"]
+    reports = {}
+    for endpoint, url in (("ensemble", _grpc(triton_server)), ("bls", _grpc(triton_server)),
+                          ("openai", gateway.url)):
+        out = tmp_path / endpoint
+        result = run_cli("bench", "--endpoint", endpoint, "--url", url, *load, "--out", str(out))
+        assert result.returncode == 0, result.stderr
+        assert "concurrency 2: 4 requests, 0 errors" in result.stdout
+        reports[endpoint] = json.loads((out / "bench.json").read_text())
+    assert reports["bls"]["settings"]["target"] == "tensorrt_llm_bls"
+    assert reports["ensemble"]["settings"]["target"] == "ensemble"
+    assert reports["openai"]["settings"]["endpoint"] == "openai"
+    assert "api_key" not in reports["openai"]["settings"]  # a secret stays out of the files
+    counts = {}
+    for endpoint, report in reports.items():
+        (level,) = report["levels"]
+        for r in level["records"]:
+            assert r["sent"] < r["first_token"] <= r["last_response"]
+        counts[endpoint] = [(r["output_tokens"], r["input_text_tokens"] + r["input_image_tokens"])
+                            for r in level["records"]]
+        assert level["total_output_tokens"] == sum(n for n, _ in counts[endpoint])
+    assert all(n >= 1 and isl > 0 for n, isl in counts["ensemble"])
+    assert counts["ensemble"] == counts["bls"] == counts["openai"]
+    # the OpenAI API does not show the pixel bounds: its prompt tokens count as text
+    assert reports["openai"]["levels"][0]["total_input_image_tokens"] == 0
+    assert reports["bls"]["levels"][0]["total_input_image_tokens"] == \
+        reports["ensemble"]["levels"][0]["total_input_image_tokens"] > 0
+
+
+def test_bench_refuses_an_endpoint_it_cannot_measure(triton_server, gateway):
+    result = run_cli("bench", "--endpoint", "openai", "--url", _grpc(triton_server))
+    assert result.returncode != 0 and "the OpenAI endpoint is HTTP" in result.stderr
+    result = run_cli("bench", "--endpoint", "openai", "--url", gateway.url,
+                     "--served-model", "nosuch")
+    assert result.returncode == 1 and "--served-model nosuch: the gateway at" in result.stderr
+    served = json.loads(urllib.request.urlopen(f"{gateway.url}/v1/models", timeout=10).read())
+    assert f"serves {served['data'][0]['id']}; pass one of them" in result.stderr
+    result = run_cli("bench", "--endpoint", "chat", "--url", _grpc(triton_server))
+    assert result.returncode != 0 and "expected one of ensemble, bls, openai" in result.stderr
+
+
+def test_a_refused_chat_request_is_one_line_error(gateway):
+    from qvl_trt.client.chat import ChatClient
+    from qvl_trt.errors import RequestError
+
+    with ChatClient(gateway.url, model="") as probe:
+        client = ChatClient(gateway.url, model=probe.served_model())
+    with pytest.raises(RequestError) as refused:
+        list(client.stream(GenerateRequest("q", (b"\x89PNG\r\n\x1a\n" + b"\0" * 64,))))
+    assert str(refused.value).startswith("HTTP 400: ") and "\n" not in str(refused.value)
+    with pytest.raises(RequestError, match="HTTP 404: "):
+        list(ChatClient(gateway.url, model="nosuch").stream(GenerateRequest("q")))
 
 
 @pytest.fixture(scope="module")

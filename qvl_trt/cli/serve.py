@@ -97,6 +97,11 @@ def bench(
     allow_remote: Annotated[bool, typer.Option(help="Allow a server that is not on this "
                                                "machine.")] = False,
     served_model: ServedModelOpt = "ensemble",
+    endpoint: Annotated[str, typer.Option(
+        help="What to measure: `ensemble` (the build's ensemble), `bls` (its tensorrt_llm_bls "
+             "model, the gateway's upstream: the same request) or `openai` (POST "
+             "/v1/chat/completions through the gateway at --url http://HOST:PORT; its API key "
+             "from $QVL_TRT_API_KEY).")] = "ensemble",
 ) -> None:
     """Benchmark a deployment at several concurrencies: TTFT, inter-token latency, request
     latency, throughput (genai-perf's definitions, see docs/deployment.md). Writes JSON, CSV and a
@@ -104,6 +109,7 @@ def bench(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from ..client.bench import (
+        BenchEndpoint,
         BenchSettings,
         image_source,
         parse_concurrency,
@@ -118,7 +124,8 @@ def bench(
     videos = synthetic_videos(synthetic_video, seed) if synthetic_video else None
     settings = BenchSettings(url, parse_concurrency(concurrency), requests, max_tokens, prompt,
                              images_per_request, warmup, served_model, allow_remote,
-                             videos_per_request)
+                             videos_per_request, BenchEndpoint.parse(endpoint),
+                             os.environ.get(API_KEY_ENV))
     with Progress("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as progress:
         tasks = {c: progress.add_task(f"concurrency {c}", total=requests)

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import numpy as np
 from ..deps import require
 from ..errors import InputError, RequestError
 from ..triton import contract as c
+from .chat import ChatClient, openai_endpoint
 from .generate import (
     Endpoint,
     GenerateClient,
@@ -38,6 +40,26 @@ from .metrics import LevelMetrics, RequestRecord, level_metrics
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp")
 
 
+class BenchEndpoint(str, Enum):
+    """What bench sends its requests to: the same question, measured alike, on each path."""
+
+    ENSEMBLE = "ensemble"  # the build's ensemble, over gRPC or HTTP generate_stream
+    BLS = "bls"  # the build's tensorrt_llm_bls model (the gateway's upstream), the same request
+    OPENAI = "openai"  # POST /v1/chat/completions through the gateway, streamed
+
+    @classmethod
+    def parse(cls, text: str) -> BenchEndpoint:
+        try:
+            return cls(text)
+        except ValueError:
+            raise InputError(f"--endpoint {text!r}: expected one of "
+                             f"{', '.join(e.value for e in cls)}") from None
+
+
+# A connection that streams a request's responses (GenerateClient or ChatClient).
+Client = GenerateClient | ChatClient
+
+
 @dataclass(frozen=True)
 class BenchSettings:
     url: str
@@ -47,9 +69,18 @@ class BenchSettings:
     prompt: str = "Describe this image."
     images_per_request: int = 1
     warmup: int = 1  # requests sent (and not measured) before the first level
-    model: str = "ensemble"
+    model: str = "ensemble"  # the build's ensemble name (a named build's name)
     allow_remote: bool = False  # load a server that is not on this machine
     videos_per_request: int = 1  # with a video source
+    endpoint: BenchEndpoint = BenchEndpoint.ENSEMBLE
+    api_key: str | None = None  # the gateway's, for the openai endpoint
+
+    def target(self) -> str:
+        """The Triton model a request goes to (the ensemble or the build's BLS model)."""
+        if self.endpoint is BenchEndpoint.BLS:
+            name = None if self.model == c.ENSEMBLE else self.model
+            return c.ModelNames.for_build(name).tensorrt_llm_bls
+        return self.model
 
 
 @dataclass(frozen=True)
@@ -197,23 +228,23 @@ def request_maker(settings: BenchSettings, images: ImageSource | None,
 
 
 def run_level(
-    url: str,
+    connect: Callable[[], Client],
     make_request: Callable[[int], GenerateRequest],
     count: int,
     concurrency: int,
     *,
     image_tokens: Callable[[GenerateRequest], int],
-    model: str = "ensemble",
     on_done: Callable[[RequestRecord], None] | None = None,
 ) -> list[RequestRecord]:
-    """Send `count` requests with `concurrency` in flight; one record per request, in
-    order. A request is built before its send time is taken."""
+    """Send `count` requests with `concurrency` in flight, each worker over its own
+    `connect()`; one record per request, in order. A request is built before its send time
+    is taken."""
     records: list[RequestRecord | None] = [None] * count
     next_index = iter(range(count))
     lock = threading.Lock()
 
     def worker() -> None:
-        with GenerateClient(url, model=model) as client:
+        with connect() as client:
             while True:
                 with lock:
                     i = next(next_index, None)
@@ -246,7 +277,7 @@ class Measurement:
             raise RequestError(self.record.error)
 
 
-def measure(client: GenerateClient, req: GenerateRequest, image_tokens: int, *,
+def measure(client: Client, req: GenerateRequest, image_tokens: int, *,
             on_response: Callable[[Response], None] | None = None) -> Measurement:
     """Send one request and time it, handing each response to `on_response` as it arrives;
     a failed request becomes a record with its error. Text tokens = prompt tokens - image
@@ -291,26 +322,45 @@ def run_benchmark(
     video_source, video_name = videos or (None, "none")
     if settings.requests < 1:
         raise InputError(f"--requests must be >= 1, got {settings.requests}")
-    if not settings.allow_remote:
-        require_loopback(parse_url(settings.url))
-    with GenerateClient(settings.url, model=settings.model) as client:
-        image_tokens = client.image_token_counter()
+    connect, image_tokens, target = connector(settings)
     if settings.warmup:
         warm = request_maker(settings, images, videos=video_source)
-        run_level(settings.url, warm, settings.warmup, 1, image_tokens=image_tokens,
-                  model=settings.model)
+        run_level(connect, warm, settings.warmup, 1, image_tokens=image_tokens)
     levels, records = [], {}
     for n, concurrency in enumerate(settings.concurrency):
         first = settings.warmup + n * settings.requests
         make = request_maker(settings, images, first, videos=video_source)
         done = (lambda r, c=concurrency: on_done(c, r)) if on_done else None
-        records[concurrency] = run_level(settings.url, make, settings.requests, concurrency,
-                                         image_tokens=image_tokens, model=settings.model,
-                                         on_done=done)
+        records[concurrency] = run_level(connect, make, settings.requests, concurrency,
+                                         image_tokens=image_tokens, on_done=done)
         levels.append(level_metrics(concurrency, records[concurrency]))
-    return BenchReport({**asdict(settings), "images": source, "videos": video_name},
-                       environment(), tuple(levels),
-                       records)
+    shown = {k: v for k, v in asdict(settings).items() if k != "api_key"}
+    return BenchReport({**shown, "endpoint": settings.endpoint.value, "target": target,
+                        "images": source, "videos": video_name},
+                       environment(), tuple(levels), records)
+
+
+def connector(settings: BenchSettings) \
+        -> tuple[Callable[[], Client], Callable[[GenerateRequest], int], str]:
+    """A worker's connection to the endpoint of `settings`, the count of a request's image
+    tokens, and what the requests go to (a Triton model or the OpenAI model id).
+
+    Through the OpenAI endpoint the client cannot see the deployment's pixel bounds: a
+    request's image tokens count as 0 and its prompt tokens (the usage's, text and image
+    together) as text, so the input sequence length still means the same on every path."""
+    endpoint = openai_endpoint(settings.url) if settings.endpoint is BenchEndpoint.OPENAI \
+        else parse_url(settings.url)
+    if not settings.allow_remote:
+        require_loopback(endpoint)
+    if settings.endpoint is BenchEndpoint.OPENAI:
+        with ChatClient(settings.url, model="", api_key=settings.api_key) as probe:
+            model = probe.served_model(settings.model)
+        return (lambda: ChatClient(settings.url, model=model, api_key=settings.api_key),
+                lambda req: 0, model)
+    with GenerateClient(settings.url, model=settings.model) as client:
+        image_tokens = client.image_token_counter()
+    target = settings.target()
+    return lambda: GenerateClient(settings.url, model=target), image_tokens, target
 
 
 def environment() -> dict[str, Any]:

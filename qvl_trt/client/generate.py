@@ -86,8 +86,11 @@ class Generation:
 
     @property
     def first_token(self) -> float | None:
-        """Arrival of the first response that carried generated tokens."""
-        return next((r.received for r in self.responses if r.completion_tokens > 0), None)
+        """Arrival of the first response that carried output: generated tokens (the
+        ensemble's responses) or text (the OpenAI endpoint's content chunks, which carry no
+        counts)."""
+        return next((r.received for r in self.responses if r.completion_tokens > 0 or r.text),
+                    None)
 
     @property
     def last_response(self) -> float | None:
@@ -176,11 +179,16 @@ def video_file_tokens(data: bytes, fps: float | None,
         return 0
 
 
+def check_max_tokens(req: GenerateRequest) -> None:
+    """What no endpoint can be asked for, refused before a request is sent."""
+    if req.max_tokens <= 0:
+        raise InputError(f"max tokens must be positive, got {req.max_tokens}")
+
+
 def ensemble_request(req: GenerateRequest) -> c.EnsembleRequest:
     """The ensemble's request for a question (the text form: text_input with the images and
     video files)."""
-    if req.max_tokens <= 0:
-        raise InputError(f"max tokens must be positive, got {req.max_tokens}")
+    check_max_tokens(req)
     return c.EnsembleRequest(
         text_input=req.prompt, image_bytes=req.images, video_bytes=req.videos,
         video_fps=() if req.video_fps is None else (req.video_fps,),

@@ -1,0 +1,152 @@
+"""A client of the OpenAI-compatible endpoint (POST /v1/chat/completions, streamed), giving
+the same `Response` items as the ensemble's client so that bench measures every path alike:
+each content chunk is a response carrying output (its arrival is the first token's), and the
+final usage chunk (`stream_options.include_usage`) carries the token counts the deployment
+reported.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import time
+from collections.abc import Iterator
+
+from ..errors import InputError, RequestError
+from ..triton import contract as c
+from .generate import (
+    Endpoint,
+    GenerateRequest,
+    Response,
+    _one_line,
+    check_max_tokens,
+    image_data_uri,
+    parse_url,
+)
+
+CHAT_PATH = "/v1/chat/completions"
+MODELS_PATH = "/v1/models"
+
+
+def openai_endpoint(url: str) -> Endpoint:
+    """The gateway's address: `http://HOST:PORT` only (the OpenAI API is HTTP)."""
+    endpoint = parse_url(url)
+    if endpoint.protocol != "http":
+        raise InputError(f"--url {url!r}: the OpenAI endpoint is HTTP; give the gateway's "
+                         "http://HOST:PORT")
+    return endpoint
+
+
+def chat_body(req: GenerateRequest, model: str) -> dict:
+    """The chat completion request of a question: one user message of the prompt, then the
+    images and videos as data: URIs; streamed, with the usage in the last chunk."""
+    check_max_tokens(req)
+    content = [{"type": "text", "text": req.prompt}]
+    content += [{"type": "image_url", "image_url": {"url": image_data_uri(data)}}
+                for data in req.images]
+    content += [{"type": "video_url", "video_url": {
+        "url": "data:video/mp4;base64," + base64.b64encode(data).decode()}}
+        for data in req.videos]
+    body = {"model": model, "messages": [{"role": "user", "content": content}],
+            "max_tokens": req.max_tokens, "temperature": req.temperature,
+            "stream": True, "stream_options": {"include_usage": True}}
+    optional = {"top_p": req.top_p, "top_k": req.top_k, "seed": req.seed,
+                "stop": list(req.stop) or None}
+    return body | {k: v for k, v in optional.items() if v is not None}
+
+
+class ChatClient:
+    """One connection to the gateway; one request at a time (one client per thread)."""
+
+    def __init__(self, url: str, *, model: str, api_key: str | None = None,
+                 timeout_s: float = 600.0) -> None:
+        self.endpoint = openai_endpoint(url)
+        self.model = model
+        self.headers = {"Content-Type": "application/json"}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+        self.timeout_s = timeout_s
+
+    def __enter__(self) -> ChatClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass  # a connection per request: nothing is held between them
+
+    def _get(self, path: str) -> dict:
+        conn = http.client.HTTPConnection(self.endpoint.host, self.endpoint.port,
+                                          timeout=self.timeout_s)
+        try:
+            conn.request("GET", path, headers=self.headers)
+            reply = conn.getresponse()
+            body = reply.read()
+        except OSError as exc:
+            raise RequestError(f"{self.endpoint.address}: {exc}") from None
+        finally:
+            conn.close()
+        if reply.status != 200:
+            raise RequestError(_error(reply.status, body))
+        return json.loads(body)
+
+    def served_model(self, wanted: str = c.ENSEMBLE) -> str:
+        """The model id to ask: `wanted` when the gateway serves it, else (for the default
+        name) the one model it serves; an InputError names the ids when that is not clear."""
+        ids = [card["id"] for card in self._get(MODELS_PATH)["data"]]
+        if wanted in ids:
+            return wanted
+        if len(ids) == 1 and wanted == c.ENSEMBLE:
+            return ids[0]
+        raise InputError(f"--served-model {wanted}: the gateway at {self.endpoint.address} "
+                         f"serves {', '.join(ids) or 'no model'}; pass one of them")
+
+    def stream(self, req: GenerateRequest, *, sent_at: list | None = None) \
+            -> Iterator[Response]:
+        """Yield a response per content chunk and one for the usage chunk, as they arrive;
+        `sent_at`, if given, receives the perf_counter time the request went out."""
+        body = json.dumps(chat_body(req, self.model))
+        conn = http.client.HTTPConnection(self.endpoint.host, self.endpoint.port,
+                                          timeout=self.timeout_s)
+        finish = ""
+        try:
+            if sent_at is not None:
+                sent_at.append(time.perf_counter())
+            conn.request("POST", CHAT_PATH, body=body, headers=self.headers)
+            reply = conn.getresponse()
+            if reply.status != 200:
+                raise RequestError(_error(reply.status, reply.read()))
+            for line in reply:
+                if not line.startswith(b"data:"):
+                    continue
+                received = time.perf_counter()
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    return
+                chunk = json.loads(data)
+                if "error" in chunk:  # refused after the stream began: OpenAI's error shape
+                    error = chunk["error"]
+                    raise RequestError(_one_line(error.get("message", error)
+                                                 if isinstance(error, dict) else error))
+                for choice in chunk.get("choices") or ():
+                    finish = choice.get("finish_reason") or finish
+                    text = (choice.get("delta") or {}).get("content") or ""
+                    if text:
+                        yield Response(received, text, 0, 0)
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+                    yield Response(received, "", usage["prompt_tokens"],
+                                   usage["completion_tokens"], finish)
+        except OSError as exc:
+            raise RequestError(f"{self.endpoint.address}: {exc}") from None
+        finally:
+            conn.close()
+
+
+def _error(status: int, body: bytes) -> str:
+    """An answer other than 200 as one line: OpenAI's error message when it has one."""
+    try:
+        message = json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = body.decode("utf-8", "replace")
+    return f"HTTP {status}: {_one_line(message)}"
+
