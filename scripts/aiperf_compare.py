@@ -154,9 +154,10 @@ def run_bench(url: str, model: str, prompt: str, args, out: Path) -> dict:
     command = [QVL_TRT, "bench", "--endpoint", "openai", "--url", url, "--served-model", model,
                "--concurrency", str(args.concurrency), "--requests", str(args.requests),
                "--max-tokens", str(args.osl), "--warmup", "1", "--prompt", prompt,
-               "--out", str(out)]
+               "--out", str(out), *(["--fixed-length"] if args.fixed_length else [])]
     print(f"$ qvl-trt bench --endpoint openai --url {url} --concurrency {args.concurrency} "
-          f"--requests {args.requests} --max-tokens {args.osl} --prompt <AIPerf's first>",
+          f"--requests {args.requests} --max-tokens {args.osl}"
+          f"{' --fixed-length' if args.fixed_length else ''} --prompt <AIPerf's first>",
           flush=True)
     cpu, load = child_cpu(), os.getloadavg()[0]
     result = subprocess.run(command, capture_output=True, text=True)

@@ -253,10 +253,25 @@ def test_the_chat_request_asks_for_a_stream_with_usage():
     assert image["image_url"]["url"].startswith("data:image/png;base64,")
     assert video["video_url"]["url"] == "data:video/mp4;base64," + base64.b64encode(b"mp4").decode()
     assert body["seed"] == 3 and "top_p" not in body and "stop" not in body
+    assert "min_tokens" not in body and "ignore_eos" not in body
     with pytest.raises(InputError, match="max tokens must be positive"):
         chat_body(GenerateRequest("q", max_tokens=0), "tiny")
     with pytest.raises(InputError, match="the OpenAI endpoint is HTTP"):
         openai_endpoint("grpc://127.0.0.1:8001")
+
+
+def test_a_fixed_output_length_is_asked_for_alike_on_every_path():
+    """--fixed-length: min_tokens = max_tokens and the end token ignored, in the chat body and
+    in the ensemble's tensors (the same names)."""
+    from qvl_trt.client.chat import chat_body
+    from qvl_trt.client.generate import ensemble_request
+
+    req = GenerateRequest("q", max_tokens=7, fixed_length=True)
+    body = chat_body(req, "tiny")
+    assert (body["max_tokens"], body["min_tokens"], body["ignore_eos"]) == (7, 7, True)
+    tensors = ensemble_request(req).to_tensors()
+    assert tensors[c.MIN_TOKENS].tolist() == [[7]] and tensors[c.IGNORE_EOS].tolist() == [[True]]
+    assert c.MIN_TOKENS not in ensemble_request(GenerateRequest("q")).to_tensors()
 
 
 def test_the_bls_endpoint_targets_the_builds_bls_model():

@@ -102,6 +102,9 @@ def bench(
              "model, the gateway's upstream: the same request) or `openai` (POST "
              "/v1/chat/completions through the gateway at --url http://HOST:PORT; its API key "
              "from $QVL_TRT_API_KEY).")] = "ensemble",
+    fixed_length: Annotated[bool, typer.Option(
+        help="Every request generates exactly --max-tokens tokens (min_tokens = max_tokens, "
+             "the end token ignored), as AIPerf's fixed output length does.")] = False,
 ) -> None:
     """Benchmark a deployment at several concurrencies: TTFT, inter-token latency, request
     latency, throughput (genai-perf's definitions, see docs/deployment.md). Writes JSON, CSV and a
@@ -125,7 +128,7 @@ def bench(
     settings = BenchSettings(url, parse_concurrency(concurrency), requests, max_tokens, prompt,
                              images_per_request, warmup, served_model, allow_remote,
                              videos_per_request, BenchEndpoint.parse(endpoint),
-                             os.environ.get(API_KEY_ENV))
+                             os.environ.get(API_KEY_ENV), fixed_length)
     with Progress("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as progress:
         tasks = {c: progress.add_task(f"concurrency {c}", total=requests)

@@ -74,6 +74,7 @@ class BenchSettings:
     videos_per_request: int = 1  # with a video source
     endpoint: BenchEndpoint = BenchEndpoint.ENSEMBLE
     api_key: str | None = None  # the gateway's, for the openai endpoint
+    fixed_length: bool = False  # every request exactly max_tokens tokens
 
     def target(self) -> str:
         """The Triton model a request goes to (the ensemble or the build's BLS model)."""
@@ -217,7 +218,8 @@ def request_maker(settings: BenchSettings, images: ImageSource | None,
     """Request i of a level whose first request is number `first` of the run."""
     per = settings.images_per_request if images else 0
     per_video = settings.videos_per_request if videos else 0
-    base = GenerateRequest(settings.prompt, max_tokens=settings.max_tokens, stream=True)
+    base = GenerateRequest(settings.prompt, max_tokens=settings.max_tokens, stream=True,
+                           fixed_length=settings.fixed_length)
 
     def make(i: int) -> GenerateRequest:
         n, v = (first + i) * per, (first + i) * per_video

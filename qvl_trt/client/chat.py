@@ -21,6 +21,7 @@ from .generate import (
     Response,
     _one_line,
     check_max_tokens,
+    fixed_length_fields,
     image_data_uri,
     parse_url,
 )
@@ -53,7 +54,8 @@ def chat_body(req: GenerateRequest, model: str) -> dict:
             "stream": True, "stream_options": {"include_usage": True}}
     optional = {"top_p": req.top_p, "top_k": req.top_k, "seed": req.seed,
                 "stop": list(req.stop) or None}
-    return body | {k: v for k, v in optional.items() if v is not None}
+    return body | {k: v for k, v in optional.items() if v is not None} | \
+        fixed_length_fields(req)
 
 
 class ChatClient:

@@ -47,6 +47,9 @@ class GenerateRequest:
     stream: bool = True
     videos: tuple[bytes, ...] = ()  # video files, after the images
     video_fps: float | None = None  # their sampling rate; None: the checkpoint's
+    # Exactly max_tokens tokens (min_tokens = max_tokens, the end token ignored): a benchmark's
+    # fixed output length, as AIPerf asks for it.
+    fixed_length: bool = False
 
 
 @dataclass(frozen=True)
@@ -193,7 +196,14 @@ def ensemble_request(req: GenerateRequest) -> c.EnsembleRequest:
         text_input=req.prompt, image_bytes=req.images, video_bytes=req.videos,
         video_fps=() if req.video_fps is None else (req.video_fps,),
         max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p,
-        top_k=req.top_k, seed=req.seed, stop=req.stop, stream=req.stream)
+        top_k=req.top_k, seed=req.seed, stop=req.stop, stream=req.stream,
+        **fixed_length_fields(req))
+
+
+def fixed_length_fields(req: GenerateRequest) -> dict:
+    """min_tokens and ignore_eos of a fixed output length (the ensemble's inputs and the chat
+    API's fields share the names); none otherwise."""
+    return {"min_tokens": req.max_tokens, "ignore_eos": True} if req.fixed_length else {}
 
 
 def http_body(req: GenerateRequest) -> dict:
