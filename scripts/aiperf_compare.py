@@ -16,8 +16,7 @@ costs the reference flavor more per token). AIPerf counts tokens with the server
 A fixed output length is asked of AIPerf the way it documents it, `--extra-inputs
 ignore_eos:true min_tokens:OSL` (`--no-fixed-length` leaves both out: the length is then at
 most OSL); a server that refuses them fails every AIPerf request, and the script says so with
-the server's message. bench has no such option: its output lengths are printed beside
-AIPerf's.
+the server's message. bench is asked the same (`--fixed-length`).
 
     python scripts/aiperf_compare.py --tokenizer CHECKPOINT (--url http://127.0.0.1:9000 |
         --repository REPO) [--concurrency 4] [--requests 40] [--isl 64] [--osl 16]
