@@ -198,6 +198,39 @@ def test_prompt_longer_than_the_engine_allows(tiny_ckpt, limits):
         short.prepare(messages=user_message("Describe.", 1), images=[_png(256, 256, 5)])
 
 
+def test_a_prompt_too_long_in_bytes_is_refused_before_it_is_tokenized(tiny_ckpt, limits):
+    from dataclasses import replace
+
+    short = RequestPreprocessor.from_checkpoint(tiny_ckpt, replace(limits, max_input_len=64))
+    prompts = short.prompts
+    assert prompts.max_token_bytes == 128  # Qwen's longest token: 128 spaces
+    bound = 64 * prompts.max_token_bytes
+    # The bound is tight: that many bytes of spaces are 64 tokens, one byte more is 65.
+    assert len(prompts.tokenizer(" " * bound)["input_ids"]) == 64
+    assert len(prompts.tokenizer(" " * (bound + 1))["input_ids"]) == 65
+    prompts.check_fits(" " * bound, 64)
+    # Break it: one byte more; a request above it is refused by its size, not its tokens.
+    with pytest.raises(InputError, match=rf"^prompt of {bound + 1} bytes cannot fit in the "
+                                         r"engine's 64 tokens \(a token covers at most 128 "
+                                         rf"bytes, so {bound} bytes at most\); shorten the text$"):
+        prompts.check_fits(" " * (bound + 1), 64)
+    with pytest.raises(InputError, match=r"^prompt of \d+ bytes cannot fit in the engine's 64"):
+        short.prepare(messages=user_message("word " * 2000, 0))
+
+
+def test_visual_tokens_are_counted_from_the_headers_before_decoding(tiny_ckpt, limits):
+    """Two 256x256 PNGs whose pixel data is cut off: their headers alone make 128 visual
+    tokens, above a cap of 127, so the request is refused before either decodes (decoding
+    would fail with "could not be decoded")."""
+    from dataclasses import replace
+
+    capped = RequestPreprocessor.from_checkpoint(tiny_ckpt, replace(limits, max_visual_tokens=127))
+    cut = [_png(256, 256, 8)[:400], _png(256, 256, 9)[:400]]
+    with pytest.raises(InputError, match=r"^request has 128 visual tokens in 2 images, the "
+                                         r"engine's prompt table holds 127 per request"):
+        capped.prepare(messages=user_message("Compare.", 2), images=cut)
+
+
 def test_visual_tokens_above_the_prompt_table_cap_are_refused(tiny_ckpt, limits):
     from dataclasses import replace
 

@@ -24,7 +24,7 @@ from ..errors import ConfigError, InputError, LimitError
 from ..profiles import GpuProfile, load_profile
 from . import video as vid
 from .chat import IMAGE_PART_TYPES, VIDEO_PART_TYPES, PromptBuilder, user_message
-from .image_input import DEFAULT_MAX_DECODED_PIXELS, load_rgb, read_image_files
+from .image_input import DEFAULT_MAX_DECODED_PIXELS, load_rgb, open_image, read_image_files
 from .kernels import pixel_pool
 from .pixels import ImagePatches, PixelConfig, image_patch_count, image_patches
 from .prompt_table import fake_token_ids, prompt_table_extra_ids, rows_per_visual_token
@@ -284,7 +284,11 @@ class RequestPreprocessor:
         if video_parts != len(videos):
             raise InputError(f"messages hold {video_parts} video parts but {len(videos)} videos "
                              "were sent; send one video per video part")
+        self.prompts.check_fits(text, lim.max_input_len)
         order = self.prompts.placeholders(text, len(images), len(videos))
+        media = f"{len(images)} images" + (f" and {len(videos)} videos" if videos else "")
+        fewer = "images or videos" if videos else "images"
+        self._check_visual_tokens(self._header_token_counts(images), media, fewer)
         with self._decoding(images) as decoding:
             decoded_videos = self._decode_videos(videos)
             t = self.videos.pixels.temporal_patch_size
@@ -295,13 +299,7 @@ class RequestPreprocessor:
                                                                       decoded_videos)
         merge = ckpt.vision.spatial_merge_size ** 2
         counts = tuple(item.num_patches // merge for item in items)
-        media = f"{len(images)} images" + (f" and {len(videos)} videos" if videos else "")
-        fewer = "images or videos" if videos else "images"
-        if lim.max_visual_tokens is not None and sum(counts) > lim.max_visual_tokens:
-            raise InputError(
-                f"request has {sum(counts)} visual tokens in {media}, the engine's prompt "
-                f"table holds {lim.max_visual_tokens} per request: send fewer or smaller "
-                f"{fewer}, or rebuild with a larger limits.max_visual_tokens_per_request")
+        self._check_visual_tokens(counts, media, fewer)
         input_ids = self.prompts.expand(
             ids, [picture.num_patches // merge for picture in pictures],
             [[group.num_patches // merge for group in clip.groups] for clip in clips])
@@ -333,6 +331,29 @@ class RequestPreprocessor:
             vision=ckpt.vision, videos=clips,
         )
 
+
+    def _header_token_counts(self, images: Sequence[ImageInput]) -> list[int]:
+        """Each image's visual tokens from its header's size (before any pixel is decoded;
+        EXIF rotation swaps the sides, not the count); refuses what its header already
+        refuses (format, decode bound, aspect ratio, below one merge block)."""
+        counts, merge = [], self.checkpoint.vision.spatial_merge_size ** 2
+        for number, image in enumerate(images, 1):
+            with _numbered("image", number):
+                if isinstance(image, Image.Image):
+                    counts.append(image_patch_count(image, self.pixels) // merge)
+                    continue
+                with open_image(image, max_decoded_pixels=self.limits.max_decoded_pixels) \
+                        as header:
+                    counts.append(image_patch_count(header, self.pixels) // merge)
+        return counts
+
+    def _check_visual_tokens(self, counts: Sequence[int], media: str, fewer: str) -> None:
+        cap = self.limits.max_visual_tokens
+        if cap is not None and sum(counts) > cap:
+            raise InputError(
+                f"request has {sum(counts)} visual tokens in {media}, the engine's prompt "
+                f"table holds {cap} per request: send fewer or smaller {fewer}, or rebuild "
+                "with a larger limits.max_visual_tokens_per_request")
 
     @contextmanager
     def _decoding(self, images: Sequence[ImageInput]) -> Iterator[list[Future[Image.Image]]]:
