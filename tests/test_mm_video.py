@@ -228,6 +228,25 @@ def test_frames_below_the_vision_engines_two_blocks_are_refused(tiny_ckpt: Path)
         ask_video(capped, VideoFrames(png_frames(6, 128, 128)))
 
 
+def test_a_video_file_is_refused_from_its_header_before_its_frames_decode(tiny_ckpt: Path,
+                                                                         pre) -> None:
+    """An MP4 with its index first and its frame data cut off: the header alone (8 frames of
+    96x96, 4 sampled: 2 groups of 9 tokens) puts it over a cap of 17 visual tokens, so it is
+    refused before any frame decodes (decoding would fail on the missing data)."""
+    from dataclasses import replace
+
+    data = video_file(8, 96, 96, rate=4, faststart=True)
+    cut = data[:data.index(b"mdat") + 64]
+    assert sum(ask_video(pre, VideoFile(data)).image_token_counts) == 18
+    with pytest.raises(InputError, match="video 1: .*could not be decoded|ended before"):
+        ask_video(pre, VideoFile(cut))
+    capped = RequestPreprocessor.from_checkpoint(tiny_ckpt, replace(pre.limits,
+                                                                    max_visual_tokens=17))
+    with pytest.raises(InputError, match=r"^video 1: request has 18 visual tokens in 0 images "
+                                         r"and 1 videos, the engine's prompt table holds 17"):
+        ask_video(capped, VideoFile(cut))
+
+
 def test_a_missing_pyav_is_one_line_naming_the_extra(pre, monkeypatch) -> None:
     import sys
 

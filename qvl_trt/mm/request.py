@@ -288,9 +288,10 @@ class RequestPreprocessor:
         order = self.prompts.placeholders(text, len(images), len(videos))
         media = f"{len(images)} images" + (f" and {len(videos)} videos" if videos else "")
         fewer = "images or videos" if videos else "images"
-        self._check_visual_tokens(self._header_token_counts(images), media, fewer)
+        image_tokens = self._header_token_counts(images)
+        self._check_visual_tokens(image_tokens, media, fewer)
         with self._decoding(images) as decoding:
-            decoded_videos = self._decode_videos(videos)
+            decoded_videos = self._decode_videos(videos, image_tokens, media, fewer)
             t = self.videos.pixels.temporal_patch_size
             ids = self.prompts.encode(text, len(images), [  # while the images decode
                 [vid.timestamp_text(s) for s in vid.group_timestamps(times, t)]
@@ -371,15 +372,26 @@ class RequestPreprocessor:
             wait(decoding)
             raise
 
-    def _decode_videos(self, videos: Sequence[VideoInput]) \
+    def _decode_videos(self, videos: Sequence[VideoInput], image_tokens: Sequence[int],
+                       media: str, fewer: str) \
             -> list[tuple[tuple[Image.Image, ...], tuple[float, ...], int]]:
         """Each video's frames, frame times and patch count, decoded here (their resize uses
-        the pixel pool itself)."""
-        decoded, cap = [], self.video_frame_cap
+        the pixel pool itself). A file's frame size and visual tokens, with the images' and
+        the videos' before it, are checked from its header before its frames decode."""
+        decoded, cap, config = [], self.video_frame_cap, self.videos.pixels
+        known = list(image_tokens)
+        merge = self.checkpoint.vision.spatial_merge_size ** 2
+
+        def before_decoding(count: int, width: int, height: int) -> None:
+            h, w = vid.clip_frame_size(count, width, height, config, cap)
+            known.append(vid.clip_patch_count(count, h, w, config) // merge)
+            self._check_visual_tokens(known, media, fewer)
+
         for number, video in enumerate(videos, 1):
             with _numbered("video", number):
                 frames, times = load_clip(video, self.videos, self.limits.video,
-                                          max_decoded_pixels=self.limits.max_decoded_pixels)
+                                          max_decoded_pixels=self.limits.max_decoded_pixels,
+                                          before_decoding=before_decoding)
                 decoded.append((frames, times, video_patch_count(frames, self.videos.pixels, cap)))
         return decoded
 

@@ -194,10 +194,18 @@ def resized_video_size(frames: Sequence[Image.Image], config: PixelConfig,
             raise InputError(f"video frame {number} is {frame.width}x{frame.height}, frame 1 "
                              f"is {width}x{height}: all frames of a video must have one size; "
                              "resize them to the same size")
-    budget = video_pixel_budget(len(frames), max_pixels=config.max_pixels,
+    return clip_frame_size(len(frames), width, height, config, frame_cap)
+
+
+def clip_frame_size(count: int, width: int, height: int, config: PixelConfig,
+                    frame_cap: int) -> tuple[int, int]:
+    """(height, width) each of `count` frames of width x height is resized to (known from a
+    file's header before its frames decode), refusing a size the vision engine does not
+    take."""
+    budget = video_pixel_budget(count, max_pixels=config.max_pixels,
                                 max_pixels_per_frame=frame_cap,
                                 temporal_factor=config.temporal_patch_size)
-    h, w = video_smart_resize(len(frames), height, width, min_pixels=config.min_pixels,
+    h, w = video_smart_resize(count, height, width, min_pixels=config.min_pixels,
                               max_pixels=budget, factor=config.factor,
                               temporal_factor=config.temporal_patch_size)
     if h * w > frame_cap:
@@ -213,9 +221,13 @@ def resized_video_size(frames: Sequence[Image.Image], config: PixelConfig,
 def video_patch_count(frames: Sequence[Image.Image], config: PixelConfig,
                       frame_cap: int) -> int:
     """Rows `video_patches` makes of these frames (to size a request's buffer first)."""
-    h, w = resized_video_size(frames, config, frame_cap)
-    groups = -(-len(frames) // config.temporal_patch_size)
-    return groups * (h // config.patch_size) * (w // config.patch_size)
+    return clip_patch_count(len(frames), *resized_video_size(frames, config, frame_cap), config)
+
+
+def clip_patch_count(count: int, height: int, width: int, config: PixelConfig) -> int:
+    """Rows of `count` frames resized to height x width: a group per temporal_patch_size."""
+    groups = -(-count // config.temporal_patch_size)
+    return groups * (height // config.patch_size) * (width // config.patch_size)
 
 
 def video_patches(frames: Sequence[Image.Image], frame_times: Sequence[float],

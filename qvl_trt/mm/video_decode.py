@@ -10,6 +10,7 @@ packets first. Decoding stops after the last sampled frame.
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from PIL import Image
@@ -52,8 +53,11 @@ class Sampling:
     max_decoded_pixels: int  # of one frame, before resizing
 
 
-def decode_video(data: bytes, sampling: Sampling) -> DecodedClip:
-    """Decode the frames of `data` (a whole video file) that `sampling` picks."""
+def decode_video(data: bytes, sampling: Sampling,
+                 before_decoding: Callable[[int, int, int], None] | None = None) -> DecodedClip:
+    """Decode the frames of `data` (a whole video file) that `sampling` picks;
+    `before_decoding(frames sampled, width, height)`, from the header, may refuse the clip
+    before any frame decodes."""
     av = require("av", extra="serve", why="decode video files")
     with _open(av, data) as container:
         stream = _video_stream(container)
@@ -73,6 +77,8 @@ def decode_video(data: bytes, sampling: Sampling) -> DecodedClip:
                              "least 2: send a single frame as an image")
         indices = sample_indices(total, native_fps, sampling.fps,
                                  min_frames=sampling.min_frames, max_frames=sampling.max_frames)
+        if before_decoding is not None:
+            before_decoding(len(indices), header.width, header.height)
         wanted = set(indices.tolist())
         decoded: dict[int, Image.Image] = {}
         try:
