@@ -4,8 +4,8 @@ every --every requests the RSS of tritonserver and of each python backend stub, 
 verdict per process: the curve levels off when its growth over the last quarter of the run
 is below --threshold-mib.
 
-The requests cycle through: a short question alone; a JPEG of 320x240, 640x480 or
-1280x720; a PNG of 800x600; two images; a prompt above max_input_len (refused by its size);
+The requests cycle through: a short question alone; a JPEG of 320x240, 640x480,
+1280x720 or 4000x3000; a PNG of 800x600; two images; a prompt above max_input_len (refused by its size);
 a corrupt image (refused), each with a few generated tokens. Refusals are counted, not
 errors of the run; any other failure stops it.
 
@@ -43,6 +43,7 @@ def request_mix() -> list[tuple[str, GenerateRequest, bool]]:
         ("jpeg_1280", GenerateRequest(ask, images=(jpeg(1280, 720),), max_tokens=4), False),
         ("png_800", GenerateRequest(ask, images=(photo_like(800, 600, "png"),), max_tokens=4),
          False),
+        ("jpeg_4000", GenerateRequest(ask, images=(jpeg(4000, 3000),), max_tokens=4), False),
         ("two_images", GenerateRequest("Compare them.", images=(jpeg(640, 480), jpeg(480, 640)),
                                        max_tokens=4), False),
         ("long_prompt", GenerateRequest("word " * 30000, max_tokens=4), True),
