@@ -5,9 +5,9 @@ verdict per process: the curve levels off when its growth over the last quarter 
 is below --threshold-mib.
 
 The requests cycle through: a short question alone; a JPEG of 320x240, 640x480,
-1280x720 or 4000x3000; a PNG of 800x600; two images; a prompt above max_input_len (refused by its size);
-a corrupt image (refused), each with a few generated tokens. Refusals are counted, not
-errors of the run; any other failure stops it.
+1280x720 or 4000x3000; a PNG of 800x600; two images; a prompt above max_input_len (refused
+by its size); a corrupt image (refused), each with a few generated tokens. Refusals are
+counted, not errors of the run; any other failure stops it.
 
     python scripts/soak.py [--requests 2000] [--clients 4] [--every 100] [--work-dir DIR]
 """

@@ -29,7 +29,7 @@ from .kernels import pixel_pool
 from .pixels import ImagePatches, PixelConfig, image_patch_count, image_patches
 from .prompt_table import fake_token_ids, prompt_table_extra_ids, rows_per_visual_token
 from .rope import MropeTable, rope_index
-from .video import VideoConfig, VideoLimits, VideoPatches, video_patch_count
+from .video import VideoConfig, VideoLimits, VideoPatches
 from .video_input import VideoInput, load_clip
 from .vision_index import (
     PIXEL_VALUES,
@@ -295,7 +295,7 @@ class RequestPreprocessor:
             t = self.videos.pixels.temporal_patch_size
             ids = self.prompts.encode(text, len(images), [  # while the images decode
                 [vid.timestamp_text(s) for s in vid.group_timestamps(times, t)]
-                for _, times, _ in decoded_videos])
+                for _, times, *_ in decoded_videos])
             pixel_values, pictures, clips, items = self._vision_items(order, decoding,
                                                                       decoded_videos)
         merge = ckpt.vision.spatial_merge_size ** 2
@@ -374,30 +374,35 @@ class RequestPreprocessor:
 
     def _decode_videos(self, videos: Sequence[VideoInput], image_tokens: Sequence[int],
                        media: str, fewer: str) \
-            -> list[tuple[tuple[Image.Image, ...], tuple[float, ...], int]]:
-        """Each video's frames, frame times and patch count, decoded here (their resize uses
-        the pixel pool itself). A file's frame size and visual tokens, with the images' and
-        the videos' before it, are checked from its header before its frames decode."""
+            -> list[tuple[tuple[Image.Image, ...], tuple[float, ...], int, tuple[int, int]]]:
+        """Each video's frames, frame times, patch count and resized (height, width), decoded
+        here (their resize uses the pixel pool itself). A file's frame size and visual
+        tokens, with the images' and the videos' before it, are checked from its header
+        before its frames decode, and its frames are resized as they decode."""
         decoded, cap, config = [], self.video_frame_cap, self.videos.pixels
-        known = list(image_tokens)
+        known, sizes = list(image_tokens), []
         merge = self.checkpoint.vision.spatial_merge_size ** 2
 
-        def before_decoding(count: int, width: int, height: int) -> None:
-            h, w = vid.clip_frame_size(count, width, height, config, cap)
-            known.append(vid.clip_patch_count(count, h, w, config) // merge)
+        def before_decoding(count: int, width: int, height: int) -> tuple[int, int]:
+            sizes.append(vid.clip_frame_size(count, width, height, config, cap))
+            known.append(vid.clip_patch_count(count, *sizes[-1], config) // merge)
             self._check_visual_tokens(known, media, fewer)
+            return sizes[-1]  # the frames come back resized: video_patches is told the size
 
         for number, video in enumerate(videos, 1):
             with _numbered("video", number):
+                sizes.clear()
                 frames, times = load_clip(video, self.videos, self.limits.video,
                                           max_decoded_pixels=self.limits.max_decoded_pixels,
                                           before_decoding=before_decoding)
-                decoded.append((frames, times, video_patch_count(frames, self.videos.pixels, cap)))
+                size = sizes[0] if sizes else vid.resized_video_size(frames, config, cap)
+                decoded.append((frames, times, vid.clip_patch_count(len(frames), *size, config),
+                                size))
         return decoded
 
     def _vision_items(self, order: Sequence[bool], decoding: Sequence[Future[Image.Image]],
                       decoded_videos: Sequence[tuple[Sequence[Image.Image], Sequence[float],
-                                                     int]]) -> tuple[
+                                                     int, tuple[int, int]]]) -> tuple[
             np.ndarray, tuple[ImagePatches, ...], tuple[VideoPatches, ...],
             tuple[ImagePatches, ...]]:
         """Wait for the images to decode, then cut every image and video into its slice of one
@@ -409,7 +414,8 @@ class RequestPreprocessor:
             with _numbered("image", number):
                 rgb = pending.result()
                 decoded_images.append((rgb, image_patch_count(rgb, self.pixels)))
-        total = sum(count for *_, count in [*decoded_images, *decoded_videos])
+        total = sum(count for _, count in decoded_images) + \
+            sum(count for _, _, count, _ in decoded_videos)
         buffer = np.empty((total, self.pixels.patch_dim), np.uint8)
         pending_images = enumerate(decoded_images, 1)
         pending_videos = enumerate(decoded_videos, 1)
@@ -422,11 +428,11 @@ class RequestPreprocessor:
                 pictures.append(picture)
                 items.append(picture)
             else:
-                number, (frames, times, count) = next(pending_videos)
+                number, (frames, times, count, size) = next(pending_videos)
                 with _numbered("video", number):
                     clip = vid.video_patches(frames, times, self.videos.pixels,
                                              self.video_frame_cap,
-                                             out=buffer[start:start + count])
+                                             out=buffer[start:start + count], size=size)
                 clips.append(clip)
                 items.extend(clip.groups)
             start += count

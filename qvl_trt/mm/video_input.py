@@ -41,7 +41,8 @@ VideoInput = VideoFile | VideoFrames
 
 def load_clip(video: VideoInput, config: VideoConfig, limits: VideoLimits, *,
               max_decoded_pixels: int,
-              before_decoding: Callable[[int, int, int], None] | None = None) \
+              before_decoding: Callable[[int, int, int], tuple[int, int] | None] | None
+              = None) \
         -> tuple[tuple[Image.Image, ...], tuple[float, ...]]:
     """The frames the model sees (RGB) and their seconds; a file's header is shown to
     `before_decoding` (video_decode.decode_video) before its frames decode."""

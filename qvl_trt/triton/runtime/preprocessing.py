@@ -31,6 +31,7 @@ class Preprocessor:
         self.extra_end_ids = [[t] for t in generation.end_ids[1:]]
         self.pad_id = generation.pad_id
         self.urls = UrlPolicy.from_parameter(limits.image_url_allow_list)
+        _map_large_allocations()
         warm_up(self.requests.pixels)  # the pixel kernels compile here, not in a request
         self.idle_rss = _rss_bytes()
 
@@ -108,6 +109,19 @@ def _malloc_trim():
 
 
 _MALLOC_TRIM = _malloc_trim()
+_M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+# Allocations from this size up get pages of their own, unmapped when freed: below Pillow's
+# 16 MiB blocks, so a decoded image's memory goes back to the system as soon as it is freed.
+_MMAP_THRESHOLD_BYTES = 4 * 2**20
+
+
+def _map_large_allocations() -> None:
+    """Fix glibc's mmap threshold (by default it rises to the largest block freed, up to 32
+    MiB, after which a large image's blocks come from the heap and stay there when freed, so
+    one request's peak adds up with what earlier ones left)."""
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    if mallopt is not None:
+        mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
 
 
 def _give_back_freed_memory() -> None:
