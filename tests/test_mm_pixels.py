@@ -452,3 +452,25 @@ def test_image_below_one_merge_block_is_refused(pixel_config):
 def test_extreme_aspect_ratio_is_refused(pixel_config):
     with pytest.raises(InputError, match="aspect ratio above 200:1"):
         image_patches(Image.new("RGB", (2010, 10)), pixel_config)
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "LA", "P"])
+def test_transparent_images_are_composited_in_strips_as_hf_does_whole(mode):
+    """load_rgb composites on white a strip of rows at a time (to hold one RGB copy, not
+    four RGBA ones): the pixels are transformers' `convert_to_rgb` of the whole image, on
+    images of several strips and a partial last one."""
+    image_transforms = pytest.importorskip("transformers.image_transforms")
+    from qvl_trt.mm import image_input
+
+    rng = np.random.default_rng(3)
+    height = 2 * image_input._STRIP_ROWS + 37
+    if mode == "P":
+        image = Image.fromarray(rng.integers(0, 256, (height, 90), np.uint8), "L").convert("P")
+        options = {"transparency": 7}
+    else:
+        bands = len(mode)
+        image, options = Image.fromarray(rng.integers(0, 256, (height, 90, bands), np.uint8),
+                                         mode), {}
+    data = _encoded(image, "PNG", **options)
+    hf = image_transforms.convert_to_rgb(Image.open(io.BytesIO(data)), return_numpy=True)
+    assert np.array_equal(np.asarray(load_rgb(data)), hf)

@@ -198,6 +198,39 @@ def test_prompt_longer_than_the_engine_allows(tiny_ckpt, limits):
         short.prepare(messages=user_message("Describe.", 1), images=[_png(256, 256, 5)])
 
 
+def test_a_prompt_too_long_in_bytes_is_refused_before_it_is_tokenized(tiny_ckpt, limits):
+    from dataclasses import replace
+
+    short = RequestPreprocessor.from_checkpoint(tiny_ckpt, replace(limits, max_input_len=64))
+    prompts = short.prompts
+    assert prompts.max_token_bytes == 128  # Qwen's longest token: 128 spaces
+    bound = 64 * prompts.max_token_bytes
+    # The bound is tight: that many bytes of spaces are 64 tokens, one byte more is 65.
+    assert len(prompts.tokenizer(" " * bound)["input_ids"]) == 64
+    assert len(prompts.tokenizer(" " * (bound + 1))["input_ids"]) == 65
+    prompts.check_fits(" " * bound, 64)
+    # Break it: one byte more; a request above it is refused by its size, not its tokens.
+    with pytest.raises(InputError, match=rf"^prompt of {bound + 1} bytes cannot fit in the "
+                                         r"engine's 64 tokens \(a token covers at most 128 "
+                                         rf"bytes, so {bound} bytes at most\); shorten the text$"):
+        prompts.check_fits(" " * (bound + 1), 64)
+    with pytest.raises(InputError, match=r"^prompt of \d+ bytes cannot fit in the engine's 64"):
+        short.prepare(messages=user_message("word " * 2000, 0))
+
+
+def test_visual_tokens_are_counted_from_the_headers_before_decoding(tiny_ckpt, limits):
+    """Two 256x256 PNGs whose pixel data is cut off: their headers alone make 128 visual
+    tokens, above a cap of 127, so the request is refused before either decodes (decoding
+    would fail with "could not be decoded")."""
+    from dataclasses import replace
+
+    capped = RequestPreprocessor.from_checkpoint(tiny_ckpt, replace(limits, max_visual_tokens=127))
+    cut = [_png(256, 256, 8)[:400], _png(256, 256, 9)[:400]]
+    with pytest.raises(InputError, match=r"^request has 128 visual tokens in 2 images, the "
+                                         r"engine's prompt table holds 127 per request"):
+        capped.prepare(messages=user_message("Compare.", 2), images=cut)
+
+
 def test_visual_tokens_above_the_prompt_table_cap_are_refused(tiny_ckpt, limits):
     from dataclasses import replace
 
@@ -316,3 +349,24 @@ def test_the_stop_token_bound_is_written_into_the_repository_and_enforced(tmp_pa
     with pytest.raises(InputError, match=f"tokens of all stop strings is {tokens}, above the "
                        f"limit of {tokens - 1}"):
         step(request)
+
+
+def test_the_preprocessing_step_gives_back_what_a_large_image_freed(tiny_ckpt):
+    """An RGBA PNG of 4000x4000 (a few hundred MB decoded and converted, in the pixel pool's
+    threads too): after its request the step's RSS is back within the trim threshold of
+    where it was (glibc alone keeps most of it)."""
+    from qvl_trt.triton.repository import RepoOptions, preprocessing_parameters
+    from qvl_trt.triton.runtime import preprocessing
+
+    step = preprocessing.Preprocessor(
+        tiny_ckpt, preprocessing_parameters(load_profile("4090"), RepoOptions()))
+    pixels = np.full((4000, 4000, 4), 255, np.uint8)
+    pixels[500:3500, 500:3500] = (200, 40, 40, 128)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels, "RGBA").save(buffer, format="PNG", compress_level=1)
+    row = {"text_input": b"Describe.", "max_tokens": np.int32(2),
+           "image_bytes": np.array([buffer.getvalue()], object)}
+    before = preprocessing._rss_bytes()
+    for _ in range(2):
+        step(row)
+        assert preprocessing._rss_bytes() - before < preprocessing._TRIM_ABOVE_IDLE_BYTES

@@ -126,6 +126,26 @@ def test_a_video_file_is_sampled_at_the_requested_rate(pre: RequestPreprocessor,
     assert ask_video(pre, VideoFile(data, fps=10.0)).videos[0].frame_count == 8
 
 
+@pytest.mark.parametrize("container", ["mp4", "webm"])
+def test_frames_resized_as_they_decode_equal_the_whole_frames_resized(pre, container) -> None:
+    """A file's frames are resized as they decode (at most two held at full size); the rows
+    equal those of the whole decoded frames resized together, and of the same frames sent
+    as a frame list (no resize at decoding there). 160x120 resizes to 96x64 here."""
+    from qvl_trt.mm.video_decode import Sampling, decode_video
+
+    data = video_file(30, 160, 120, rate=10, container=container)
+    request = ask_video(pre, VideoFile(data))
+    config, limits = pre.videos, pre.limits
+    whole = decode_video(data, Sampling(
+        fps=config.fps, min_frames=config.min_frames,
+        max_frames=min(config.max_frames, limits.video.max_video_frames),
+        max_seconds=limits.video.max_video_seconds, max_decoded_pixels=limits.max_decoded_pixels))
+    assert whole.frames[0].size == (160, 120) and len(whole.frames) == 6
+    listed = ask_video(pre, VideoFrames(whole.frames, timestamps=whole.times))
+    assert request.videos[0].grid_thw == listed.videos[0].grid_thw == (3, 4, 6)
+    assert np.array_equal(request.pixel_values, listed.pixel_values)
+
+
 def test_same_frames_give_the_same_items_and_keys(pre: RequestPreprocessor) -> None:
     frames = png_frames(4, 64, 64, seed=3)
     one = ask_video(pre, VideoFrames(frames))
@@ -226,6 +246,25 @@ def test_frames_below_the_vision_engines_two_blocks_are_refused(tiny_ckpt: Path)
     with pytest.raises(InputError, match="resize to 32x32, below the 2 blocks of 32x32 pixels "
                                          "the vision engine takes"):
         ask_video(capped, VideoFrames(png_frames(6, 128, 128)))
+
+
+def test_a_video_file_is_refused_from_its_header_before_its_frames_decode(tiny_ckpt: Path,
+                                                                         pre) -> None:
+    """An MP4 with its index first and its frame data cut off: the header alone (8 frames of
+    96x96, 4 sampled: 2 groups of 9 tokens) puts it over a cap of 17 visual tokens, so it is
+    refused before any frame decodes (decoding would fail on the missing data)."""
+    from dataclasses import replace
+
+    data = video_file(8, 96, 96, rate=4, faststart=True)
+    cut = data[:data.index(b"mdat") + 64]
+    assert sum(ask_video(pre, VideoFile(data)).image_token_counts) == 18
+    with pytest.raises(InputError, match="video 1: .*could not be decoded|ended before"):
+        ask_video(pre, VideoFile(cut))
+    capped = RequestPreprocessor.from_checkpoint(tiny_ckpt, replace(pre.limits,
+                                                                    max_visual_tokens=17))
+    with pytest.raises(InputError, match=r"^video 1: request has 18 visual tokens in 0 images "
+                                         r"and 1 videos, the engine's prompt table holds 17"):
+        ask_video(capped, VideoFile(cut))
 
 
 def test_a_missing_pyav_is_one_line_naming_the_extra(pre, monkeypatch) -> None:

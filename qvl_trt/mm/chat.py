@@ -45,6 +45,7 @@ class PromptBuilder:
     def __init__(self, tokenizer: Any, token_ids: TokenIds) -> None:
         self.tokenizer = tokenizer
         self.token_ids = token_ids
+        self.max_token_bytes = _max_token_bytes(tokenizer)
 
     @classmethod
     def from_checkpoint(cls, path: Path, token_ids: TokenIds) -> PromptBuilder:
@@ -71,6 +72,22 @@ class PromptBuilder:
         text = self.tokenizer.apply_chat_template(clean, tokenize=False,
                                                   add_generation_prompt=True)
         return text, images, videos
+
+    def check_fits(self, text: str, max_tokens: int) -> None:
+        """Refuse rendered text that cannot tokenize to `max_tokens` or fewer, from its size
+        alone (before tokenizing it): no token covers more than `max_token_bytes` of the
+        normalized text, so text above max_tokens x that many bytes has more tokens. The bound
+        never refuses text that fits: a run of spaces of that size is exactly max_tokens
+        tokens of the longest one."""
+        if self.max_token_bytes is None:
+            return
+        normalizer = self.tokenizer.backend_tokenizer.normalizer
+        size = len((normalizer.normalize_str(text) if normalizer else text).encode())
+        most = max_tokens * self.max_token_bytes
+        if size > most:
+            raise InputError(f"prompt of {size} bytes cannot fit in the engine's {max_tokens} "
+                             f"tokens (a token covers at most {self.max_token_bytes} bytes, so "
+                             f"{most} bytes at most); shorten the text")
 
     def placeholders(self, text: str, images: int, videos: int) -> list[bool]:
         """For each image or video placeholder of rendered text, in order: is it a video's?
@@ -127,6 +144,20 @@ def validate_messages(messages: Sequence[Mapping[str, Any]]) -> None:
     """Refuse malformed messages (roles, parts, images or videos outside user turns) before
     any of their images or videos is fetched or decoded."""
     _template_messages(messages)
+
+
+def _max_token_bytes(tokenizer: Any) -> int | None:
+    """Bytes of text one token covers at most: the longest token of a byte-level BPE without
+    an unknown token (each character of its vocabulary stands for one byte) or the longest
+    added token; None for other tokenizers (an unknown token covers any text)."""
+    tokenizers = require("tokenizers", extra="serve", why="tokenize prompts")
+    backend = tokenizer.backend_tokenizer
+    if not isinstance(backend.model, tokenizers.models.BPE) or backend.model.unk_token or \
+            not isinstance(backend.decoder, tokenizers.decoders.ByteLevel):
+        return None
+    added = [token.content for token in tokenizer.added_tokens_decoder.values()]
+    return max([len(t) for t in backend.get_vocab(with_added_tokens=False)] +
+               [len(t.encode()) for t in added])
 
 
 def _template_file(path: Path) -> str | None:

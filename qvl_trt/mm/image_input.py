@@ -35,18 +35,39 @@ def load_rgb(image: bytes | bytearray | memoryview | Image.Image, *,
     """Decode `image` (an encoded file's bytes, or a PIL image) to RGB.
 
     Bytes are identified from their header and refused before decoding when the declared
-    size exceeds `max_decoded_pixels`; animated GIF/WebP give their first frame.
+    size exceeds `max_decoded_pixels`; animated GIF/WebP give their first frame. The decoded
+    pixels of bytes are freed once converted (only the RGB image stays).
     """
     if isinstance(image, Image.Image):
-        opened = image
-    elif isinstance(image, (bytes, bytearray, memoryview)):
-        if len(image) == 0:
-            raise InputError(f"image is empty (0 bytes); send the whole {_ACCEPTED} file")
-        opened = _open(bytes(image))
-    else:
+        _check_declared_size(image, max_decoded_pixels)
+        return _decoded(image)
+    opened = open_image(image, max_decoded_pixels=max_decoded_pixels)
+    try:
+        rgb = _decoded(opened)
+    except InputError:
+        opened.close()
+        raise
+    if rgb is not opened:
+        opened.close()  # its decoded pixels go now, not when the request's refs do
+    return rgb
+
+
+def open_image(image: bytes | bytearray | memoryview, *,
+               max_decoded_pixels: int = DEFAULT_MAX_DECODED_PIXELS) -> Image.Image:
+    """The image of these encoded bytes with its header read and its pixels not decoded
+    (PIL decodes lazily): its size is known, its cost not yet paid. Refused as load_rgb
+    refuses it before decoding."""
+    if not isinstance(image, (bytes, bytearray, memoryview)):
         raise InputError(f"got a {type(image).__name__} where an image was expected; pass the "
                          f"encoded file's bytes ({_ACCEPTED}) or a PIL image")
+    if len(image) == 0:
+        raise InputError(f"image is empty (0 bytes); send the whole {_ACCEPTED} file")
+    opened = _open(bytes(image))
     _check_declared_size(opened, max_decoded_pixels)
+    return opened
+
+
+def _decoded(opened: Image.Image) -> Image.Image:
     try:
         opened.load()
         return _to_rgb(opened)
@@ -90,7 +111,24 @@ def _to_rgb(image: Image.Image) -> Image.Image:
     if image.getexif().get(_EXIF_ORIENTATION, 1) != 1:
         image = ImageOps.exif_transpose(image)
     if "A" in image.getbands() or image.info.get("transparency") is not None:
-        rgba = image.convert("RGBA")
-        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, rgba).convert("RGB")
+        return _composited_on_white(image)
     return image if image.mode == "RGB" else image.convert("RGB")
+
+
+# Rows composited at a time: the whole-image way (HF's) holds four full-size RGBA copies
+# (the RGBA conversion, the white background, the composite, then RGB), 1 GB for an
+# 8000x8000 image; strips hold one RGB output and a few MB.
+_STRIP_ROWS = 256
+
+
+def _composited_on_white(image: Image.Image) -> Image.Image:
+    """HF's `convert_to_rgb` (RGBA conversion, alpha_composite on opaque white, RGB), one
+    strip of rows at a time: the same pixels (each is composited on its own)."""
+    out = Image.new("RGB", image.size)
+    white = Image.new("RGBA", (image.width, _STRIP_ROWS), (255, 255, 255, 255))
+    for top in range(0, image.height, _STRIP_ROWS):
+        box = (0, top, image.width, min(top + _STRIP_ROWS, image.height))
+        rgba = image.crop(box).convert("RGBA")
+        background = white if rgba.size == white.size else white.crop((0, 0, *rgba.size))
+        out.paste(Image.alpha_composite(background, rgba).convert("RGB"), box[:2])
+    return out

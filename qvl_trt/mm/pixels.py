@@ -238,8 +238,12 @@ def _cut(image: Image.Image, h: int, w: int, config: PixelConfig, out: np.ndarra
 def channel_planes(image: Image.Image) -> list[np.ndarray]:
     """The image's channels as [height, width] uint8 planes (read-only), each straight from
     PIL's raw encoder: what the kernels take."""
-    return [np.frombuffer(image.tobytes("raw", band), np.uint8).reshape(image.height, -1)
-            for band in image.getbands()]
+    return [channel_plane(image, band) for band in image.getbands()]
+
+
+def channel_plane(image: Image.Image, band: str) -> np.ndarray:
+    """One channel of `channel_planes` (to hold one plane of a large image at a time)."""
+    return np.frombuffer(image.tobytes("raw", band), np.uint8).reshape(image.height, -1)
 
 
 def _pillow_resize(width: int, height: int, w: int, h: int, resample: int) \

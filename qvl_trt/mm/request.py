@@ -24,12 +24,12 @@ from ..errors import ConfigError, InputError, LimitError
 from ..profiles import GpuProfile, load_profile
 from . import video as vid
 from .chat import IMAGE_PART_TYPES, VIDEO_PART_TYPES, PromptBuilder, user_message
-from .image_input import DEFAULT_MAX_DECODED_PIXELS, load_rgb, read_image_files
+from .image_input import DEFAULT_MAX_DECODED_PIXELS, load_rgb, open_image, read_image_files
 from .kernels import pixel_pool
 from .pixels import ImagePatches, PixelConfig, image_patch_count, image_patches
 from .prompt_table import fake_token_ids, prompt_table_extra_ids, rows_per_visual_token
 from .rope import MropeTable, rope_index
-from .video import VideoConfig, VideoLimits, VideoPatches, video_patch_count
+from .video import VideoConfig, VideoLimits, VideoPatches
 from .video_input import VideoInput, load_clip
 from .vision_index import (
     PIXEL_VALUES,
@@ -284,24 +284,23 @@ class RequestPreprocessor:
         if video_parts != len(videos):
             raise InputError(f"messages hold {video_parts} video parts but {len(videos)} videos "
                              "were sent; send one video per video part")
+        self.prompts.check_fits(text, lim.max_input_len)
         order = self.prompts.placeholders(text, len(images), len(videos))
+        media = f"{len(images)} images" + (f" and {len(videos)} videos" if videos else "")
+        fewer = "images or videos" if videos else "images"
+        image_tokens = self._header_token_counts(images)
+        self._check_visual_tokens(image_tokens, media, fewer)
         with self._decoding(images) as decoding:
-            decoded_videos = self._decode_videos(videos)
+            decoded_videos = self._decode_videos(videos, image_tokens, media, fewer)
             t = self.videos.pixels.temporal_patch_size
             ids = self.prompts.encode(text, len(images), [  # while the images decode
                 [vid.timestamp_text(s) for s in vid.group_timestamps(times, t)]
-                for _, times, _ in decoded_videos])
+                for _, times, *_ in decoded_videos])
             pixel_values, pictures, clips, items = self._vision_items(order, decoding,
                                                                       decoded_videos)
         merge = ckpt.vision.spatial_merge_size ** 2
         counts = tuple(item.num_patches // merge for item in items)
-        media = f"{len(images)} images" + (f" and {len(videos)} videos" if videos else "")
-        fewer = "images or videos" if videos else "images"
-        if lim.max_visual_tokens is not None and sum(counts) > lim.max_visual_tokens:
-            raise InputError(
-                f"request has {sum(counts)} visual tokens in {media}, the engine's prompt "
-                f"table holds {lim.max_visual_tokens} per request: send fewer or smaller "
-                f"{fewer}, or rebuild with a larger limits.max_visual_tokens_per_request")
+        self._check_visual_tokens(counts, media, fewer)
         input_ids = self.prompts.expand(
             ids, [picture.num_patches // merge for picture in pictures],
             [[group.num_patches // merge for group in clip.groups] for clip in clips])
@@ -334,6 +333,29 @@ class RequestPreprocessor:
         )
 
 
+    def _header_token_counts(self, images: Sequence[ImageInput]) -> list[int]:
+        """Each image's visual tokens from its header's size (before any pixel is decoded;
+        EXIF rotation swaps the sides, not the count); refuses what its header already
+        refuses (format, decode bound, aspect ratio, below one merge block)."""
+        counts, merge = [], self.checkpoint.vision.spatial_merge_size ** 2
+        for number, image in enumerate(images, 1):
+            with _numbered("image", number):
+                if isinstance(image, Image.Image):
+                    counts.append(image_patch_count(image, self.pixels) // merge)
+                    continue
+                with open_image(image, max_decoded_pixels=self.limits.max_decoded_pixels) \
+                        as header:
+                    counts.append(image_patch_count(header, self.pixels) // merge)
+        return counts
+
+    def _check_visual_tokens(self, counts: Sequence[int], media: str, fewer: str) -> None:
+        cap = self.limits.max_visual_tokens
+        if cap is not None and sum(counts) > cap:
+            raise InputError(
+                f"request has {sum(counts)} visual tokens in {media}, the engine's prompt "
+                f"table holds {cap} per request: send fewer or smaller {fewer}, or rebuild "
+                "with a larger limits.max_visual_tokens_per_request")
+
     @contextmanager
     def _decoding(self, images: Sequence[ImageInput]) -> Iterator[list[Future[Image.Image]]]:
         """Start decoding the images side by side on the pixel pool (Pillow releases the GIL
@@ -350,21 +372,37 @@ class RequestPreprocessor:
             wait(decoding)
             raise
 
-    def _decode_videos(self, videos: Sequence[VideoInput]) \
-            -> list[tuple[tuple[Image.Image, ...], tuple[float, ...], int]]:
-        """Each video's frames, frame times and patch count, decoded here (their resize uses
-        the pixel pool itself)."""
-        decoded, cap = [], self.video_frame_cap
+    def _decode_videos(self, videos: Sequence[VideoInput], image_tokens: Sequence[int],
+                       media: str, fewer: str) \
+            -> list[tuple[tuple[Image.Image, ...], tuple[float, ...], int, tuple[int, int]]]:
+        """Each video's frames, frame times, patch count and resized (height, width), decoded
+        here (their resize uses the pixel pool itself). A file's frame size and visual
+        tokens, with the images' and the videos' before it, are checked from its header
+        before its frames decode, and its frames are resized as they decode."""
+        decoded, cap, config = [], self.video_frame_cap, self.videos.pixels
+        known, sizes = list(image_tokens), []
+        merge = self.checkpoint.vision.spatial_merge_size ** 2
+
+        def before_decoding(count: int, width: int, height: int) -> tuple[int, int]:
+            sizes.append(vid.clip_frame_size(count, width, height, config, cap))
+            known.append(vid.clip_patch_count(count, *sizes[-1], config) // merge)
+            self._check_visual_tokens(known, media, fewer)
+            return sizes[-1]  # the frames come back resized: video_patches is told the size
+
         for number, video in enumerate(videos, 1):
             with _numbered("video", number):
+                sizes.clear()
                 frames, times = load_clip(video, self.videos, self.limits.video,
-                                          max_decoded_pixels=self.limits.max_decoded_pixels)
-                decoded.append((frames, times, video_patch_count(frames, self.videos.pixels, cap)))
+                                          max_decoded_pixels=self.limits.max_decoded_pixels,
+                                          before_decoding=before_decoding)
+                size = sizes[0] if sizes else vid.resized_video_size(frames, config, cap)
+                decoded.append((frames, times, vid.clip_patch_count(len(frames), *size, config),
+                                size))
         return decoded
 
     def _vision_items(self, order: Sequence[bool], decoding: Sequence[Future[Image.Image]],
                       decoded_videos: Sequence[tuple[Sequence[Image.Image], Sequence[float],
-                                                     int]]) -> tuple[
+                                                     int, tuple[int, int]]]) -> tuple[
             np.ndarray, tuple[ImagePatches, ...], tuple[VideoPatches, ...],
             tuple[ImagePatches, ...]]:
         """Wait for the images to decode, then cut every image and video into its slice of one
@@ -376,7 +414,8 @@ class RequestPreprocessor:
             with _numbered("image", number):
                 rgb = pending.result()
                 decoded_images.append((rgb, image_patch_count(rgb, self.pixels)))
-        total = sum(count for *_, count in [*decoded_images, *decoded_videos])
+        total = sum(count for _, count in decoded_images) + \
+            sum(count for _, _, count, _ in decoded_videos)
         buffer = np.empty((total, self.pixels.patch_dim), np.uint8)
         pending_images = enumerate(decoded_images, 1)
         pending_videos = enumerate(decoded_videos, 1)
@@ -389,11 +428,11 @@ class RequestPreprocessor:
                 pictures.append(picture)
                 items.append(picture)
             else:
-                number, (frames, times, count) = next(pending_videos)
+                number, (frames, times, count, size) = next(pending_videos)
                 with _numbered("video", number):
                     clip = vid.video_patches(frames, times, self.videos.pixels,
                                              self.video_frame_cap,
-                                             out=buffer[start:start + count])
+                                             out=buffer[start:start + count], size=size)
                 clips.append(clip)
                 items.extend(clip.groups)
             start += count

@@ -38,7 +38,7 @@ from ..errors import CheckpointError, InputError
 from . import kernels
 from .geometry import MIN_BLOCKS, video_pixel_budget, video_smart_resize
 from .kernels import pixel_pool
-from .pixels import ImagePatches, PixelConfig, channel_planes
+from .pixels import ImagePatches, PixelConfig, channel_plane
 from .taps import torch_taps
 
 # transformers' Qwen3VLVideoProcessor class values where video_preprocessor_config.json leaves
@@ -194,10 +194,18 @@ def resized_video_size(frames: Sequence[Image.Image], config: PixelConfig,
             raise InputError(f"video frame {number} is {frame.width}x{frame.height}, frame 1 "
                              f"is {width}x{height}: all frames of a video must have one size; "
                              "resize them to the same size")
-    budget = video_pixel_budget(len(frames), max_pixels=config.max_pixels,
+    return clip_frame_size(len(frames), width, height, config, frame_cap)
+
+
+def clip_frame_size(count: int, width: int, height: int, config: PixelConfig,
+                    frame_cap: int) -> tuple[int, int]:
+    """(height, width) each of `count` frames of width x height is resized to (known from a
+    file's header before its frames decode), refusing a size the vision engine does not
+    take."""
+    budget = video_pixel_budget(count, max_pixels=config.max_pixels,
                                 max_pixels_per_frame=frame_cap,
                                 temporal_factor=config.temporal_patch_size)
-    h, w = video_smart_resize(len(frames), height, width, min_pixels=config.min_pixels,
+    h, w = video_smart_resize(count, height, width, min_pixels=config.min_pixels,
                               max_pixels=budget, factor=config.factor,
                               temporal_factor=config.temporal_patch_size)
     if h * w > frame_cap:
@@ -213,20 +221,27 @@ def resized_video_size(frames: Sequence[Image.Image], config: PixelConfig,
 def video_patch_count(frames: Sequence[Image.Image], config: PixelConfig,
                       frame_cap: int) -> int:
     """Rows `video_patches` makes of these frames (to size a request's buffer first)."""
-    h, w = resized_video_size(frames, config, frame_cap)
-    groups = -(-len(frames) // config.temporal_patch_size)
-    return groups * (h // config.patch_size) * (w // config.patch_size)
+    return clip_patch_count(len(frames), *resized_video_size(frames, config, frame_cap), config)
+
+
+def clip_patch_count(count: int, height: int, width: int, config: PixelConfig) -> int:
+    """Rows of `count` frames resized to height x width: a group per temporal_patch_size."""
+    groups = -(-count // config.temporal_patch_size)
+    return groups * (height // config.patch_size) * (width // config.patch_size)
 
 
 def video_patches(frames: Sequence[Image.Image], frame_times: Sequence[float],
-                  config: PixelConfig, frame_cap: int, out: np.ndarray) -> VideoPatches:
+                  config: PixelConfig, frame_cap: int, out: np.ndarray,
+                  size: tuple[int, int] | None = None) -> VideoPatches:
     """Resize RGB frames (one size) and cut them into uint8 patch rows written into `out`
     ([video_patch_count, patch_dim], e.g. a slice of the request's buffer), two frames per
-    temporal group; `frame_times` are each frame's seconds."""
+    temporal group; `frame_times` are each frame's seconds. `size`: the (height, width) the
+    clip resizes to when known already (frames that were resized as they decoded are at it;
+    the rule is not applied to them again: it is not idempotent)."""
     if any(f.mode != "RGB" for f in frames) or config.channels != 3:
         raise InputError("video_patches takes RGB frames for a 3-channel processor; decode "
                          "them with load_rgb")
-    h, w = resized_video_size(frames, config, frame_cap)
+    h, w = size or resized_video_size(frames, config, frame_cap)
     t, p = config.temporal_patch_size, config.patch_size
     per_group = (h // p) * (w // p)
     groups = -(-len(frames) // t)
@@ -260,4 +275,5 @@ def resize_frame(frame: Image.Image, height: int, width: int) -> list[np.ndarray
     first, rounded to uint8, then the height pass, as PyTorch's kernel does."""
     resize = kernels.Resize(torch_taps(frame.height, height) if frame.height != height else None,
                             torch_taps(frame.width, width) if frame.width != width else None)
-    return [resize.rows(plane, 0, height) for plane in channel_planes(frame)]
+    # A plane at a time: the frames resize side by side, an 8K frame's planes are 100 MB.
+    return [resize.rows(channel_plane(frame, band), 0, height) for band in frame.getbands()]

@@ -10,13 +10,17 @@ packets first. Decoding stops after the last sampled frame.
 from __future__ import annotations
 
 import io
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 
 from PIL import Image
 
 from ..deps import require
 from ..errors import InputError
-from .video import sample_indices
+from .kernels import pixel_pool
+from .video import resize_frame, sample_indices
 
 _TRUNCATED = "the file is truncated or corrupt, send it again"
 
@@ -52,8 +56,14 @@ class Sampling:
     max_decoded_pixels: int  # of one frame, before resizing
 
 
-def decode_video(data: bytes, sampling: Sampling) -> DecodedClip:
-    """Decode the frames of `data` (a whole video file) that `sampling` picks."""
+def decode_video(data: bytes, sampling: Sampling,
+                 before_decoding: Callable[[int, int, int], tuple[int, int] | None] | None
+                 = None) -> DecodedClip:
+    """Decode the frames of `data` (a whole video file) that `sampling` picks.
+    `before_decoding(frames sampled, width, height)`, from the header, may refuse the clip
+    before any frame decodes, and returns the (height, width) each frame is resized to as
+    soon as it decodes (video.resize_frame, on the pixel pool), or None to keep them whole:
+    a clip of large frames then holds one or two of them at full size, not all."""
     av = require("av", extra="serve", why="decode video files")
     with _open(av, data) as container:
         stream = _video_stream(container)
@@ -73,22 +83,42 @@ def decode_video(data: bytes, sampling: Sampling) -> DecodedClip:
                              "least 2: send a single frame as an image")
         indices = sample_indices(total, native_fps, sampling.fps,
                                  min_frames=sampling.min_frames, max_frames=sampling.max_frames)
+        size = None if before_decoding is None else \
+            before_decoding(len(indices), header.width, header.height)
         wanted = set(indices.tolist())
-        decoded: dict[int, Image.Image] = {}
+        decoded: dict[int, Image.Image | Future[Image.Image]] = {}
+        resizing: deque[Future[Image.Image]] = deque()
         try:
             for number, frame in enumerate(container.decode(stream)):
                 if number in wanted:
-                    decoded[number] = frame.to_image()
+                    if size is None:
+                        decoded[number] = frame.to_image()
+                    else:
+                        if len(resizing) >= _RESIZING_AT_ONCE:
+                            resizing.popleft().result()
+                        resizing.append(pixel_pool().submit(_resized, frame.to_image(), size))
+                        decoded[number] = resizing[-1]
                 if number >= indices[-1]:
                     break
         except av.error.FFmpegError as exc:
             raise InputError(f"video frame {len(decoded) + 1} could not be decoded ({exc}); "
                              f"{_TRUNCATED}") from None
+        finally:
+            wait(resizing)
+    decoded = {i: f.result() if isinstance(f, Future) else f for i, f in decoded.items()}
     if len(decoded) < len(wanted):
         raise InputError(f"the video ended before frame {max(wanted) + 1} of the {total} its "
                          f"header declares; {_TRUNCATED}")
     return DecodedClip(tuple(decoded[i] for i in indices.tolist()),
                        tuple(i / native_fps for i in indices.tolist()))
+
+
+_RESIZING_AT_ONCE = 2  # full-size frames handed to the pixel pool and not yet resized
+
+
+def _resized(frame: Image.Image, size: tuple[int, int]) -> Image.Image:
+    """`frame` resized as video_patches resizes it (so there it is left as it is)."""
+    return Image.merge("RGB", [Image.fromarray(plane) for plane in resize_frame(frame, *size)])
 
 
 def probe_video(data: bytes) -> VideoHeader:

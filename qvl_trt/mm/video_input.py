@@ -10,7 +10,7 @@ as sent (no sampling), as transformers does with `do_sample_frames=False`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from PIL import Image
@@ -40,14 +40,19 @@ VideoInput = VideoFile | VideoFrames
 
 
 def load_clip(video: VideoInput, config: VideoConfig, limits: VideoLimits, *,
-              max_decoded_pixels: int) -> tuple[tuple[Image.Image, ...], tuple[float, ...]]:
-    """The frames the model sees (RGB) and their seconds."""
+              max_decoded_pixels: int,
+              before_decoding: Callable[[int, int, int], tuple[int, int] | None] | None
+              = None) \
+        -> tuple[tuple[Image.Image, ...], tuple[float, ...]]:
+    """The frames the model sees (RGB) and their seconds; a file's header is shown to
+    `before_decoding` (video_decode.decode_video) before its frames decode."""
     max_frames = min(config.max_frames, limits.max_video_frames)
     if isinstance(video, VideoFile):
         fps = config.fps if video.fps is None else check_fps(video.fps, "fps")
         clip = decode_video(bytes(video.data), Sampling(
             fps=fps, min_frames=config.min_frames, max_frames=max_frames,
-            max_seconds=limits.max_video_seconds, max_decoded_pixels=max_decoded_pixels))
+            max_seconds=limits.max_video_seconds, max_decoded_pixels=max_decoded_pixels),
+            before_decoding)
         return clip.frames, clip.times
     if not isinstance(video, VideoFrames):
         raise InputError(f"got a {type(video).__name__} where a video was expected; send a "
