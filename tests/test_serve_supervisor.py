@@ -5,6 +5,7 @@ leaves nothing running; SIGTERM drains in-flight requests and exits 0."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -15,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -106,6 +108,17 @@ class Serve:
             self.process.kill()
         self.process.wait()
 
+    def __enter__(self) -> Serve:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """Kill it if it still runs; remove the /dev/shm regions it could not."""
+        from qvl_trt.serve.server import remove_stale_shm
+
+        self.close()
+        time.sleep(0.5)
+        remove_stale_shm()
+
 
 # The token generator's rate in the slow repository: an answer of N tokens takes at least
 # N / SLOW_TOKENS_PER_S seconds, however fast the machine.
@@ -127,13 +140,8 @@ def slow_repo(tmp_path_factory, tiny_build: Path, repo: Path) -> Path:
 
 @pytest.fixture
 def serve(repo: Path, tmp_path: Path):
-    from qvl_trt.serve.server import remove_stale_shm
-
-    started = Serve(repo, tmp_path)
-    yield started
-    started.close()
-    time.sleep(0.5)
-    remove_stale_shm()
+    with Serve(repo, tmp_path) as started:
+        yield started
 
 
 def generate(serve: Serve, max_tokens: int) -> str:
@@ -188,6 +196,16 @@ class Stream:
     def close(self) -> None:
         self.client.stop_stream()
         self.client.close()
+
+
+@contextlib.contextmanager
+def open_streams(serve: Serve, count: int, max_tokens: int) -> Iterator[list[Stream]]:
+    streams = [Stream(serve, max_tokens) for _ in range(count)]
+    try:
+        yield streams
+    finally:
+        for stream in streams:
+            stream.close()
 
 
 def test_a_killed_stub_is_noticed_and_service_comes_back(serve: Serve) -> None:
@@ -288,12 +306,12 @@ def test_sigterm_drains_eight_streams_stops_the_gateway_and_exits_0(slow_repo: P
     gateway answers once the server is ready, comes back after a kill -9, and ends before the
     server."""
     from qvl_trt.gateway.readiness import ask_ready
-    from qvl_trt.serve.server import ServerOptions, free_ports, remove_stale_shm
+    from qvl_trt.serve.server import ServerOptions, free_ports
 
     openai = pytest.importorskip("openai", reason="the gateway's client: pip install openai")
     port = free_ports().http
-    serve = Serve(slow_repo, tmp_path, "--openai-port", str(port), "--drain-timeout", "90")
-    try:
+    with Serve(slow_repo, tmp_path, "--openai-port", str(port), "--drain-timeout",
+               "90") as serve:
         serve.wait_ready()
         # one readiness on both ports: the gateway forwards serve's once it has found the
         # builds Triton serves (serve's readiness waits for the gateway to listen)
@@ -316,8 +334,7 @@ def test_sigterm_drains_eight_streams_stops_the_gateway_and_exits_0(slow_repo: P
             temperature=0)
         assert again.choices[0].message.content == answer.choices[0].message.content
         tokens_each = int(SLOW_TOKENS_PER_S * (ServerOptions.drain_timeout_s + 2))
-        streams = [Stream(serve, tokens_each) for _ in range(8)]
-        try:
+        with open_streams(serve, 8, tokens_each) as streams:
             for stream in streams:
                 assert stream.next()[0] == "token"
             serve.process.send_signal(signal.SIGTERM)
@@ -327,12 +344,6 @@ def test_sigterm_drains_eight_streams_stops_the_gateway_and_exits_0(slow_repo: P
             assert tokens == [tokens_each] * 8
             assert time.monotonic() - signalled > ServerOptions.drain_timeout_s
             code = serve.process.wait(timeout=120)
-        finally:
-            for stream in streams:
-                stream.close()
-    finally:
-        serve.close()
-        remove_stale_shm()
     log = serve.output()
     assert code == 0, log
     assert "Exit timeout expired" not in log
@@ -342,14 +353,10 @@ def test_sigterm_drains_eight_streams_stops_the_gateway_and_exits_0(slow_repo: P
 def test_a_second_sigterm_cuts_the_drain_and_exits_1(slow_repo: Path, tmp_path: Path) -> None:
     """The first SIGTERM starts the drain of answers that would take half a minute; the second
     ends it at once: the answers stop with an error, serve exits 1, nothing is left."""
-    from qvl_trt.serve.server import remove_stale_shm
-
-    serve = Serve(slow_repo, tmp_path, "--drain-timeout", "120")
-    try:
+    with Serve(slow_repo, tmp_path, "--drain-timeout", "120") as serve:
         serve.wait_ready()
         server = serve.tritonserver()
-        streams = [Stream(serve, int(SLOW_TOKENS_PER_S * 30)) for _ in range(2)]
-        try:
+        with open_streams(serve, 2, int(SLOW_TOKENS_PER_S * 30)) as streams:
             for stream in streams:
                 assert stream.next()[0] == "token"
             serve.process.send_signal(signal.SIGTERM)
@@ -361,12 +368,6 @@ def test_a_second_sigterm_cuts_the_drain_and_exits_1(slow_repo: Path, tmp_path: 
                 while (kind := stream.next(timeout_s=60)[0]) == "token":
                     pass
                 ends.append(kind)
-        finally:
-            for stream in streams:
-                stream.close()
-    finally:
-        serve.close()
-        remove_stale_shm()
     assert code == 1, serve.output()
     assert ends == ["error", "error"]
     assert group_gone_within(server), "a forced stop left tritonserver running"
