@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import http.client
 import json
-import time
 from collections.abc import Iterator
 
 from ..errors import InputError, RequestError
@@ -24,6 +23,7 @@ from .generate import (
     fixed_length_fields,
     image_data_uri,
     parse_url,
+    post_events,
 )
 
 CHAT_PATH = "/v1/chat/completions"
@@ -106,42 +106,27 @@ class ChatClient:
             -> Iterator[Response]:
         """Yield a response per content chunk and one for the usage chunk, as they arrive;
         `sent_at`, if given, receives the perf_counter time the request went out."""
-        body = json.dumps(chat_body(req, self.model))
-        conn = http.client.HTTPConnection(self.endpoint.host, self.endpoint.port,
-                                          timeout=self.timeout_s)
+        events = post_events(self.endpoint, CHAT_PATH, json.dumps(chat_body(req, self.model)),
+                             self.headers, timeout_s=self.timeout_s, sent_at=sent_at,
+                             error_line=_error)
         finish = ""
-        try:
-            if sent_at is not None:
-                sent_at.append(time.perf_counter())
-            conn.request("POST", CHAT_PATH, body=body, headers=self.headers)
-            reply = conn.getresponse()
-            if reply.status != 200:
-                raise RequestError(_error(reply.status, reply.read()))
-            for line in reply:
-                if not line.startswith(b"data:"):
-                    continue
-                received = time.perf_counter()
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    return
-                chunk = json.loads(data)
-                if "error" in chunk:  # refused after the stream began: OpenAI's error shape
-                    error = chunk["error"]
-                    raise RequestError(_one_line(error.get("message", error)
-                                                 if isinstance(error, dict) else error))
-                for choice in chunk.get("choices") or ():
-                    finish = choice.get("finish_reason") or finish
-                    text = (choice.get("delta") or {}).get("content") or ""
-                    if text:
-                        yield Response(received, text, 0, 0)
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
-                    yield Response(received, "", usage["prompt_tokens"],
-                                   usage["completion_tokens"], finish)
-        except OSError as exc:
-            raise RequestError(f"{self.endpoint.address}: {exc}") from None
-        finally:
-            conn.close()
+        for received, data in events:
+            if data == b"[DONE]":
+                return
+            chunk = json.loads(data)
+            if "error" in chunk:  # refused after the stream began: OpenAI's error shape
+                error = chunk["error"]
+                raise RequestError(_one_line(error.get("message", error)
+                                             if isinstance(error, dict) else error))
+            for choice in chunk.get("choices") or ():
+                finish = choice.get("finish_reason") or finish
+                text = (choice.get("delta") or {}).get("content") or ""
+                if text:
+                    yield Response(received, text, 0, 0)
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+                yield Response(received, "", usage["prompt_tokens"],
+                               usage["completion_tokens"], finish)
 
 
 def _error(status: int, body: bytes) -> str:

@@ -359,33 +359,42 @@ class GenerateClient:
     # ---- HTTP --------------------------------------------------------------------------
 
     def _stream_http(self, req: GenerateRequest, sent_at: list | None) -> Iterator[Response]:
-        body = json.dumps(http_body(req))
-        conn = http.client.HTTPConnection(self.endpoint.host, self.endpoint.port,
-                                          timeout=self.timeout_s)
-        try:
-            if sent_at is not None:
-                sent_at.append(time.perf_counter())
-            conn.request("POST", f"/v2/models/{self.model}/generate_stream", body=body,
-                         headers={"Content-Type": "application/json"})
-            reply = conn.getresponse()
-            if reply.status != 200:
-                raise RequestError(_http_error(reply.status, reply.read()))
-            for line in reply:
-                if not line.startswith(b"data:"):
-                    continue
-                received = time.perf_counter()
-                event = json.loads(line[5:])
-                if "error" in event:
-                    raise RequestError(_one_line(event["error"]))
-                if c.TEXT_OUTPUT in event:
-                    yield Response(received, _text(event[c.TEXT_OUTPUT]),
-                                   _int(event.get(c.PROMPT_TOKENS, 0)),
-                                   _int(event.get(c.COMPLETION_TOKENS, 0)),
-                                   _text(event.get(c.FINISH_REASON, "")))
-        except OSError as exc:
-            raise RequestError(f"{self.endpoint.address}: {exc}") from None
-        finally:
-            conn.close()
+        events = post_events(self.endpoint, f"/v2/models/{self.model}/generate_stream",
+                             json.dumps(http_body(req)), {"Content-Type": "application/json"},
+                             timeout_s=self.timeout_s, sent_at=sent_at, error_line=_http_error)
+        for received, data in events:
+            event = json.loads(data)
+            if "error" in event:
+                raise RequestError(_one_line(event["error"]))
+            if c.TEXT_OUTPUT in event:
+                yield Response(received, _text(event[c.TEXT_OUTPUT]),
+                               _int(event.get(c.PROMPT_TOKENS, 0)),
+                               _int(event.get(c.COMPLETION_TOKENS, 0)),
+                               _text(event.get(c.FINISH_REASON, "")))
+
+
+def post_events(endpoint: Endpoint, path: str, body: str, headers: dict[str, str], *,
+                timeout_s: float, sent_at: list | None,
+                error_line: Callable[[int, bytes], str]) -> Iterator[tuple[float, bytes]]:
+    """POST `body` to `path` and yield (perf_counter arrival time, data) of each server-sent
+    event as it arrives; `sent_at`, if given, receives the time the request went out. A
+    status other than 200 raises RequestError(error_line(status, body)), a connection error
+    one naming the address."""
+    conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=timeout_s)
+    try:
+        if sent_at is not None:
+            sent_at.append(time.perf_counter())
+        conn.request("POST", path, body=body, headers=headers)
+        reply = conn.getresponse()
+        if reply.status != 200:
+            raise RequestError(error_line(reply.status, reply.read()))
+        for line in reply:
+            if line.startswith(b"data:"):
+                yield time.perf_counter(), line[5:].strip()
+    except OSError as exc:
+        raise RequestError(f"{endpoint.address}: {exc}") from None
+    finally:
+        conn.close()
 
 
 def _text(value) -> str:
