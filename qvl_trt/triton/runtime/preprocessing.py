@@ -112,12 +112,10 @@ def _rss_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _malloc_trim():
-    """glibc's malloc_trim, or None where the C library has none (musl, macOS)."""
-    return getattr(ctypes.CDLL(None), "malloc_trim", None)
-
-
-_MALLOC_TRIM = _malloc_trim()
+# glibc's malloc_trim and mallopt, or None where the C library has them not (musl, macOS).
+_LIBC = ctypes.CDLL(None)
+_MALLOC_TRIM = getattr(_LIBC, "malloc_trim", None)
+_MALLOPT = getattr(_LIBC, "mallopt", None)
 _M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 # Allocations from this size up get pages of their own, unmapped when freed: below Pillow's
 # 16 MiB blocks, so a decoded image's memory goes back to the system as soon as it is freed.
@@ -128,9 +126,8 @@ def _map_large_allocations() -> None:
     """Fix glibc's mmap threshold (by default it rises to the largest block freed, up to 32
     MiB, after which a large image's blocks come from the heap and stay there when freed, so
     one request's peak adds up with what earlier ones left)."""
-    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
-    if mallopt is not None:
-        mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
+    if _MALLOPT is not None:
+        _MALLOPT(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
 
 
 def _give_back_freed_memory() -> None:
