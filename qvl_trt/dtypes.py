@@ -79,3 +79,34 @@ def pick(value: Any, allowed: Sequence[Dtype], what: str) -> Dtype:
     if value not in allowed:
         raise ConfigError(f"{what} {str(value)!r} is not one of {', '.join(allowed)}")
     return Dtype(value)
+
+
+class WeightOnly(str, enum.Enum):
+    """How the language model's linear-layer weights are stored: in the model dtype, or
+    quantized weight-only (TensorRT-LLM's QuantAlgo W8A16 / W4A16: integer weights with one
+    scale per output channel in the model dtype, activations and everything else in the
+    model dtype; no calibration data)."""
+
+    NONE = "none"
+    INT8 = "int8"
+    INT4 = "int4"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def quant_algo(self) -> str | None:
+        """The checkpoint config's `quantization.quant_algo` (TensorRT-LLM QuantAlgo name)."""
+        return {WeightOnly.INT8: "W8A16", WeightOnly.INT4: "W4A16"}.get(self)
+
+    @property
+    def bits(self) -> int | None:
+        """Bits per stored weight value; None in the model dtype."""
+        return {WeightOnly.INT8: 8, WeightOnly.INT4: 4}.get(self)
+
+    def linear_bytes(self, in_features: int, out_features: int, dtype: Dtype) -> int:
+        """Bytes of one linear layer's weight as the engine holds it: in the model dtype, or
+        packed integers plus one `dtype` scale per output channel."""
+        if self.bits is None:
+            return in_features * out_features * dtype.itemsize
+        return in_features * out_features * self.bits // 8 + out_features * dtype.itemsize
