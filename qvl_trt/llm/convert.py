@@ -1,9 +1,9 @@
 """HF Qwen3-VL text weights -> TensorRT-LLM checkpoint (config.json + rank{N}.safetensors).
 
 Streaming: each weight is read from the HF shards (memory-mapped, one tensor at a time), cast,
-cut for every rank and appended to the rank files, so peak memory is about the largest
-weight, not the model. The output folder is written under a temporary name and renamed when
-complete.
+cut for every rank (and, weight-only, quantized: qvl_trt.llm.weight_only) and appended to the
+rank files, so peak memory is about the largest weight, not the model. The output folder is
+written under a temporary name and renamed when complete.
 """
 
 from __future__ import annotations
@@ -16,13 +16,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..atomic import staged_dir
-from ..checkpoint import Checkpoint, open_checkpoint
+from ..checkpoint import Checkpoint, TextDims, open_checkpoint
 from ..deps import require
-from ..dtypes import Dtype, pick
+from ..dtypes import Dtype, WeightOnly, pick
 from ..errors import CheckpointError, ConfigError
 from ..typed_config import to_jsonable
-from .layout import CONFIG_NAME, DTYPES, LlmConfig, llm_config, rank_shape, shard, weight_sources
+from .layout import (
+    CONFIG_NAME,
+    DTYPES,
+    LlmConfig,
+    llm_config,
+    shard,
+    stored_shapes,
+    weight_sources,
+)
 from .safetensors_stream import SafetensorsStream
+from .weight_only import FEATURE_MULTIPLE, is_quantized, quantize, scale_name
 
 log = logging.getLogger(__name__)
 
@@ -47,24 +56,30 @@ def convert_checkpoint(
     max_seq_len: int,
     dtype: Dtype | str = Dtype.FLOAT16,
     tp_size: int = 1,
+    weights: WeightOnly | str = WeightOnly.NONE,
     force: bool = False,
 ) -> ConvertResult:
     """Convert the language model of an HF Qwen3-VL checkpoint into a TensorRT-LLM checkpoint
     at `out` for `tp_size` ranks. `max_seq_len` (the engine's) becomes
-    max_position_embeddings, which sizes the per-request MRoPE table. `out` must not exist
-    unless `force`, which replaces it once the new checkpoint is complete."""
+    max_position_embeddings, which sizes the per-request MRoPE table. `weights` int8/int4
+    stores the decoder's linear weights weight-only quantized (embedding and lm_head stay in
+    `dtype`). `out` must not exist unless `force`, which replaces it once the new checkpoint
+    is complete."""
     started = time.perf_counter()
     require("torch", extra="export", why="convert the checkpoint")
     ckpt = model if isinstance(model, Checkpoint) else open_checkpoint(model)
     out = Path(out)
-    config = llm_config_for(ckpt, dtype=dtype, tp_size=tp_size, max_seq_len=max_seq_len)
+    config = llm_config_for(ckpt, dtype=dtype, tp_size=tp_size, max_seq_len=max_seq_len,
+                            weights=weights)
     _check_out(out, ckpt, force)
     sources = weight_sources(ckpt.text)
     _check_sources(ckpt, sources)
-    shapes = {name: rank_shape(name, [ckpt.tensors[s].shape for s in srcs], config)
-              for name, srcs in sources.items()}
-    log.info("converting %s -> %s (%s, TP %d, max_position_embeddings %d)", ckpt.path, out,
-             config.dtype, tp_size, config.max_position_embeddings)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, srcs in sources.items():
+        shapes.update(stored_shapes(name, [ckpt.tensors[s].shape for s in srcs], config))
+    log.info("converting %s -> %s (%s, weights %s, TP %d, max_position_embeddings %d)",
+             ckpt.path, out, config.dtype, config.weight_only, tp_size,
+             config.max_position_embeddings)
     with staged_dir(out) as staging:
         _write_ranks(ckpt, staging, config, sources, shapes)
         (staging / CONFIG_NAME).write_text(json.dumps(to_jsonable(config), indent=2) + "\n")
@@ -87,11 +102,17 @@ def resolve_max_seq_len(gpu: str | None, max_seq_len: int | None) -> int:
 
 
 def llm_config_for(ckpt: Checkpoint, *, dtype: Dtype | str, tp_size: int,
-                max_seq_len: int) -> LlmConfig:
+                   max_seq_len: int, weights: WeightOnly | str = WeightOnly.NONE) -> LlmConfig:
     """The TensorRT-LLM config a conversion would write, refusing what it cannot convert
-    (TP size, max_seq_len, no weights); cheap: `qvl-trt build` checks it before any stage."""
+    (TP size, max_seq_len, weight-only feature sizes, no weights); cheap: `qvl-trt build`
+    checks it before any stage."""
     text = ckpt.text
     dtype = pick(dtype, DTYPES, "dtype")
+    try:
+        weights = WeightOnly(weights)
+    except ValueError:
+        raise ConfigError(f"weights {weights!r} is not one of "
+                          f"{', '.join(w.value for w in WeightOnly)}") from None
     if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
         raise ConfigError(f"tensor-parallel size must be a positive integer, got {tp_size!r}")
     for what, count in (("attention heads", text.num_heads), ("KV heads", text.num_kv_heads),
@@ -104,11 +125,27 @@ def llm_config_for(ckpt: Checkpoint, *, dtype: Dtype | str, tp_size: int,
     if not 0 < max_seq_len <= text.max_position_embeddings:
         raise ConfigError(f"max_seq_len {max_seq_len} must be between 1 and the model's "
                           f"max_position_embeddings ({text.max_position_embeddings})")
+    if weights is not WeightOnly.NONE:
+        _check_weight_only_features(text, tp_size, weights)
     if not ckpt.has_weights:
         raise CheckpointError(f"{ckpt.path} holds a config only, no weights; point --model at "
                               "a checkpoint with its safetensors files")
     return llm_config(text, ckpt.vision.deepstack_count, dtype=dtype, tp_size=tp_size,
-                      max_position_embeddings=max_seq_len)
+                      max_position_embeddings=max_seq_len, weights=weights)
+
+
+def _check_weight_only_features(text: TextDims, tp_size: int, weights: WeightOnly) -> None:
+    """TensorRT-LLM's weight-only linears pad feature counts that are not multiples of
+    64 x TP size (WeightOnlyQuantLinear), and would then not take the unpadded weights."""
+    multiple = FEATURE_MULTIPLE * tp_size
+    sizes = {"hidden size": text.hidden_size, "intermediate size": text.intermediate_size,
+             "attention width (heads x head_dim)": text.num_heads * text.head_dim,
+             "KV width (KV heads x head_dim)": text.num_kv_heads * text.head_dim}
+    for what, size in sizes.items():
+        if size % multiple:
+            raise ConfigError(f"--weights {weights} needs the model's {what} ({size}) to be a "
+                              f"multiple of {multiple} (64 x TP size {tp_size}); use a smaller "
+                              "--tp-size or --weights none")
 
 
 def _check_out(out: Path, ckpt: Checkpoint, force: bool) -> None:
@@ -142,14 +179,24 @@ def _check_sources(ckpt: Checkpoint, sources: dict[str, tuple[str, ...]]) -> Non
 def _write_ranks(ckpt: Checkpoint, folder: Path, config: LlmConfig,
                  sources: dict[str, tuple[str, ...]],
                  shapes: dict[str, tuple[int, ...]]) -> None:
+    mode = config.weight_only
+    quantized = set() if mode is WeightOnly.NONE else {n for n in sources if is_quantized(n)}
     with contextlib.ExitStack() as stack:
         streams = [stack.enter_context(SafetensorsStream(folder / rank_file(r), config.dtype,
-                                                         shapes))
+                                                         shapes, int8=quantized))
                    for r in range(config.tp_size)]
         for name, names in sources.items():
             tensors = [_cast(ckpt.load(s), config.dtype, s) for s in names]
             for rank, stream in enumerate(streams):
-                stream.write(name, shard(name, tensors, config, rank))
+                piece = shard(name, tensors, config, rank)
+                if name in quantized:
+                    # Each rank's piece is quantized on its own, as TensorRT-LLM's converters
+                    # quantize after splitting: a row-parallel piece has its own scales.
+                    ints, scales = quantize(piece, mode, config.dtype)
+                    stream.write(name, ints)
+                    stream.write(scale_name(name), scales)
+                else:
+                    stream.write(name, piece)
             log.debug("wrote %s", name)
             del tensors
 

@@ -12,10 +12,11 @@ from pathlib import Path
 
 from ..checkpoint import TEXT_PREFIX, TextDims
 from ..deps import require
-from ..dtypes import Dtype
+from ..dtypes import Dtype, WeightOnly
 from ..errors import CheckpointError
 from ..mm.prompt_table import rows_per_visual_token
-from ..typed_config import load_dataclass
+from ..typed_config import load_dataclass, to_jsonable
+from .weight_only import is_quantized, packed_shape, scale_name
 
 # Our own Qwen3-VL causal LM class (TensorRT-LLM 1.2 has none); the C++ runtime ignores it.
 ARCHITECTURE = "Qwen3VLForCausalLM"
@@ -33,8 +34,17 @@ class MappingConfig:
 
 @dataclass(frozen=True)
 class QuantizationConfig:
+    """TensorRT-LLM's QuantConfig keys (tensorrt_llm/models/modeling_utils.py): quant_algo
+    W8A16 / W4A16 for weight-only INT8 / INT4 linears (qvl_trt.llm.weight_only), None for
+    weights in the model dtype. exclude_modules is left to TensorRT-LLM's default, which
+    keeps lm_head and the embedding in the model dtype."""
+
     quant_algo: str | None = None
     kv_cache_quant_algo: str | None = None
+
+    @property
+    def weight_only(self) -> WeightOnly:
+        return next(w for w in WeightOnly if w.quant_algo == self.quant_algo)
 
 
 @dataclass(frozen=True)
@@ -93,9 +103,14 @@ class LlmConfig:
     def rows_per_visual_token(self) -> int:
         return rows_per_visual_token(self.num_deepstack_layers)
 
+    @property
+    def weight_only(self) -> WeightOnly:
+        return self.quantization.weight_only
+
 
 def llm_config(text: TextDims, deepstack_layers: int, *, dtype: Dtype, tp_size: int,
-               max_position_embeddings: int) -> LlmConfig:
+               max_position_embeddings: int,
+               weights: WeightOnly = WeightOnly.NONE) -> LlmConfig:
     """The converted checkpoint's config for these text dimensions."""
     return LlmConfig(
         architecture=ARCHITECTURE, dtype=dtype, logits_dtype=Dtype.FLOAT32,
@@ -111,7 +126,7 @@ def llm_config(text: TextDims, deepstack_layers: int, *, dtype: Dtype, tp_size: 
         use_parallel_embedding=False, embedding_sharding_dim=0,
         num_deepstack_layers=deepstack_layers,
         mapping=MappingConfig(world_size=tp_size, tp_size=tp_size),
-        quantization=QuantizationConfig(),
+        quantization=QuantizationConfig(quant_algo=WeightOnly(weights).quant_algo),
     )
 
 
@@ -126,6 +141,13 @@ def read_llm_config(path: Path) -> LlmConfig:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{file} is not valid JSON ({exc}); convert again") from None
     config = load_dataclass(LlmConfig, data, str(file))
+    quant = config.quantization
+    if quant.kv_cache_quant_algo is not None or quant.quant_algo not in {
+            w.quant_algo for w in WeightOnly}:
+        raise CheckpointError(
+            f"{file} sets quantization {to_jsonable(quant)}; qvl-trt writes quant_algo "
+            f"{' or '.join(w.quant_algo for w in WeightOnly if w.quant_algo)} or none, and no "
+            "KV-cache quantization; convert again")
     if config.architecture != ARCHITECTURE or config.mapping.pp_size != 1:
         raise CheckpointError(f"{file} is not a Qwen3-VL checkpoint written by `qvl-trt convert` "
                               f"(architecture {config.architecture}, pp_size "
@@ -201,6 +223,18 @@ def rank_shape(name: str, full: list[tuple[int, ...]], config: LlmConfig) -> tup
     if split is Split.COLS:
         return (rows, cols[0] // tp)
     return full[0]
+
+
+def stored_shapes(name: str, full: list[tuple[int, ...]],
+                  config: LlmConfig) -> dict[str, tuple[int, ...]]:
+    """The tensors one rank file holds for weight `name`: the weight itself, or for a
+    weight-only quantized linear its integers and per-channel scales."""
+    shape = rank_shape(name, full, config)
+    mode = config.weight_only
+    if mode is WeightOnly.NONE or not is_quantized(name):
+        return {name: shape}
+    out_features, in_features = shape
+    return {name: packed_shape(out_features, in_features, mode), scale_name(name): (out_features,)}
 
 
 def shard(name: str, sources: list, config: LlmConfig, rank: int):

@@ -1,0 +1,106 @@
+"""Weight-only INT8/INT4 linear weights in TensorRT-LLM 1.2's checkpoint layout, and back.
+
+What TensorRT-LLM does (engine path, QuantAlgo W8A16 / W4A16, no calibration):
+- tensorrt_llm/models/convert_utils.py `weight_only_quantize` transposes each linear weight
+  from [out, in] to [in, out] and calls torch.ops.trtllm.symmetric_quantize_last_axis_of_
+  batched_matrix, i.e. cpp/tensorrt_llm/kernels/cutlass_kernels/cutlass_preprocessors.cpp
+  `symmetric_quantize`: per column (= output channel) the float32 max |w| times
+  1 / 2^(bits-1) is the scale (so max/128 for INT8, max/8 for INT4, not /127 or /7), each
+  value becomes round(w / scale) (C `round`: halves away from zero) clipped to [-128, 127]
+  or [-8, 7], 0 where the scale is 0; the scales are stored in the weight's dtype. INT4
+  values are packed two per byte along the output axis, the even column in the low nibble,
+  two's complement. The checkpoint names them `<linear>.weight` (int8, [in, out * bits/8])
+  and `<linear>.per_channel_scale` ([out]), as WeightOnlyQuantLinear / WeightOnlyQuantRowLinear
+  declare their parameters (tensorrt_llm/quantization/layers.py).
+- The same C++ op then permutes and interleaves the integers for the mixed-type GEMM of the
+  GPU it runs on (`preprocess_weights_for_mixed_gemm`, by SM version). That step needs the
+  target GPU, so `convert` (which runs anywhere) stores the row-major integers above and the
+  engine build applies tensorrt_llm.quantization.functional.preprocess_weights_for_mixed_gemm
+  on the build GPU, as TensorRT-LLM's own loader does for per-channel weight-only checkpoints
+  (tensorrt_llm/_torch/modules/linear.py WeightOnlyQuantLinearMethod).
+
+The C++ op needs TensorRT-LLM's libraries; `quantize` below computes the same arithmetic in
+torch float32 (IEEE division, the same max, an exact power-of-two scaling, the same rounding
+and clipping), so its integers and scales are identical to the op's.
+
+`dequantize` is the GEMM's view of a weight: q x scale, multiplied in the model dtype (the
+plugin's kernels convert the integer to the activation type and scale it there), which the
+reference decoder runs.
+"""
+
+from __future__ import annotations
+
+from ..deps import require
+from ..dtypes import Dtype, WeightOnly
+
+# The quantized linears: the names TensorRT-LLM quantizes at load time
+# (tensorrt_llm/models/convert_utils.py weight_only_quantize_dict: qkv, dense, fc, proj, gate);
+# lm_head and the embedding stay in the model dtype (its quantize_layers excludes *lm_head and
+# *vocab_embedding by default).
+QUANTIZED_SUFFIXES = ("attention.qkv.weight", "attention.dense.weight", "mlp.fc.weight",
+                      "mlp.gate.weight", "mlp.proj.weight")
+SCALE_SUFFIX = "per_channel_scale"
+# WeightOnlyQuantLinear pads in/out features that are not multiples of 64 x TP size
+# (tensorrt_llm/quantization/layers.py); the checkpoint holds unpadded weights.
+FEATURE_MULTIPLE = 64
+# Elements converted to float32 at a time: bounds the quantizer's extra memory.
+_CHUNK_ELEMENTS = 1 << 24
+
+
+def is_quantized(name: str) -> bool:
+    return name.endswith(QUANTIZED_SUFFIXES)
+
+
+def scale_name(weight_name: str) -> str:
+    """`...qkv.weight` -> `...qkv.per_channel_scale`."""
+    return weight_name.removesuffix("weight") + SCALE_SUFFIX
+
+
+def packed_shape(out_features: int, in_features: int, mode: WeightOnly) -> tuple[int, int]:
+    """Shape of the stored integers of an [out, in] weight: [in, out * bits / 8]."""
+    return in_features, out_features * mode.bits // 8
+
+
+def quantize(weight, mode: WeightOnly, dtype: Dtype) -> tuple:
+    """(integers [in, out * bits/8] int8, scales [out] in `dtype`) of an [out, in] weight."""
+    torch = _torch()
+    bits = mode.bits
+    out_features, in_features = weight.shape
+    low, high = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    ints = torch.empty((in_features, out_features), dtype=torch.int8)
+    scales = torch.empty(out_features, dtype=dtype.torch())
+    rows = max(1, _CHUNK_ELEMENTS // max(in_features, 1))
+    for start in range(0, out_features, rows):
+        part = weight[start:start + rows].float()
+        scale = part.abs().amax(dim=1) * (1.0 / (1 << (bits - 1)))
+        divisor = torch.where(scale == 0, 1.0, scale)[:, None]
+        values = torch.where(scale[:, None] == 0, 0.0, _round_half_away(part / divisor))
+        ints[:, start:start + rows] = values.clamp_(low, high).to(torch.int8).T
+        scales[start:start + rows] = scale.to(scales.dtype)
+        del part, values
+    if bits == 4:
+        ints = (ints[:, 0::2] & 0x0F) | (ints[:, 1::2] << 4)
+    return ints.contiguous(), scales
+
+
+def dequantize(ints, scales, mode: WeightOnly, dtype: Dtype):
+    """The [out, in] weight the mixed GEMM multiplies by: q x scale in `dtype`."""
+    torch = _torch()
+    if mode.bits == 4:
+        low = torch.bitwise_right_shift(ints << 4, 4)  # arithmetic shift: sign-extends
+        high = torch.bitwise_right_shift(ints, 4)
+        ints = torch.stack([low, high], dim=-1).reshape(ints.shape[0], -1)
+    torch_dtype = dtype.torch()
+    return (ints.to(torch_dtype) * scales.to(torch_dtype)[None, :]).T.contiguous()
+
+
+def _round_half_away(x):
+    """C `round` (halves away from zero; torch.round rounds them to even). x - trunc(x) is
+    exact in float, so the comparison with 0.5 is too."""
+    torch = _torch()
+    whole = torch.trunc(x)
+    return whole + torch.sign(x) * ((x - whole).abs() >= 0.5)
+
+
+def _torch():
+    return require("torch", extra="export", why="quantize weights")
