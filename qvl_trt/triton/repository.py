@@ -30,7 +30,7 @@ from pathlib import Path
 from .. import __version__
 from ..atomic import staged_dir, write_json_atomic
 from ..checkpoint import VISION_PREFIX, Checkpoint, open_checkpoint
-from ..dtypes import NUMPY_DTYPES, Dtype
+from ..dtypes import NUMPY_DTYPES, Dtype, WeightOnly
 from ..errors import BuildError, ConfigError
 from ..llm.engine import ENGINE_DTYPE
 from ..manifest import VISION_CONFIG_NAME, VISION_ENGINE_NAME, BuildFolder, Manifest, Stage
@@ -97,6 +97,7 @@ class BuildInfo:
     kv_cache_tokens: int  # the KV budget planned for this build beside the others
     prompt_table_rows: int
     shm_bytes: int  # shared memory its largest requests need in flight
+    weights: WeightOnly = WeightOnly.NONE  # the LLM's linear weights (`build --weights`)
 
     @classmethod
     def read(cls, path: Path) -> BuildInfo:
@@ -316,6 +317,7 @@ def _build_info(build: _Build, options: RepoOptions, names: c.ModelNames,
         kv_cache_tokens=kv_tokens,
         prompt_table_rows=build.plan.prompt_table_rows,
         shm_bytes=build.plan.shm_bytes,
+        weights=WeightOnly(build.manifest.options.get("weights", WeightOnly.NONE.value)),
     )
 
 
