@@ -67,9 +67,13 @@ def _dequantized(tensors: dict, config: LlmConfig, file: Path) -> dict:
     """One rank file's tensors with its quantized linears (int8 integers + per-channel scales
     of the layout `convert` writes) replaced by their [out, in] weights in the model dtype."""
     mode = config.weight_only
-    if mode is WeightOnly.NONE:
-        return tensors
     torch = require("torch", extra="export", why="load the converted checkpoint")
+    if mode is WeightOnly.NONE:
+        quantized = next((n for n, t in tensors.items() if t.dtype == torch.int8), None)
+        if quantized is not None:
+            raise CheckpointError(f"{file} holds int8 {quantized} but config.json sets no "
+                                  "quant_algo; convert again")
+        return tensors
     out = {}
     for name, tensor in tensors.items():
         if name.endswith(SCALE_SUFFIX):
