@@ -198,7 +198,7 @@ def mixed_gemm_layout(weights: dict, checkpoint: LlmConfig) -> dict:
     torch.int8 or torch.quint4x2, activation dtype), SM version of the current GPU). Its
     from_checkpoint then loads them as they are: weight_only_quantize_dict
     (tensorrt_llm/models/convert_utils.py) skips weights that are already int8."""
-    import torch
+    torch = require("torch", extra="trtllm", why="build the LLM engine")
     from tensorrt_llm.quantization.functional import preprocess_weights_for_mixed_gemm
 
     mode = checkpoint.weight_only
