@@ -53,7 +53,11 @@ class BuildOptions:
         object.__setattr__(self, "weights", WeightOnly(self.weights))
 
     def to_json(self) -> dict[str, Any]:
-        return to_jsonable(asdict(self))
+        data = to_jsonable(asdict(self))
+        # Absent when none, so the cache keys of builds made before the option are unchanged.
+        if self.weights is WeightOnly.NONE:
+            del data["weights"]
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> BuildOptions:

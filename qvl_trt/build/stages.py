@@ -9,6 +9,7 @@ from typing import Any
 from .. import __version__
 from ..atomic import write_json_atomic
 from ..child import REPRODUCE_NAME
+from ..dtypes import WeightOnly
 from ..errors import StageUnavailable
 from ..hashing import fingerprint
 from ..llm.engine import ENGINE_DTYPE
@@ -80,9 +81,10 @@ def _check_llm_checkpoint(ctx: BuildContext) -> None:
 
 def _llm_checkpoint_inputs(ctx: BuildContext) -> dict[str, Any]:
     o = ctx.options
+    # `weights` only when quantized: fp16 conversions made before the option stay current.
+    weights = {} if o.weights is WeightOnly.NONE else {"weights": o.weights.value}
     return {"checkpoint": ctx.manifest.inputs["checkpoint"], "dtype": ENGINE_DTYPE.value,
-            "tp_size": o.tp_size, "max_seq_len": ctx.profile.limits.max_seq_len,
-            "weights": o.weights.value}
+            "tp_size": o.tp_size, "max_seq_len": ctx.profile.limits.max_seq_len, **weights}
 
 
 def _run_llm_checkpoint(ctx: BuildContext, work: Path) -> dict[str, Any]:
