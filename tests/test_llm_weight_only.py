@@ -217,21 +217,18 @@ def test_missing_or_malformed_scales_are_refused(checkpoints, tmp_path):
         ReferenceDecoder.load(_broken(source, tmp_path / "widen", widen))
 
 
-def test_integers_without_a_quant_algo_are_refused(checkpoints, tmp_path):
-    bad = Path(shutil.copytree(checkpoints[WeightOnly.INT8], tmp_path / "unmarked"))
+@pytest.mark.parametrize("quant_algo, reason", [
+    ("null", "holds int8 transformer.layers.0.attention.qkv.weight but config.json sets no "
+             "quant_algo"),
+    ('"W4A16_AWQ"', "sets quantization .*W4A16_AWQ.*; qvl-trt writes quant_algo W8A16 or "
+                    "W4A16 or none"),
+])
+def test_a_quant_algo_other_than_the_tensors_is_refused(checkpoints, tmp_path, quant_algo,
+                                                       reason):
+    bad = Path(shutil.copytree(checkpoints[WeightOnly.INT8], tmp_path / "relabelled"))
     config = bad / "config.json"
-    config.write_text(config.read_text().replace('"W8A16"', "null"))
-    with pytest.raises(CheckpointError, match="holds int8 transformer.layers.0.attention.qkv."
-                       "weight but config.json sets no quant_algo"):
-        ReferenceDecoder.load(bad)
-
-
-def test_unknown_quantization_is_refused(checkpoints, tmp_path):
-    bad = Path(shutil.copytree(checkpoints[WeightOnly.INT8], tmp_path / "awq"))
-    config = bad / "config.json"
-    config.write_text(config.read_text().replace('"W8A16"', '"W4A16_AWQ"'))
-    with pytest.raises(CheckpointError, match="sets quantization .*W4A16_AWQ.*; qvl-trt writes "
-                       "quant_algo W8A16 or W4A16 or none"):
+    config.write_text(config.read_text().replace('"W8A16"', quant_algo))
+    with pytest.raises(CheckpointError, match=reason):
         ReferenceDecoder.load(bad)
 
 
