@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ..dtypes import Dtype
+from ..dtypes import Dtype, WeightOnly
 from ..errors import ConfigError
 from ..profiles import TrtEdition
 from ..triton.options import Flavor, RepoOptions
@@ -21,20 +21,65 @@ from .app import (
 
 
 @command(panel="Build")
-def plan(model: ModelOpt, gpu: Annotated[str, typer.Option(
-            "--gpu", "-g", help="GPU profile name (see `qvl-trt gpus`), path to a profile "
-            ".toml, or `all`: one row per shipped profile (exit 0 whatever fits).")],
-         json_out: JsonOpt = False) -> None:
-    """Check that a checkpoint fits a GPU profile: weights, KV cache, prompt table, capacity."""
+def plan(
+    model: Annotated[list[str], typer.Option(
+        "--model", "-m", help="Hugging Face Qwen3-VL checkpoint folder (a config.json is "
+        "enough), or NAME=FOLDER; repeat to plan several models served together on one card.",
+        show_default=False)],
+    gpu: Annotated[str, typer.Option(
+        "--gpu", "-g", help="GPU profile name (see `qvl-trt gpus`), path to a profile .toml, "
+        "or `all`: one row per shipped profile (exit 0 whatever fits).")],
+    weights: Annotated[list[WeightOnly] | None, typer.Option(
+        help="Language-model weights as `build --weights` stores them: none (the model "
+        "dtype), int8 or int4 (weight-only). Once for every --model or once per --model "
+        "[default: none; with --gpu all and one model: a column per precision].")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Check that checkpoints fit a GPU profile: weights, KV cache, prompt table, capacity,
+    and the limits lowered for them where the profile's do not fit."""
     from ..checkpoint import open_checkpoint
-    from ..plan import check_fits, make_plan, plan_every_profile
+    from ..plan import (
+        check_fits,
+        check_fits_together,
+        make_plan,
+        plan_every_precision,
+        plan_every_profile,
+        plan_together,
+    )
     from ..profiles import load_profile
+    from ..triton.repository import BuildInput
     from ..typed_config import to_jsonable
-    from .console import out, plan_all_notes, plan_all_table, plan_table, print_json
+    from .console import (
+        lowered_lines,
+        out,
+        plan_all_notes,
+        plan_all_table,
+        plan_precision_table,
+        plan_table,
+        print_json,
+        shared_plan_table,
+    )
 
-    ckpt = open_checkpoint(model)
+    named = [BuildInput.parse(m) for m in model]
+    if weights and len(weights) not in (1, len(named)):
+        raise ConfigError(f"{len(weights)} --weights for {len(named)} --model: give one for "
+                          "all of them, or one per --model in the same order")
+    given = weights or [WeightOnly.NONE]
+    precisions = given * len(named) if len(given) == 1 else given
+    ckpts = [open_checkpoint(m.path) for m in named]
     if gpu.strip().lower() == "all":
-        rows = plan_every_profile(ckpt)
+        if len(ckpts) > 1:
+            raise ConfigError("--gpu all plans one --model; to plan several models on one "
+                              "card, name the card: --gpu 4090d")
+        if not weights:
+            table = plan_every_precision(ckpts[0])
+            if json_out:
+                print_json([{**to_jsonable(p), "fits": p.fits, "resident_bytes": p.resident_bytes}
+                            for _, plans in table for p in plans.values()])
+            else:
+                out.print(plan_precision_table(table))
+            return
+        rows = plan_every_profile(ckpts[0], precisions[0])
         if json_out:
             print_json([{**to_jsonable(p), "fits": p.fits, "resident_bytes": p.resident_bytes}
                         for _, p in rows])
@@ -44,11 +89,30 @@ def plan(model: ModelOpt, gpu: Annotated[str, typer.Option(
                 out.print(note, markup=False, highlight=False)
         return
     profile = load_profile(gpu)
-    result = make_plan(ckpt, profile)
+    if len(ckpts) > 1:
+        names = [m.name or m.path.resolve().name for m in named]
+        shared = plan_together(list(zip(names, ckpts, precisions, strict=True)), profile)
+        if json_out:
+            print_json({"profile": profile.name, "fits": shared.fits,
+                        "problems": list(shared.problems), "builds": [
+                            {"name": n, "kv_budget_tokens": kv, "concurrent_typical_requests": c,
+                             **to_jsonable(p)} for n, p, kv, c in zip(
+                                shared.names, shared.plans, shared.kv_budgets,
+                                shared.concurrent_typical_requests, strict=True)]})
+        elif shared.fits:
+            out.print(shared_plan_table(shared, profile))
+            for n, p in zip(shared.names, shared.plans, strict=True):
+                for line in lowered_lines(p):
+                    out.print(f"{n}: {line}", markup=False, highlight=False)
+        check_fits_together(shared)
+        return
+    result = make_plan(ckpts[0], profile, precisions[0])
     if json_out:
         print_json({**to_jsonable(result), "fits": result.fits})
     else:
         out.print(plan_table(result, profile))
+        for line in lowered_lines(result):
+            out.print(line, markup=False, highlight=False)
     check_fits(result)
 
 
