@@ -368,22 +368,22 @@ def _of(plan: Plan, plans: Sequence[Plan]) -> str:
 
 
 @functools.cache
-def llm_weight_bytes(text: TextDims, vision: VisionDims, weights: WeightOnly,
-                     tp_size: int = 1) -> int:
-    """Bytes of one rank's language-model weights as the engine holds them: every weight of
-    the converted checkpoint at its rank's shape (llm/layout.py), the decoder's linear layers
-    (llm/weight_only.py) through WeightOnly.linear_bytes (packed integers and one scale per
-    output channel, feature counts padded as the engine's layer pads them), the embedding, lm_head (kept apart from the embedding even when HF ties them) and the norms
-    in the engine dtype."""
+def llm_weight_bytes(text: TextDims, vision: VisionDims, weights: WeightOnly) -> int:
+    """Bytes of the language-model weights as the engine holds them (one rank: the planner
+    plans TP 1): every weight of the converted checkpoint at its shape (llm/layout.py), the
+    decoder's linear layers (llm/weight_only.py) through WeightOnly.linear_bytes (packed
+    integers and one scale per output channel, feature counts padded as the engine's layer
+    pads them), the embedding, lm_head (kept apart from the embedding even when HF ties them)
+    and the norms in the engine dtype."""
     config = llm_config(text, len(vision.deepstack_visual_indexes), dtype=ENGINE_DTYPE,
-                        tp_size=tp_size, max_position_embeddings=text.max_position_embeddings)
+                        tp_size=1, max_position_embeddings=text.max_position_embeddings)
     shapes = expected_shapes(text, vision)
     total = 0
     for name, sources in weight_sources(text).items():
         shape = rank_shape(name, [shapes[s] for s in sources], config)
         if is_quantized(name) and weights is not WeightOnly.NONE:
             # WeightOnlyQuantLinear pads both feature counts to a multiple of 64 x TP size
-            # before the split (tensorrt_llm/quantization/layers.py): 64 per rank.
+            # (tensorrt_llm/quantization/layers.py).
             out_features, in_features = (-(-n // FEATURE_MULTIPLE) * FEATURE_MULTIPLE
                                          for n in shape)
             total += weights.linear_bytes(in_features, out_features, ENGINE_DTYPE)

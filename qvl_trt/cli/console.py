@@ -16,8 +16,8 @@ from ..client.metrics import (
     request_latency,
     time_to_first_token,
 )
-from ..machine import Report
 from ..dtypes import WeightOnly
+from ..machine import Report
 from ..plan import GIB, Plan, SharedPlan, TypicalRequest
 from ..profiles import GpuProfile
 from ..typed_config import to_jsonable
@@ -249,19 +249,19 @@ def shared_plan_table(shared: SharedPlan, profile: GpuProfile) -> Table:
     t = Table(title=f"plan: {' + '.join(shared.names)} on one {profile.name} "
               f"({profile.gpu.description}, {profile.gpu.memory_mib} MiB)")
     t.caption = ("resident: weights, activations, prompt and MRoPE tables, runtime overhead; "
-                 "KV: its share of what is left (max_tokens_in_paged_kv_cache)")
-    for col in ("model", "variant", "weights", "batch", "max_seq_len", "resident", "KV budget",
-                "images"):
-        t.add_column(col, justify="left" if col in ("model", "variant", "weights") else "right",
+                 "KV tokens: its share of what is left (max_tokens_in_paged_kv_cache); images: "
+                 "typical requests it holds at once; context: max_seq_len")
+    for col in ("model", "weights", "batch", "context", "resident", "KV tokens", "images"):
+        t.add_column(col, justify="left" if col in ("model", "weights") else "right",
                      no_wrap=True)
     for name, plan, kv, images in zip(shared.names, shared.plans, shared.kv_budgets,
                                       shared.concurrent_typical_requests, strict=True):
-        t.add_row(name, plan.variant, _precision(plan.weights), str(plan.limits.max_batch_size),
-                  str(plan.limits.max_seq_len), _gib(plan.fixed_bytes), f"{kv:,} tokens",
-                  str(images))
+        t.add_row(f"{name} ({plan.variant})", _precision(plan.weights),
+                  str(plan.limits.max_batch_size), str(plan.limits.max_seq_len),
+                  _gib(plan.fixed_bytes), f"{kv:,}", str(images))
     kv_bytes = sum(kv * p.kv_bytes_per_token
                    for kv, p in zip(shared.kv_budgets, shared.plans, strict=True))
-    t.add_row("together", "", "", "", "", _gib(shared.fixed_bytes), _gib(kv_bytes), "")
+    t.add_row("together", "", "", "", _gib(shared.fixed_bytes), _gib(kv_bytes), "")
     return t
 
 
