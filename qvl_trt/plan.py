@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 
+from .atomic import staged_file
 from .checkpoint import TEMPORAL_PATCH_SIZE, Checkpoint, TextDims, VisionDims, expected_shapes
 from .dtypes import WeightOnly
 from .errors import PlanError
@@ -26,7 +27,7 @@ from .llm.engine import ENGINE_DTYPE, prompt_table_rows
 from .llm.layout import llm_config, rank_shape, weight_sources
 from .llm.weight_only import FEATURE_MULTIPLE, is_quantized
 from .mm.geometry import image_token_count, video_token_count
-from .profiles import BuildLimits, GpuProfile, load_profile, profile_names
+from .profiles import BuildLimits, GpuProfile, load_profile, profile_names, profile_toml
 
 GIB = 1024**3
 FP16 = 2
@@ -225,6 +226,28 @@ def plan_together(models: Sequence[tuple[str, Checkpoint, WeightOnly]],
             f"({profile.memory_bytes / GIB:.1f} GiB): {problems[0]}; serve them on separate "
             "GPUs",))
     return SharedPlan(names, tuple(plans), repository_kv_budgets(plans), ())
+
+
+def save_planned_profiles(folder: Path, profile: GpuProfile,
+                          plans: Sequence[tuple[str, Plan]]) -> list[Path]:
+    """Write `profile` with each named plan's limits to FOLDER/<profile>-<name>.toml (what
+    `qvl-trt build --gpu` takes: a build plans such a profile alone on the card and keeps
+    limits that already fit); the paths written."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, plan in plans:
+        path = folder / f"{profile.name}-{name}.toml"
+        others = [n for n, _ in plans if n != name]
+        beside = f", beside {' and '.join(others)}" if others else ""
+        comment = (f"{profile.gpu.description} for {name} ({plan.variant}, "
+                   f"{plan.weights.value} weights{beside}): the profile {profile.name} with "
+                   "the limits `qvl-trt plan` derived.\n" + "\n".join(
+                       f"{c.key}: {c.profile_value} in the profile" for c in plan.lowered))
+        with staged_file(path, "w") as f:
+            f.write(profile_toml(replace(profile, limits=plan.limits), comment))
+        written.append(path)
+    return written
 
 
 def check_fits(plan: Plan) -> None:

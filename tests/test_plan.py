@@ -563,3 +563,22 @@ def test_models_that_do_not_fit_one_card_are_refused_in_one_line(released):
     result = CliRunner().invoke(app, ["plan", "-m", f"2b={released['2b']}", "-m",
                                       f"8b={released['8b']}", "-g", "4060ti"])
     assert result.exit_code == 1 and "error: 8b: weights and buffers need" in result.output
+
+
+def test_saved_profiles_build_the_pair_for_its_card(released, tmp_path):
+    result = CliRunner().invoke(app, [
+        "plan", "-m", f"4b={released['4b']}", "-m", f"8b={released['8b']}", "-g", "4090d",
+        "--weights", "int8", "--save-profiles", str(tmp_path / "profiles")])
+    assert result.exit_code == 0, result.output
+    saved = {n: tmp_path / "profiles" / f"4090d-{n}.toml" for n in ("4b", "8b")}
+    assert f"wrote {saved['8b']}; build with: qvl-trt build --model {released['8b']} --gpu " \
+        f"{saved['8b']} --weights int8" in " ".join(result.output.split())
+    models = [(n, open_checkpoint(released[n]), WeightOnly.INT8) for n in ("4b", "8b")]
+    shared = plan_together(models, load_profile("4090d"))
+    # What each build plans on its saved profile (alone on the card, as the build does)
+    # keeps the pair's limits, and the repository of the two gets the pair's KV budgets.
+    alone = [make_plan(ckpt, load_profile(str(saved[n])), w) for n, ckpt, w in models]
+    assert [p.limits for p in alone] == [p.limits for p in shared.plans]
+    assert all(p.fits and not p.lowered for p in alone)
+    assert repository_kv_budgets(alone) == shared.kv_budgets
+    assert "# max_seq_len: 16384 in the profile" in saved["8b"].read_text()

@@ -33,6 +33,10 @@ def plan(
         help="Language-model weights as `build --weights` stores them: none (the model "
         "dtype), int8 or int4 (weight-only). Once for every --model or once per --model "
         "[default: none; with --gpu all and one model: a column per precision].")] = None,
+    save_profiles: Annotated[Path | None, typer.Option(
+        help="Folder to write each model's profile with the limits of this plan into "
+        "(GPU-NAME.toml, NAME: the model's name or folder), for `qvl-trt build --gpu`: how "
+        "models planned onto one card are built for it.", show_default=False)] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Check that checkpoints fit a GPU profile: weights, KV cache, prompt table, capacity,
@@ -42,6 +46,7 @@ def plan(
         check_fits,
         check_fits_together,
         make_plan,
+        save_planned_profiles,
         plan_every_precision,
         plan_every_profile,
         plan_together,
@@ -50,6 +55,7 @@ def plan(
     from ..triton.repository import BuildInput
     from ..typed_config import to_jsonable
     from .console import (
+        err,
         lowered_lines,
         out,
         plan_all_notes,
@@ -67,7 +73,11 @@ def plan(
     given = weights or [WeightOnly.NONE]
     precisions = given * len(named) if len(given) == 1 else given
     ckpts = [open_checkpoint(m.path) for m in named]
+    names = [m.name or m.path.resolve().name for m in named]
     if gpu.strip().lower() == "all":
+        if save_profiles:
+            raise ConfigError("--save-profiles writes the profile of one card; name it with "
+                              "--gpu")
         if len(ckpts) > 1:
             raise ConfigError("--gpu all plans one --model; to plan several models on one "
                               "card, name the card: --gpu 4090d")
@@ -90,7 +100,6 @@ def plan(
         return
     profile = load_profile(gpu)
     if len(ckpts) > 1:
-        names = [m.name or m.path.resolve().name for m in named]
         shared = plan_together(list(zip(names, ckpts, precisions, strict=True)), profile)
         if json_out:
             print_json({"profile": profile.name, "fits": shared.fits,
@@ -105,15 +114,24 @@ def plan(
                 for line in lowered_lines(p):
                     out.print(f"{n}: {line}", markup=False, highlight=False)
         check_fits_together(shared)
-        return
-    result = make_plan(ckpts[0], profile, precisions[0])
-    if json_out:
-        print_json({**to_jsonable(result), "fits": result.fits})
+        plans = list(shared.plans)
     else:
-        out.print(plan_table(result, profile))
-        for line in lowered_lines(result):
-            out.print(line, markup=False, highlight=False)
-    check_fits(result)
+        result = make_plan(ckpts[0], profile, precisions[0])
+        if json_out:
+            print_json({**to_jsonable(result), "fits": result.fits})
+        else:
+            out.print(plan_table(result, profile))
+            for line in lowered_lines(result):
+                out.print(line, markup=False, highlight=False)
+        check_fits(result)
+        plans = [result]
+    if save_profiles:
+        written = save_planned_profiles(save_profiles, profile,
+                                        list(zip(names, plans, strict=True)))
+        for m, p, path in zip(named, plans, written, strict=True):
+            (err if json_out else out).print(
+                f"wrote {path}; build with: qvl-trt build --model {m.path} --gpu {path} "
+                f"--weights {p.weights.value}", markup=False, highlight=False, soft_wrap=True)
 
 
 @command(panel="Build")
