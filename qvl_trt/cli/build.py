@@ -46,10 +46,10 @@ def plan(
         check_fits,
         check_fits_together,
         make_plan,
-        save_planned_profiles,
         plan_every_precision,
         plan_every_profile,
         plan_together,
+        save_planned_profiles,
     )
     from ..profiles import load_profile
     from ..triton.repository import BuildInput
