@@ -164,6 +164,14 @@ def make_plan(ckpt: Checkpoint, profile: GpuProfile,
     return _fit([(ckpt, weights)], profile)[0][0]
 
 
+def planned_profile(ckpt: Checkpoint, profile: GpuProfile,
+                    weights: WeightOnly = WeightOnly.NONE) -> GpuProfile:
+    """`profile` with the limits make_plan derives for the checkpoint and weights: the
+    profile a build uses (its own limits when none fit; the build's plan stage refuses it)."""
+    plan = make_plan(ckpt, profile, weights)
+    return replace(profile, limits=plan.limits) if plan.fits else profile
+
+
 def plan_every_profile(ckpt: Checkpoint, weights: WeightOnly = WeightOnly.NONE) \
         -> list[tuple[GpuProfile, Plan]]:
     """The checkpoint against every shipped profile, in profile_names() order: the table a

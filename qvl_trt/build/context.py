@@ -11,7 +11,7 @@ from typing import Any
 
 from ..checkpoint import Checkpoint
 from ..deploy.container import container_command
-from ..dtypes import Dtype
+from ..dtypes import Dtype, WeightOnly
 from ..errors import ConfigError
 from ..hashing import FileHasher, fingerprint
 from ..llm.engine import ENGINE_DTYPE
@@ -39,12 +39,18 @@ class BuildOptions:
     trt_edition: TrtEdition | None = None
     vision_dtype: Dtype = Dtype.FLOAT16
     tp_size: int = 1
+    # The LLM's linear weights: in the engine dtype, or weight-only INT8/INT4.
+    weights: WeightOnly = WeightOnly.NONE
 
     def __post_init__(self) -> None:
         if self.vision_dtype not in ENGINE_DTYPES:
             raise ConfigError(f"--vision-dtype {self.vision_dtype}: the engine takes "
                               f"{' or '.join(ENGINE_DTYPES)}")
         object.__setattr__(self, "vision_dtype", Dtype(self.vision_dtype))
+        if self.weights not in tuple(WeightOnly):
+            raise ConfigError(f"--weights {self.weights}: one of "
+                              f"{', '.join(w.value for w in WeightOnly)}")
+        object.__setattr__(self, "weights", WeightOnly(self.weights))
 
     def to_json(self) -> dict[str, Any]:
         return to_jsonable(asdict(self))
@@ -64,7 +70,8 @@ class BuildOptions:
 
 @dataclass
 class BuildContext:
-    """What stage functions receive."""
+    """What stage functions receive. `profile` is the one the build uses: `--gpu`'s with the
+    limits the planner derives for the checkpoint and weights (plan.planned_profile)."""
 
     options: BuildOptions
     out: Path
@@ -104,7 +111,8 @@ class BuildContext:
         recipe = write_image_recipe(self.out / IMAGE_DIR,
                                     rtx=self.trt_edition is TrtEdition.TENSORRT_RTX)
         run = container_command(self.out, inputs, image=recipe.tag,
-                                shm_bytes=make_plan(self.checkpoint, self.profile).shm_bytes)
+                                shm_bytes=make_plan(self.checkpoint, self.profile,
+                                                    self.options.weights).shm_bytes)
         return f"{recipe.build_command} && {run}"
 
     @cached_property

@@ -30,7 +30,7 @@ from pathlib import Path
 from .. import __version__
 from ..atomic import staged_dir, write_json_atomic
 from ..checkpoint import VISION_PREFIX, Checkpoint, open_checkpoint
-from ..dtypes import NUMPY_DTYPES, Dtype
+from ..dtypes import NUMPY_DTYPES, Dtype, WeightOnly
 from ..errors import BuildError, ConfigError
 from ..llm.engine import ENGINE_DTYPE
 from ..manifest import VISION_CONFIG_NAME, VISION_ENGINE_NAME, BuildFolder, Manifest, Stage
@@ -200,7 +200,9 @@ def _open_build(path: Path) -> _Build:
     manifest = folder.manifest()
     profile = folder.profile()
     checkpoint = open_checkpoint(manifest.options["model"], validate=False)
-    return _Build(folder, manifest, checkpoint, profile, make_plan(checkpoint, profile))
+    # profile.json holds the limits the build planned and used: planning again keeps them.
+    weights = WeightOnly(manifest.options.get("weights", WeightOnly.NONE.value))
+    return _Build(folder, manifest, checkpoint, profile, make_plan(checkpoint, profile, weights))
 
 
 def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOptions,
