@@ -12,7 +12,7 @@ import typer
 from ..dtypes import Dtype, WeightOnly
 from ..errors import ConfigError
 from ..profiles import TrtEdition
-from ..triton.options import Flavor, RepoOptions
+from ..triton.options import BuildInput, Flavor, RepoOptions
 from .app import (
     JsonOpt,
     ModelOpt,
@@ -42,27 +42,16 @@ def plan(
     """Check that checkpoints fit a GPU profile: weights, KV cache, prompt table, capacity,
     and the limits lowered for them where the profile's do not fit."""
     from ..checkpoint import open_checkpoint
-    from ..plan import (
-        check_fits,
-        check_fits_together,
-        make_plan,
-        plan_every_precision,
-        plan_every_profile,
-        plan_together,
-        save_planned_profiles,
-    )
+    from ..plan import check_fits, check_fits_together, make_plan, plan_together
     from ..profiles import load_profile
-    from ..triton.repository import BuildInput
-    from ..typed_config import to_jsonable
     from .console import (
         err,
         lowered_lines,
         out,
-        plan_all_notes,
-        plan_all_table,
-        plan_precision_table,
+        plan_json,
         plan_table,
         print_json,
+        shared_plan_json,
         shared_plan_table,
     )
 
@@ -73,41 +62,19 @@ def plan(
     given = weights or [WeightOnly.NONE]
     precisions = given * len(named) if len(given) == 1 else given
     ckpts = [open_checkpoint(m.path) for m in named]
-    names = [m.name or m.path.resolve().name for m in named]
     if gpu.strip().lower() == "all":
-        if save_profiles:
-            raise ConfigError("--save-profiles writes the profile of one card; name it with "
-                              "--gpu")
-        if len(ckpts) > 1:
-            raise ConfigError("--gpu all plans one --model; to plan several models on one "
-                              "card, name the card: --gpu 4090d")
-        if not weights:
-            table = plan_every_precision(ckpts[0])
-            if json_out:
-                print_json([{**to_jsonable(p), "fits": p.fits, "resident_bytes": p.resident_bytes}
-                            for _, plans in table for p in plans.values()])
-            else:
-                out.print(plan_precision_table(table))
-            return
-        rows = plan_every_profile(ckpts[0], precisions[0])
-        if json_out:
-            print_json([{**to_jsonable(p), "fits": p.fits, "resident_bytes": p.resident_bytes}
-                        for _, p in rows])
-        else:
-            out.print(plan_all_table(rows))
-            for note in plan_all_notes(rows):
-                out.print(note, markup=False, highlight=False)
+        if save_profiles or len(ckpts) > 1:
+            raise ConfigError("--gpu all plans one --model on every card; to plan several "
+                              "models onto one card or save profiles, name the card: --gpu "
+                              "4090d")
+        _plan_every_card(ckpts[0], weights[0] if weights else None, json_out)
         return
     profile = load_profile(gpu)
+    names = [m.name or m.path.resolve().name for m in named]
     if len(ckpts) > 1:
         shared = plan_together(list(zip(names, ckpts, precisions, strict=True)), profile)
         if json_out:
-            print_json({"profile": profile.name, "fits": shared.fits,
-                        "problems": list(shared.problems), "builds": [
-                            {"name": n, "kv_budget_tokens": kv, "concurrent_typical_requests": c,
-                             **to_jsonable(p)} for n, p, kv, c in zip(
-                                shared.names, shared.plans, shared.kv_budgets,
-                                shared.concurrent_typical_requests, strict=True)]})
+            print_json(shared_plan_json(shared, profile))
         elif shared.fits:
             out.print(shared_plan_table(shared, profile))
             for n, p in zip(shared.names, shared.plans, strict=True):
@@ -116,22 +83,51 @@ def plan(
         check_fits_together(shared)
         plans = list(shared.plans)
     else:
-        result = make_plan(ckpts[0], profile, precisions[0])
+        plans = [make_plan(ckpts[0], profile, precisions[0])]
         if json_out:
-            print_json({**to_jsonable(result), "fits": result.fits})
+            print_json(plan_json(plans[0]))
         else:
-            out.print(plan_table(result, profile))
-            for line in lowered_lines(result):
+            out.print(plan_table(plans[0], profile))
+            for line in lowered_lines(plans[0]):
                 out.print(line, markup=False, highlight=False)
-        check_fits(result)
-        plans = [result]
+        check_fits(plans[0])
     if save_profiles:
+        from ..plan import save_planned_profiles
+
         written = save_planned_profiles(save_profiles, profile,
                                         list(zip(names, plans, strict=True)))
         for m, p, path in zip(named, plans, written, strict=True):
             (err if json_out else out).print(
                 f"wrote {path}; build with: qvl-trt build --model {m.path} --gpu {path} "
                 f"--weights {p.weights.value}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _plan_every_card(ckpt, weights: WeightOnly | None, json_out: bool) -> None:
+    """`plan --gpu all`: every precision side by side, or one in detail."""
+    from ..plan import plan_every_precision, plan_every_profile
+    from .console import (
+        out,
+        plan_all_notes,
+        plan_all_table,
+        plan_json,
+        plan_precision_table,
+        print_json,
+    )
+
+    if weights is None:
+        table = plan_every_precision(ckpt)
+        if json_out:
+            print_json([plan_json(p) for _, plans in table for p in plans.values()])
+        else:
+            out.print(plan_precision_table(table))
+        return
+    rows = plan_every_profile(ckpt, weights)
+    if json_out:
+        print_json([plan_json(p) for _, p in rows])
+        return
+    out.print(plan_all_table(rows))
+    for note in plan_all_notes(rows):
+        out.print(note, markup=False, highlight=False)
 
 
 @command(panel="Build")
@@ -328,7 +324,7 @@ def repo(
     force: Annotated[bool, typer.Option(help="Replace an existing --out folder.")] = False,
 ) -> None:
     """Write a Triton model repository from one or more build folders."""
-    from ..triton.repository import BuildInput, write_repo
+    from ..triton.repository import write_repo
     from .console import out as console
 
     counts = {} if postprocessing_instances is None else {

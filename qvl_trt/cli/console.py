@@ -244,6 +244,18 @@ def plan_precision_table(rows: list[tuple[GpuProfile, dict[WeightOnly, Plan]]]) 
     return t
 
 
+def plan_json(plan: Plan) -> dict[str, Any]:
+    return {**to_jsonable(plan), "fits": plan.fits, "resident_bytes": plan.resident_bytes}
+
+
+def shared_plan_json(shared: SharedPlan, profile: GpuProfile) -> dict[str, Any]:
+    return {"profile": profile.name, "fits": shared.fits, "problems": list(shared.problems),
+            "builds": [{"name": name, "kv_budget_tokens": kv, "concurrent_typical_requests": n,
+                        **plan_json(plan)} for name, plan, kv, n in zip(
+                            shared.names, shared.plans, shared.kv_budgets,
+                            shared.concurrent_typical_requests, strict=True)]}
+
+
 def shared_plan_table(shared: SharedPlan, profile: GpuProfile) -> Table:
     """Several builds on one card: each one's share and KV budget."""
     t = Table(title=f"plan: {' + '.join(shared.names)} on one {profile.name} "
