@@ -248,6 +248,8 @@ def write_reproduce_script(manifest: Manifest, path: Path) -> Path:
     ]
     if opts.get("trt_edition"):
         build.append(f"--trt-edition {shlex.quote(opts['trt_edition'])}")
+    if opts.get("weights"):
+        build.append(f"--weights {shlex.quote(opts['weights'])}")
     used = ", ".join(
         f"{name} {tools[name]}"
         for name in ("tensorrt", "tensorrt_rtx", "tensorrt_llm", "cuda", "driver")

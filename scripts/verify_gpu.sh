@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test tiers that skip on CPU machines (markers gpu, trt, trtllm):
-#   tests/test_llm_engine_trtllm.py  the Qwen3-VL TensorRT-LLM engine (FP16, BF16, TP=2) run
-#                                    by ModelRunnerCpp against the fp32 reference decoder
+#   tests/test_llm_engine_trtllm.py  the Qwen3-VL TensorRT-LLM engine (FP16, BF16, TP=2, and
+#                                    FP16 with weight-only INT8 / INT4 linears) run by
+#                                    ModelRunnerCpp against the fp32 reference decoder
 #                                    (prompt and generation logits within the stated
 #                                    tolerances), a NaN-filled text-only prompt table, the
 #                                    table size = prompt_table_rows and a full per-request

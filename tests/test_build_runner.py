@@ -270,6 +270,31 @@ def test_an_impossible_tp_size_is_refused_before_any_stage(tiny_ckpt, tmp_path):
     _refused_before_any_stage(out, done, "tensor-parallel size 3 does not divide")
 
 
+def test_weight_only_int4_with_a_tp_size_the_features_do_not_fill_is_refused(tiny_ckpt,
+                                                                          tmp_path):
+    out = tmp_path / "b"
+    done = run_cli("build", "-m", str(tiny_ckpt), "-g", "4090d", "-o", str(out),
+                   "--weights", "int4", "--tp-size", "2")
+    _refused_before_any_stage(out, done, "--weights int4 needs the model's hidden size (64) "
+                              "to be a multiple of 128 (64 x TP size 2)")
+
+
+def test_the_weights_option_is_in_the_record_and_the_cache_key(tiny_ckpt, tmp_path):
+    """`--weights` reaches the manifest's options, reproduce.sh and the cache key."""
+    keys = {}
+    for weights in ("none", "int8"):
+        out = tmp_path / weights
+        run_build(BuildOptions(str(tiny_ckpt), "4090d", weights=weights), out,
+                  only=(Stage.MANIFEST,))
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["options"]["weights"] == weights
+        assert f"--weights {weights}" in (out / "manifest" / "reproduce.sh").read_text()
+        keys[weights] = manifest["cache_key"]
+    assert keys["none"] != keys["int8"]
+    with pytest.raises(ConfigError, match="--weights int2: one of none, int8, int4"):
+        BuildOptions(str(tiny_ckpt), "4090d", weights="int2")
+
+
 def test_without_tensorrt_llm_the_build_still_writes_the_reference_repository(tiny_ckpt,
                                                                                tmp_path):
     """Exit 3 at the LLM engine, and the reference repository (which needs no engine) is

@@ -39,6 +39,7 @@ BUILD_CONFIG_FIELDS = {
 PLUGIN_CONFIG_FIELDS = {
     "gemm_plugin", "gpt_attention_plugin", "paged_kv_cache", "remove_input_padding",
     "context_fmha", "use_paged_context_fmha", "tokens_per_block", "multiple_profiles",
+    "weight_only_quant_matmul_plugin",
 }
 needs_no_trtllm = pytest.mark.skipif(
     importlib.util.find_spec("tensorrt_llm") is not None,
@@ -84,13 +85,29 @@ def test_build_config_dtypes():
         engine_build_config(profile, deepstack_layers=3, dtype="int8")
 
 
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_weight_only_build_config_names_the_plugin(weights):
+    profile = load_profile("4090d")
+    plain = engine_build_config(profile, deepstack_layers=3)
+    config = engine_build_config(profile, deepstack_layers=3, weights=weights)
+    assert "weight_only_quant_matmul_plugin" not in plain["plugin_config"]
+    assert config["plugin_config"] == {**plain["plugin_config"],
+                                       "weight_only_quant_matmul_plugin": "float16"}
+    assert {k: v for k, v in config.items() if k != "plugin_config"} == {
+        k: v for k, v in plain.items() if k != "plugin_config"}
+
+
 @pytest.fixture(scope="module")
 def converted(tiny_ckpt, tmp_path_factory):
-    """dtype -> the tiny checkpoint converted at the 4090d profile's max_seq_len."""
+    """dtype (or weight-only mode) -> the tiny checkpoint converted at the 4090d profile's
+    max_seq_len."""
     root = tmp_path_factory.mktemp("converted")
     max_seq_len = load_profile("4090d").limits.max_seq_len
-    return {dtype: convert_checkpoint(tiny_ckpt, root / dtype, max_seq_len=max_seq_len,
-                                      dtype=dtype).out for dtype in ("float16", "float32")}
+    out = {dtype: convert_checkpoint(tiny_ckpt, root / dtype, max_seq_len=max_seq_len,
+                                     dtype=dtype).out for dtype in ("float16", "float32")}
+    out["int4"] = convert_checkpoint(tiny_ckpt, root / "int4", max_seq_len=max_seq_len,
+                                     weights="int4").out
+    return out
 
 
 def _edited(**plugins) -> dict:
@@ -124,6 +141,19 @@ def test_rank_child_passes_the_shipped_settings_on(converted, tmp_path):
     """The check above lets engine_build_config's own settings through to TensorRT-LLM."""
     with pytest.raises(StageUnavailable, match="tensorrt_llm"):
         build_engines(converted["float16"], tmp_path, _edited())
+    int4 = engine_build_config(load_profile("4090d"), deepstack_layers=3, weights="int4")
+    with pytest.raises(StageUnavailable, match="tensorrt_llm"):
+        build_engines(converted["int4"], tmp_path / "int4", int4)
+
+
+@pytest.mark.parametrize("plugin", [None, "float32", "bfloat16"])
+def test_rank_child_refuses_weight_only_without_its_plugin(converted, tmp_path, plugin):
+    """A weight-only checkpoint needs the WeightOnlyQuantMatmul plugin in its own dtype
+    (INT4 has no other path; INT8's Q/DQ fallback would misread the GEMM-ready weights)."""
+    with pytest.raises(BuildError, match=f"sets weight_only_quant_matmul_plugin {plugin}, the "
+                       "checkpoint is weight-only int4 \\(W4A16\\) in float16"):
+        build_engines(converted["int4"], tmp_path,
+                      _edited(weight_only_quant_matmul_plugin=plugin))
 
 
 def test_child_exit_codes_become_build_errors(tmp_path):

@@ -4,6 +4,10 @@ stock C++ runtime (ModelRunnerCpp) against the PyTorch reference decoder on the 
 input_ids with fake ids, a prompt table with DeepStack rows and the interleaved MRoPE table,
 all made by qvl_trt.mm. Run: scripts/verify_gpu.sh.
 
+Weight-only INT8 / INT4 engines (float16, WeightOnlyQuantMatmul plugin) are compared the
+same way with the reference decoder on their own weight-only checkpoint, which dequantizes
+as the GEMM does (WEIGHT_ONLY_TOLERANCE).
+
 Engines are float16 and bfloat16, the only ones that place image tokens (MRoPE is read on the
 fused context path alone; the build refuses float32). Each is compared with the float32
 reference on the same converted checkpoint and on prompt tables rounded to the engine dtype:
@@ -309,3 +313,51 @@ def test_tensor_parallel_build_writes_every_rank(tiny_ckpt, profile, tmp_path):
         "rank0.engine", "rank1.engine"]
     config = json.loads((build.engine_dir / "config.json").read_text())
     assert config["pretrained_config"]["mapping"]["tp_size"] == 2
+
+
+# ---- weight-only INT8 / INT4 -----------------------------------------------------------------
+
+# Max |logit difference| of a weight-only float16 engine from the float32 reference decoder on
+# the same weight-only checkpoint: the reference dequantizes as the GEMM does (q x scale in
+# float16), so only the float16 arithmetic of the engine differs, as for the plain float16
+# engine; the plugin's small-batch GEMV kernels round partial sums in float16 as well, hence
+# twice that engine's tolerance. A wrong GEMM layout (preprocess_weights_for_mixed_gemm for
+# another SM) or scale layout moves the logits by far more (tests/test_llm_weight_only.py:
+# scales off by one channel ~0.35 on these models).
+WEIGHT_ONLY_TOLERANCE = {"int8": 2e-2, "int4": 2e-2}
+
+
+@pytest.fixture(scope="module")
+def built_weight_only(tiny_ckpt, profile, tmp_path_factory):
+    """weights -> (converted weight-only float16 checkpoint, engine folder)."""
+    root = tmp_path_factory.mktemp("weight-only-engines")
+    k = open_checkpoint(tiny_ckpt).vision.deepstack_count
+    out = {}
+    for weights in WEIGHT_ONLY_TOLERANCE:
+        ckpt = convert_checkpoint(tiny_ckpt, root / f"ckpt-{weights}", weights=weights,
+                                  max_seq_len=profile.limits.max_seq_len).out
+        work = root / f"llm-{weights}"
+        work.mkdir()
+        config = {**engine_build_config(profile, deepstack_layers=k, weights=weights),
+                  "gather_context_logits": True}
+        out[weights] = (ckpt, build_engines(ckpt, work, config).engine_dir)
+    return out
+
+
+@pytest.mark.parametrize("weights", list(WEIGHT_ONLY_TOLERANCE))
+def test_weight_only_engine_folder(built_weight_only, weights):
+    config = json.loads((built_weight_only[weights][1] / "config.json").read_text())
+    assert config["pretrained_config"]["quantization"]["quant_algo"] == {
+        "int8": "W8A16", "int4": "W4A16"}[weights]
+    plugins = config["build_config"]["plugin_config"]
+    assert plugins["weight_only_quant_matmul_plugin"] == "float16"
+
+
+@pytest.mark.parametrize("weights", list(WEIGHT_ONLY_TOLERANCE))
+def test_weight_only_engine_matches_its_reference(built_weight_only, requests, weights):
+    ckpt, engine_dir = built_weight_only[weights]
+    reference = ReferenceDecoder.load(ckpt, device="cuda", dtype="float32")
+    batch = [_in_dtype(requests[name], "float16") for name in CASES]
+    for name, got, want in zip(CASES, _run_engine(engine_dir, batch),
+                               _run_reference(reference, batch), strict=True):
+        _assert_matches(got, want, WEIGHT_ONLY_TOLERANCE[weights], f"{weights} {name}")

@@ -384,6 +384,16 @@ BREAKAGES = {
     "world size": (_edit_engine_config(
         lambda c: c["pretrained_config"]["mapping"].update(world_size=2)),
         "LLM engine has world size 2, the build says tp_size 1"),
+    # weight-only engines (`build --weights`)
+    "engine weights": (_edit_engine_config(
+        lambda c: c["pretrained_config"]["quantization"].update(quant_algo="W8A16")),
+        "LLM engine's quant_algo is W8A16, build.json says weights none (None)"),
+    "weight-only plugin": (lambda r: (
+        _replace_in("ensemble/1/build.json", '"weights": "none"', '"weights": "int4"')(r),
+        _edit_engine_config(
+            lambda c: c["pretrained_config"]["quantization"].update(quant_algo="W4A16"))(r)),
+        "LLM engine is weight-only W4A16 but weight_only_quant_matmul_plugin is None, not its "
+        "dtype float16"),
 }
 
 

@@ -80,13 +80,14 @@ def _check_llm_checkpoint(ctx: BuildContext) -> None:
     from ..llm.convert import llm_config_for
 
     llm_config_for(ctx.checkpoint, dtype=ENGINE_DTYPE, tp_size=ctx.options.tp_size,
-                   max_seq_len=ctx.profile.limits.max_seq_len)
+                   max_seq_len=ctx.profile.limits.max_seq_len, weights=ctx.options.weights)
 
 
 def _llm_checkpoint_inputs(ctx: BuildContext) -> dict[str, Any]:
     o = ctx.options
     return {"checkpoint": ctx.manifest.inputs["checkpoint"], "dtype": ENGINE_DTYPE.value,
-            "tp_size": o.tp_size, "max_seq_len": ctx.profile.limits.max_seq_len}
+            "tp_size": o.tp_size, "max_seq_len": ctx.profile.limits.max_seq_len,
+            "weights": o.weights.value}
 
 
 def _run_llm_checkpoint(ctx: BuildContext, work: Path) -> dict[str, Any]:
@@ -96,8 +97,9 @@ def _run_llm_checkpoint(ctx: BuildContext, work: Path) -> dict[str, Any]:
     # checkpoint (config.json + rank{N}.safetensors).
     result = convert_checkpoint(ctx.checkpoint, work, max_seq_len=ctx.profile.limits.max_seq_len,
                                 dtype=ENGINE_DTYPE, tp_size=ctx.options.tp_size,
-                                force=True)
-    return {"dtype": result.config.dtype, "tp_size": result.config.tp_size,
+                                weights=ctx.options.weights, force=True)
+    return {"dtype": result.config.dtype, "weights": result.config.weight_only.value,
+            "tp_size": result.config.tp_size,
             "max_position_embeddings": result.config.max_position_embeddings,
             "bytes": result.total_bytes}
 
@@ -105,7 +107,8 @@ def _run_llm_checkpoint(ctx: BuildContext, work: Path) -> dict[str, Any]:
 def _llm_build_config(ctx: BuildContext) -> dict[str, Any]:
     from ..llm.engine import engine_build_config
 
-    return engine_build_config(ctx.profile, deepstack_layers=ctx.checkpoint.vision.deepstack_count)
+    return engine_build_config(ctx.profile, deepstack_layers=ctx.checkpoint.vision.deepstack_count,
+                               weights=ctx.options.weights)
 
 
 def _llm_inputs(ctx: BuildContext) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Annotated, TypeVar
 import typer
 
 from .. import __version__
+from ..dtypes import WeightOnly
 from ..errors import QvlError
 from ..serve.server import Ports
 
@@ -55,6 +56,9 @@ GpuOpt = Annotated[
 
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+WeightsOpt = Annotated[WeightOnly, typer.Option(
+    "--weights", help="Language-model linear weights: none (the engine dtype), or int8/int4 "
+    "weight-only (per-channel scales, no calibration; embedding and lm_head stay fp16).")]
 
 
 def _user_errors(fn: F) -> F:

@@ -16,6 +16,7 @@ from ..triton.options import BuildInput, Flavor, RepoOptions
 from .app import (
     JsonOpt,
     ModelOpt,
+    WeightsOpt,
     command,
 )
 
@@ -177,6 +178,7 @@ def build(
         ),
     ] = Dtype.FLOAT16,
     tp_size: Annotated[int, typer.Option(help="Tensor-parallel size of the LLM engine.")] = 1,
+    weights: WeightsOpt = WeightOnly.NONE,
     force: Annotated[
         bool, typer.Option(help="Rebuild stages whose inputs did not change.")
     ] = False,
@@ -206,6 +208,7 @@ def build(
             trt_edition=trt_edition,
             vision_dtype=vision_dtype,
             tp_size=tp_size,
+            weights=weights,
         )
         result = run_build(options, out or Path("build") / Path(gpu).stem, only=stages, force=force)
     console.print(build_line(result, time.perf_counter() - started))
@@ -224,6 +227,7 @@ def convert(
     dtype: Annotated[Dtype, typer.Option(help="float16, bfloat16 (or float32 for tests).")]
     = Dtype.FLOAT16,
     tp_size: Annotated[int, typer.Option(help="Tensor-parallel ranks.")] = 1,
+    weights: WeightsOpt = WeightOnly.NONE,
     force: Annotated[bool, typer.Option(help="Replace an existing --out folder.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -234,13 +238,14 @@ def convert(
     from .console import print_json
 
     result = convert_checkpoint(model, out, max_seq_len=resolve_max_seq_len(gpu, max_seq_len),
-                                dtype=dtype, tp_size=tp_size, force=force)
+                                dtype=dtype, tp_size=tp_size, weights=weights, force=force)
     if json_out:
         print_json({"out": str(result.out), "rank_files": result.rank_files,
                     "total_bytes": result.total_bytes, "seconds": round(result.seconds, 3),
                     "config": result.config})
         return
-    console.print(f"converted {model} -> {result.out}: {result.config.dtype}, TP "
+    console.print(f"converted {model} -> {result.out}: {result.config.dtype}, weights "
+                  f"{result.config.weight_only}, TP "
                   f"{result.config.tp_size}, max_position_embeddings "
                   f"{result.config.max_position_embeddings}, "
                   f"{result.total_bytes / 2**30:.2f} GiB in {result.seconds:.1f} s")

@@ -441,6 +441,18 @@ def verify_line(r: CaseResult) -> str:
     return f"{mark} {r.name}: {detail}"
 
 
+def agreement_lines(result) -> list[str]:
+    """Each case of a checkpoint comparison (qvl_trt.llm.agreement.Agreement), then the
+    summary."""
+    lines = []
+    for c in result.cases:
+        where = ("identical" if c.first_divergence is None
+                 else f"first divergence at token {c.first_divergence}")
+        lines.append(f"{c.name}: {len(c.baseline)} tokens, {where}, max logit difference "
+                     f"{c.max_logit_diff:.3g}")
+    return [*lines, result.summary()]
+
+
 def verify_json(results: list[CaseResult]) -> list[dict[str, Any]]:
     return [{**{k: getattr(r, k) for k in ("name", "first_divergence", "must_match",
                                            "reference", "candidate")},

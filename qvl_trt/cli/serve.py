@@ -187,6 +187,41 @@ def verify(
 
 
 @command(panel="Serve and measure")
+def agreement(
+    cases: Annotated[Path, typer.Option(help="Cases file, as for `verify`.",
+                                        show_default=False)],
+    model: Annotated[Path, typer.Option("--model", "-m", help="The HF checkpoint both were "
+                                        "converted from.", show_default=False)],
+    baseline: Annotated[Path, typer.Option(help="Converted checkpoint to compare against "
+                                           "(e.g. the fp16 build's llm_checkpoint).",
+                                           show_default=False)],
+    candidate: Annotated[Path, typer.Option(help="Converted checkpoint under test (e.g. a "
+                                            "`--weights int8` build's llm_checkpoint).",
+                                            show_default=False)],
+    device: Annotated[str, typer.Option(help="Where the reference decoders run.")] = "cpu",
+    json_out: JsonOpt = False,
+) -> None:
+    """Report how closely one converted checkpoint follows another (a weight-only INT8/INT4
+    one against fp16): both run greedily by the reference decoder on the same cases; per case
+    where the tokens first differ and the largest logit difference before that, then the
+    greedy-token agreement. A report: exit 0 whatever it says."""
+    from ..client.verify import checkpoint_agreement, load_cases
+    from .console import agreement_lines, print_json
+    from .console import out as console
+
+    result = checkpoint_agreement(load_cases(cases), model, baseline, candidate, device=device)
+    if json_out:
+        print_json({"token_agreement": result.token_agreement,
+                    "max_logit_diff": result.max_logit_diff,
+                    "cases": [{"name": c.name, "first_divergence": c.first_divergence,
+                               "max_logit_diff": c.max_logit_diff, "baseline": c.baseline,
+                               "candidate": c.candidate} for c in result.cases]})
+        return
+    for line in agreement_lines(result):
+        console.print(line, highlight=False, markup=False)
+
+
+@command(panel="Serve and measure")
 def image(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the Docker build "
                                       "context to.", show_default=False)],

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..deps import require
 from ..errors import ConfigError, InputError, RequestError
+from ..llm.agreement import first_divergence
 from ..triton import contract as c
 from .generate import GenerateClient, GenerateRequest, ensemble_request
 
@@ -110,15 +111,6 @@ def load_cases(path: Path) -> list[Case]:
                           max_tokens, must_match, videos,
                           None if video_fps is None else float(video_fps)))
     return cases
-
-
-def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """Index of the first position where the sequences differ (a length difference counts
-    at the shorter one's end); None when they are equal."""
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def compare(case: Case, reference: Sequence[int], candidate: Sequence[int],
@@ -308,3 +300,30 @@ class InProcessReference:
                                 videos=[VideoFile(v, req.video_fps) for v in req.videos])
         ids = list(out.token_ids)
         return ids[: ids.index(self.end_id)] if self.end_id in ids else ids
+
+
+def checkpoint_agreement(cases: Sequence[Case], model: Path, baseline: Path, candidate: Path,
+                         *, device: str = "cpu"):
+    """The greedy tokens and logits of two converted checkpoints of `model` (e.g. a build's
+    fp16 llm_checkpoint and a `--weights int8` one) on the same cases, both run by the
+    reference decoder in process (qvl_trt.llm.agreement.Agreement)."""
+    from ..llm.agreement import compare_decoders
+    from ..llm.pipeline import ReferencePipeline
+    from ..llm.reference import ReferenceDecoder
+    from ..llm.sampling import SamplingParams
+    from ..mm.chat import user_message
+    from ..mm.video_input import VideoFile
+
+    pipeline = ReferencePipeline.load(model, checkpoint=baseline, device=device)
+    decoder = pipeline.decoder
+    other = ReferenceDecoder.load(candidate, device=device,
+                                  dtype=str(decoder.dtype).removeprefix("torch."))
+    requests = []
+    for case in cases:
+        _, request = pipeline.prepare(
+            user_message(case.prompt, len(case.images), len(case.videos)),
+            [p.read_bytes() for p in case.images],
+            sampling=SamplingParams(max_tokens=case.max_tokens, greedy=True),
+            videos=[VideoFile(p.read_bytes(), case.video_fps) for p in case.videos])
+        requests.append((case.name, request))
+    return compare_decoders(decoder, other, requests)

@@ -14,6 +14,12 @@ plugin reads the MRoPE table only on that path, which TensorRT-LLM has for fp16/
 data type"); the unfused path rotates image tokens at their 1-D index, so text still looks
 right while images land at wrong positions. engine_build_config refuses float32, and each
 rank's child refuses a build_config.json (editable by hand) or checkpoint that would fall back.
+
+Weight-only INT8/INT4 checkpoints (quant_algo W8A16/W4A16) need the WeightOnlyQuantMatmul
+plugin in the engine dtype: INT4 has no other path, and TensorRT-LLM's Q/DQ fallback for INT8
+would read the GEMM-ready integers as plain ones. The child checks that before building and
+lays the checkpoint's row-major integers out for this GPU's mixed GEMM
+(qvl_trt.llm.weight_only).
 """
 
 from __future__ import annotations
@@ -29,11 +35,12 @@ from typing import Any
 from ..atomic import write_json_atomic
 from ..child import REPRODUCE_NAME, child_main, run_child, write_reproduce
 from ..deps import require
-from ..dtypes import Dtype, pick
+from ..dtypes import Dtype, WeightOnly, pick
 from ..errors import BuildError, ConfigError
 from ..mm.prompt_table import rows_per_visual_token
 from ..profiles import BuildLimits, GpuProfile
-from .layout import DTYPES, read_llm_config
+from .layout import DTYPES, LlmConfig, read_llm_config
+from .weight_only import is_quantized
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +74,15 @@ def prompt_table_rows(limits: BuildLimits, deepstack_layers: int) -> int:
 
 
 def engine_build_config(profile: GpuProfile, *, deepstack_layers: int,
-                        dtype: Dtype | str = ENGINE_DTYPE) -> dict[str, Any]:
+                        dtype: Dtype | str = ENGINE_DTYPE,
+                        weights: WeightOnly = WeightOnly.NONE) -> dict[str, Any]:
     """Keyword arguments of `tensorrt_llm.builder.BuildConfig.from_dict` for this profile.
 
     max_position_embeddings is not a BuildConfig field: the converted checkpoint carries it,
     equal to max_seq_len (the build checks), which sizes the per-request MRoPE table.
+    Weight-only engines get the WeightOnlyQuantMatmul plugin in the engine dtype (what
+    tensorrt_llm/builder.py build() would switch on for a weight-only model anyway; written
+    here so build_config.json says it and the child can check it).
     """
     dtype = pick(dtype, DTYPES, "LLM engine dtype")
     if dtype not in FUSED_ATTENTION_DTYPES:
@@ -79,6 +90,8 @@ def engine_build_config(profile: GpuProfile, *, deepstack_layers: int,
                           "fused context attention, which TensorRT-LLM has only for "
                           f"{' and '.join(FUSED_ATTENTION_DTYPES)}; build with one of those")
     lim = profile.limits
+    weight_only = {} if WeightOnly(weights) is WeightOnly.NONE else {
+        "weight_only_quant_matmul_plugin": dtype.value}
     return {
         "max_batch_size": lim.max_batch_size,
         "max_input_len": lim.max_input_len,
@@ -98,6 +111,7 @@ def engine_build_config(profile: GpuProfile, *, deepstack_layers: int,
             "use_paged_context_fmha": True,
             "tokens_per_block": lim.tokens_per_block,
             "multiple_profiles": True,
+            **weight_only,
         },
     }
 
@@ -161,10 +175,47 @@ def check_fused_context_attention(settings: dict[str, Any], checkpoint_dtype: Dt
                              "convert and build with float16 or bfloat16")
 
 
+def check_weight_only(settings: dict[str, Any], checkpoint: LlmConfig) -> None:
+    """Raise BuildError unless the BuildConfig settings run the checkpoint's weight-only
+    linears through the WeightOnlyQuantMatmul plugin in the checkpoint's dtype."""
+    if checkpoint.weight_only is WeightOnly.NONE:
+        return
+    plugin = settings.get("plugin_config", {}).get("weight_only_quant_matmul_plugin")
+    plugin = checkpoint.dtype if plugin == "auto" else plugin
+    if plugin != checkpoint.dtype:
+        raise BuildError(
+            f"build_config.json sets weight_only_quant_matmul_plugin {plugin}, the checkpoint "
+            f"is weight-only {checkpoint.weight_only} ({checkpoint.quantization.quant_algo}) in "
+            f"{checkpoint.dtype}: set plugin_config.weight_only_quant_matmul_plugin to "
+            f"{checkpoint.dtype} (INT4 has no other path; INT8's Q/DQ fallback would misread "
+            "the GEMM-ready weights)")
+
+
+def mixed_gemm_layout(weights: dict, checkpoint: LlmConfig) -> dict:
+    """The checkpoint's row-major weight-only integers laid out for this GPU's mixed GEMM, as
+    TensorRT-LLM's own per-channel loader does (tensorrt_llm/_torch/modules/linear.py
+    WeightOnlyQuantLinearMethod: preprocess_weights_for_mixed_gemm(weight [in, out] int8,
+    torch.int8 or torch.quint4x2, activation dtype), SM version of the current GPU). Its
+    from_checkpoint then loads them as they are: weight_only_quantize_dict
+    (tensorrt_llm/models/convert_utils.py) skips weights that are already int8."""
+    import torch
+    from tensorrt_llm.quantization.functional import preprocess_weights_for_mixed_gemm
+
+    mode = checkpoint.weight_only
+    if mode is WeightOnly.NONE:
+        return weights
+    kind = torch.int8 if mode is WeightOnly.INT8 else torch.quint4x2
+    activation = checkpoint.dtype.torch()
+    return {name: preprocess_weights_for_mixed_gemm(tensor.contiguous(), kind, activation)
+            if is_quantized(name) else tensor for name, tensor in weights.items()}
+
+
 def _build_rank(checkpoint: Path, engine_dir: Path, rank: int, config_file: Path) -> None:
     settings = json.loads(config_file.read_text())
+    converted = read_llm_config(checkpoint)
     # Checked before TensorRT-LLM is imported: refused anywhere, not only in its container.
-    check_fused_context_attention(settings, read_llm_config(checkpoint).dtype)
+    check_fused_context_attention(settings, converted.dtype)
+    check_weight_only(settings, converted)
     require("tensorrt_llm", extra="trtllm", why="build the LLM engine")
     from tensorrt_llm.builder import BuildConfig, build
     from tensorrt_llm.logger import logger
@@ -179,7 +230,13 @@ def _build_rank(checkpoint: Path, engine_dir: Path, rank: int, config_file: Path
         raise BuildError(f"{checkpoint} was converted with max_position_embeddings "
                          f"{config.max_position_embeddings}, the engine needs max_seq_len "
                          f"{settings['max_seq_len']}; convert again with that max_seq_len")
-    model = Qwen3VLForCausalLM.from_checkpoint(str(checkpoint), rank=rank, config=config)
+    # PretrainedModel.__post_init__ swaps the decoder's ColumnLinear/RowLinear for
+    # WeightOnlyQuant(Row)Linear when the config's quant_algo is W8A16/W4A16
+    # (tensorrt_llm/quantization/quantize.py weight_only_quantize; lm_head and the embedding
+    # are excluded by default, and DeepStackEmbedding is no Embedding).
+    model = Qwen3VLForCausalLM.from_checkpoint(
+        str(checkpoint), rank=rank, config=config,
+        preprocess_weights_hook=lambda weights: mixed_gemm_layout(weights, converted))
     engine = build(model, BuildConfig.from_dict(settings))
     engine.save(str(engine_dir))
 

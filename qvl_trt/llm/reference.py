@@ -29,11 +29,10 @@ from pathlib import Path
 import numpy as np
 
 from ..deps import require
+from ..dtypes import WeightOnly
 from ..errors import CheckpointError, InputError
 from ..mm.prompt_table import split_prompt_table, visual_token_positions
-from ..dtypes import WeightOnly
 from .layout import LlmConfig, merge, read_llm_config
-from .weight_only import SCALE_SUFFIX, dequantize, is_quantized, scale_name
 from .sampling import (
     DecodeRequest,
     DecodeResult,
@@ -42,6 +41,7 @@ from .sampling import (
     choose_token,
     make_generator,
 )
+from .weight_only import SCALE_SUFFIX, dequantize, is_quantized, scale_name
 
 
 def load_weights(path: Path, config: LlmConfig) -> dict:

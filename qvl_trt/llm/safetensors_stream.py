@@ -18,7 +18,6 @@ from typing import BinaryIO
 from ..deps import require
 from ..dtypes import Dtype
 
-
 # safetensors' tag of int8 tensors (weight-only quantized linears).
 INT8_TAG = "I8"
 

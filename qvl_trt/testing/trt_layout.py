@@ -27,7 +27,8 @@ def write_llm_engine_layout(build: Path) -> None:
     manifest = json.loads((build / "manifest.json").read_text())
     pretrained = json.loads((build / "llm_checkpoint" / "config.json").read_text())
     settings = engine_build_config(load_profile(manifest["options"]["gpu"]),
-                                   deepstack_layers=pretrained["num_deepstack_layers"])
+                                   deepstack_layers=pretrained["num_deepstack_layers"],
+                                   weights=manifest["options"].get("weights", "none"))
     engine = build / "llm" / "engine"
     engine.mkdir(parents=True)
     (engine / "config.json").write_text(json.dumps(

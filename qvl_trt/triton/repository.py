@@ -82,6 +82,7 @@ class BuildInfo:
     kv_cache_tokens: int  # the KV budget planned for this build beside the others
     prompt_table_rows: int
     shm_bytes: int  # shared memory its largest requests need in flight
+    weights: WeightOnly = WeightOnly.NONE  # the LLM's linear weights (`build --weights`)
 
     @classmethod
     def read(cls, path: Path) -> BuildInfo:
@@ -303,6 +304,7 @@ def _build_info(build: _Build, options: RepoOptions, names: c.ModelNames,
         kv_cache_tokens=kv_tokens,
         prompt_table_rows=build.plan.prompt_table_rows,
         shm_bytes=build.plan.shm_bytes,
+        weights=WeightOnly(build.manifest.options.get("weights", WeightOnly.NONE.value)),
     )
 
 

@@ -470,6 +470,7 @@ def _check_llm_engine(name: str, config: Any, folder: Path, info: BuildInfo,
                  f"LLM engine has world size {world}, the build says tp_size {info.tp_size}; "
                  "rebuild the engine")
     _check_mrope_engine(name, pretrained, build, report)
+    _check_weight_only_engine(name, pretrained, build, info, report)
     for caller, params in callers.items():
         _check_mrope_table(caller, params, name, pretrained, report)
     _check_budgets(name, parameters(config), build, info, report)
@@ -507,6 +508,27 @@ def _check_mrope_engine(name: str, pretrained: dict[str, Any], build: dict[str, 
                  f"LLM engine's max_position_embeddings {positions} is not its max_seq_len "
                  f"{build.get('max_seq_len')} (the build makes them equal; below it the rope "
                  f"kernel that ignores the MRoPE table runs); {rebuild}")
+
+
+def _check_weight_only_engine(name: str, pretrained: dict[str, Any], build: dict[str, Any],
+                              info: BuildInfo, report: ValidationReport) -> None:
+    """The engine's weights are the build's (`build --weights`: quant_algo W8A16/W4A16 or
+    none), and weight-only ones run through the WeightOnlyQuantMatmul plugin in the engine
+    dtype: INT4 has no other path, and the Q/DQ fallback for INT8 would read the GEMM-ready
+    integers as plain ones (tensorrt_llm/quantization/functional.py weight_only_quant_matmul,
+    tensorrt_llm/quantization/layers.py WeightOnlyQuantLinear)."""
+    algo = (pretrained.get("quantization") or {}).get("quant_algo")
+    rebuild = "rebuild the engine with `qvl-trt build --force --only llm`"
+    report.check(algo == info.weights.quant_algo, name,
+                 f"LLM engine's quant_algo is {algo}, build.json says weights {info.weights} "
+                 f"({info.weights.quant_algo}); {rebuild} or regenerate the repository from "
+                 "the build that made it")
+    if algo is None:
+        return
+    plugin = build.get("plugin_config", {}).get("weight_only_quant_matmul_plugin")
+    report.check(plugin == pretrained.get("dtype"), name,
+                 f"LLM engine is weight-only {algo} but weight_only_quant_matmul_plugin is "
+                 f"{plugin}, not its dtype {pretrained.get('dtype')}; {rebuild}")
 
 
 def _check_mrope_table(caller: str, params: c.PostprocessingParameters, llm: str,

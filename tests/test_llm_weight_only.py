@@ -1,0 +1,303 @@
+"""Weight-only INT8/INT4: the quantizer against an independent numpy implementation of
+TensorRT-LLM's scheme on real layer shapes, and the reference decoder on weight-only
+checkpoints against the fp16 one (stated tolerances; a broken scale fails them).
+
+The scheme, as cpp/tensorrt_llm/kernels/cutlass_kernels/cutlass_preprocessors.cpp
+`symmetric_quantize` states it for the [in, out] (transposed) weight: per column, scale =
+float32 max |w| x 1/2^(bits-1); q = C round(w / scale) (halves away from zero), clipped to
+the signed range, 0 where the scale is 0; scales stored in the weight's dtype; INT4 packed
+two per byte along the column axis, even column in the low nibble (two's complement).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from qvl_trt.checkpoint import open_checkpoint
+from qvl_trt.dtypes import Dtype, WeightOnly
+from qvl_trt.errors import CheckpointError
+from qvl_trt.llm.agreement import compare_decoders
+from qvl_trt.llm.convert import convert_checkpoint
+from qvl_trt.llm.reference import ReferenceDecoder
+from qvl_trt.llm.sampling import DecodeRequest, SamplingParams
+from qvl_trt.llm.weight_only import dequantize, quantize
+from qvl_trt.mm.rope import MropeTable
+
+MODES = (WeightOnly.INT8, WeightOnly.INT4)
+
+
+def numpy_quantize(weight: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """The scheme written from the upstream source, independently of qvl_trt: the [out, in]
+    fp16 weight -> (packed int8 [in, out * bits / 8], fp16 scales [out])."""
+    v = weight.T.astype(np.float32)  # [in, out]: the op quantizes the last axis
+    col = np.abs(v).max(axis=0) * np.float32(1.0 / (1 << (bits - 1)))
+    scaled = np.zeros_like(v)
+    np.divide(v, col, out=scaled, where=col != 0)  # float32 division, as the C++ code does
+    wide = scaled.astype(np.float64)  # |x| + 0.5 is exact in float64 for these magnitudes
+    rounded = np.copysign(np.floor(np.abs(wide) + 0.5), wide)
+    q = np.clip(rounded, -(1 << (bits - 1)), (1 << (bits - 1)) - 1).astype(np.int8)
+    if bits == 4:
+        nibbles = q.view(np.uint8) & 0x0F
+        q = (nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)).astype(np.uint8).view(np.int8)
+    return q, col.astype(np.float16)
+
+
+def _weight(out_features: int, in_features: int, seed: int) -> torch.Tensor:
+    """Random fp16 weight with the cases that tell implementations apart: a zero row, exact
+    halves (ties), the channel max on the negative side and on the positive side."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((out_features, in_features), dtype=np.float32) * 0.02)
+    w = w.astype(np.float16)
+    w[0] = 0
+    # Row 1: max 1.0, so the INT8 scale is 1/128 and INT4's 1/8: +-2.5 and +-0.5 steps.
+    w[1, :6] = [1.0, 2.5 / 128, -2.5 / 128, 0.5 / 128, 2.5 / 8, -0.5 / 8]
+    w[1, 6:] = 0
+    w[2, 0] = -1.0  # a channel whose max is negative: it reaches -128 / -8
+    return torch.from_numpy(w)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("out_features, in_features", [
+    (6144, 2048),  # 2B: mlp.fc / mlp.gate
+    (2048, 6144),  # 2B: mlp.proj
+    (12288, 4096),  # 8B: mlp.fc / mlp.gate, the largest quantized layer
+])
+def test_quantizer_matches_an_independent_numpy_implementation(out_features, in_features,
+                                                               mode):
+    weight = _weight(out_features, in_features, seed=out_features + in_features)
+    ints, scales = quantize(weight, mode, Dtype.FLOAT16)
+    expected_ints, expected_scales = numpy_quantize(weight.numpy(), mode.bits)
+    assert ints.dtype == torch.int8 and scales.dtype == torch.float16
+    assert tuple(ints.shape) == (in_features, out_features * mode.bits // 8)
+    assert tuple(scales.shape) == (out_features,)
+    assert np.array_equal(ints.numpy(), expected_ints)
+    assert np.array_equal(scales.numpy().view(np.uint16), expected_scales.view(np.uint16))
+
+
+def test_ties_round_away_from_zero_and_the_range_is_asymmetric():
+    """The crafted row pins what the comparison above would miss if both sides shared a
+    mistake: halves go away from zero (torch.round and np.round go to even), the positive
+    max clips to 127 / 7 and the negative one reaches -128 / -8."""
+    weight = _weight(64, 64, seed=1)
+    int8, scale8 = quantize(weight, WeightOnly.INT8, Dtype.FLOAT16)
+    assert float(scale8[1]) == 1 / 128
+    assert int8[:6, 1].tolist() == [127, 3, -3, 1, 40, -8]
+    assert int8[0, 2] == -128 and int8[:, 0].eq(0).all() and scale8[0] == 0
+    int4, scale4 = quantize(weight, WeightOnly.INT4, Dtype.FLOAT16)
+    assert float(scale4[1]) == 1 / 8
+    # Column 1 is the high nibble of byte 0 of each row.
+    high = torch.bitwise_right_shift(int4[:6, 0], 4).tolist()
+    assert high == [7, 0, 0, 0, 3, -1]  # 0.5/128 * 8 = 1/32 -> 0; 2.5 -> 3; -0.5 -> -1
+    low = torch.bitwise_right_shift(int4[:, 1] << 4, 4)
+    assert low[0] == -8  # column 2: the negative max
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_dequantize_is_q_times_scale_in_the_model_dtype(mode):
+    weight = _weight(128, 64, seed=2)
+    ints, scales = quantize(weight, mode, Dtype.FLOAT16)
+    back = dequantize(ints, scales, mode, Dtype.FLOAT16)
+    q, _ = numpy_quantize(weight.numpy(), 8) if mode is WeightOnly.INT8 else (None, None)
+    assert back.dtype == torch.float16 and back.shape == weight.shape
+    step = scales.float()[:, None]
+    assert ((back.float() - weight.float()).abs() <= step * 1.0001).all()
+    if q is not None:
+        expected = (torch.from_numpy(q.T.astype(np.float16)) * scales[:, None]).float()
+        assert torch.equal(back.float(), expected)
+
+
+# ---- the reference decoder on weight-only checkpoints ------------------------------------
+
+MAX_POSITIONS = 256
+# max |logit difference| against the fp16 checkpoint over the steps both took from the same
+# inputs (the tiny model's logits have a standard deviation of ~0.16, max ~1); measured 0.011
+# for INT8 and 0.24 for INT4.
+TOLERANCE = {WeightOnly.INT8: 0.02, WeightOnly.INT4: 0.3}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tiny_ckpt: Path, tmp_path_factory) -> dict[WeightOnly, Path]:
+    root = tmp_path_factory.mktemp("weight-only")
+    return {w: convert_checkpoint(tiny_ckpt, root / w.value, max_seq_len=MAX_POSITIONS,
+                                  dtype="float16", weights=w).out for w in WeightOnly}
+
+
+@pytest.fixture(scope="module")
+def baseline(checkpoints) -> ReferenceDecoder:
+    return ReferenceDecoder.load(checkpoints[WeightOnly.NONE], dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def requests(tiny_ckpt: Path) -> list[tuple[str, DecodeRequest]]:
+    """Three text prompts of random ids, greedy, 8 tokens each."""
+    table = MropeTable.of(open_checkpoint(tiny_ckpt).text, MAX_POSITIONS)
+    rng = np.random.default_rng(0)
+    out = []
+    for n in (20, 25, 30):
+        positions = np.broadcast_to(np.arange(n), (3, n))
+        out.append((f"{n} tokens", DecodeRequest(
+            rng.integers(0, 1000, n), table(positions), 0,
+            sampling=SamplingParams(max_tokens=8, greedy=True))))
+    return out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_weight_only_logits_follow_fp16(checkpoints, baseline, requests, mode):
+    candidate = ReferenceDecoder.load(checkpoints[mode], dtype="float32")
+    agreement = compare_decoders(baseline, candidate, requests)
+    print(f"{mode}: {agreement.summary()}")
+    assert 0 < agreement.max_logit_diff <= TOLERANCE[mode], agreement.summary()
+    if mode is WeightOnly.INT8:
+        assert agreement.token_agreement == 1.0, agreement.summary()
+
+
+def _broken(src: Path, dst: Path, edit) -> Path:
+    shutil.copytree(src, dst)
+    weights = load_file(str(dst / "rank0.safetensors"))
+    edit(weights)
+    save_file(weights, str(dst / "rank0.safetensors"), {"format": "pt"})
+    return dst
+
+
+@pytest.mark.parametrize("breakage", ["scales shifted by one channel", "one layer's scales x2"])
+def test_a_broken_scale_fails_the_tolerance(checkpoints, baseline, requests, tmp_path,
+                                            breakage):
+    def edit(weights: dict) -> None:
+        for name in [n for n in weights if n.endswith("per_channel_scale")]:
+            if breakage == "scales shifted by one channel":
+                weights[name] = weights[name].roll(1, 0)
+            elif "layers.2.attention.qkv" in name:
+                weights[name] = weights[name] * 2
+
+    bad = _broken(checkpoints[WeightOnly.INT8], tmp_path / "bad", edit)
+    agreement = compare_decoders(baseline, ReferenceDecoder.load(bad, dtype="float32"),
+                                 requests)
+    assert agreement.max_logit_diff > TOLERANCE[WeightOnly.INT8], agreement.summary()
+
+
+def test_tensor_parallel_pieces_are_quantized_on_their_own(tiny_ckpt, tmp_path):
+    """TP 2 (a model whose features are multiples of 128): each rank's piece has its own
+    scales, and the merged dequantized weights equal the TP 1 ones where the split keeps
+    whole output channels."""
+    from qvl_trt.testing.tiny_checkpoint import TinyDims, write_tiny_checkpoint
+
+    ckpt = write_tiny_checkpoint(tmp_path / "hf", TinyDims(text_hidden=128, head_dim=64,
+                                                           text_intermediate=256,
+                                                           text_layers=2))
+    one = convert_checkpoint(ckpt, tmp_path / "tp1", max_seq_len=64, weights="int8").out
+    two = convert_checkpoint(ckpt, tmp_path / "tp2", max_seq_len=64, weights="int8",
+                             tp_size=2).out
+    rank0 = load_file(str(two / "rank0.safetensors"))
+    assert rank0["transformer.layers.0.mlp.proj.weight"].shape == (128, 128)  # [in/2, out]
+    a = ReferenceDecoder.load(one).layers[0]
+    b = ReferenceDecoder.load(two).layers[0]
+    assert torch.equal(a.fc, b.fc) and torch.equal(a.qkv, b.qkv)
+    assert not torch.equal(a.proj, b.proj)  # row-parallel: per-rank maxima
+    assert (a.proj - b.proj).abs().max() <= 2 * a.proj.abs().max() / 128
+
+
+def test_missing_or_malformed_scales_are_refused(checkpoints, tmp_path):
+    name = "transformer.layers.0.attention.dense"
+
+    def drop(weights):
+        del weights[f"{name}.per_channel_scale"]
+
+    def widen(weights):
+        weights[f"{name}.per_channel_scale"] = weights[f"{name}.per_channel_scale"].float()
+
+    source = checkpoints[WeightOnly.INT4]
+    with pytest.raises(CheckpointError, match=f"holds {name}.weight but not "
+                       f"{name}.per_channel_scale"):
+        ReferenceDecoder.load(_broken(source, tmp_path / "drop", drop))
+    with pytest.raises(CheckpointError, match=r"weight-only int4 stores int8 \[in, out \* 4 / "
+                       r"8\] and float16 \[out\]"):
+        ReferenceDecoder.load(_broken(source, tmp_path / "widen", widen))
+
+
+def test_unknown_quantization_is_refused(checkpoints, tmp_path):
+    bad = Path(shutil.copytree(checkpoints[WeightOnly.INT8], tmp_path / "awq"))
+    config = bad / "config.json"
+    config.write_text(config.read_text().replace('"W8A16"', '"W4A16_AWQ"'))
+    with pytest.raises(CheckpointError, match="sets quantization .*W4A16_AWQ.*; qvl-trt writes "
+                       "quant_algo W8A16 or W4A16 or none"):
+        ReferenceDecoder.load(bad)
+
+
+def test_convert_writes_the_weight_only_layout(checkpoints):
+    import json
+
+    sizes = {}
+    for mode, path in checkpoints.items():
+        config = json.loads((path / "config.json").read_text())
+        assert config["quantization"] == {"quant_algo": mode.quant_algo,
+                                          "kv_cache_quant_algo": None}
+        tensors = load_file(str(path / "rank0.safetensors"))
+        sizes[mode] = sum(t.numel() * t.element_size() for t in tensors.values())
+        # The embedding, lm_head and norms stay fp16 in every mode.
+        for name in ("transformer.vocab_embedding.weight", "lm_head.weight",
+                     "transformer.layers.0.input_layernorm.weight"):
+            assert tensors[name].dtype == torch.float16
+        qkv = tensors["transformer.layers.0.attention.qkv.weight"]
+        if mode is WeightOnly.NONE:
+            assert qkv.dtype == torch.float16 and qkv.shape == (256, 64)
+            assert not any(n.endswith("per_channel_scale") for n in tensors)
+        else:
+            assert qkv.dtype == torch.int8 and qkv.shape == (64, 256 * mode.bits // 8)
+            scale = tensors["transformer.layers.0.attention.qkv.per_channel_scale"]
+            assert scale.dtype == torch.float16 and scale.shape == (256,)
+    # Bytes of the decoder's linears: what WeightOnly.linear_bytes counts (the planner's).
+    linears = [(256, 64), (64, 128), (128, 64), (128, 64), (64, 128)]  # qkv dense fc gate proj
+    for mode in MODES:
+        saved = sizes[WeightOnly.NONE] - sizes[mode]
+        per_layer = sum(WeightOnly.NONE.linear_bytes(i, o, Dtype.FLOAT16)
+                        - mode.linear_bytes(i, o, Dtype.FLOAT16) for o, i in linears)
+        assert saved == 4 * per_layer
+
+
+def test_feature_sizes_that_tensorrt_llm_would_pad_are_refused(tiny_ckpt, tmp_path):
+    from qvl_trt.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--weights int8 needs the model's hidden size \(64\) "
+                       r"to be a multiple of 128 \(64 x TP size 2\); use a smaller --tp-size "
+                       "or --weights none"):
+        convert_checkpoint(tiny_ckpt, tmp_path / "out", max_seq_len=64, weights="int8",
+                           tp_size=2)
+    with pytest.raises(ConfigError, match="weights 'int2' is not one of none, int8, int4"):
+        convert_checkpoint(tiny_ckpt, tmp_path / "out", max_seq_len=64, weights="int2")
+    assert not (tmp_path / "out").exists()
+
+
+def test_agreement_command_reports_int8_against_fp16(tiny_ckpt, checkpoints, tmp_path):
+    """`qvl-trt agreement`: the prompts through the served preprocessing and the vision
+    tower, both checkpoints greedy; one line per case and the summary."""
+    import json
+
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from qvl_trt.cli import app
+
+    Image.new("RGB", (64, 48), (200, 30, 90)).save(tmp_path / "red.png")
+    cases = tmp_path / "cases.json"
+    cases.write_text(json.dumps([
+        {"name": "text", "prompt": "Say something.", "max_tokens": 4},
+        {"name": "image", "prompt": "What colour?", "images": ["red.png"], "max_tokens": 4}]))
+    args = ["agreement", "--cases", str(cases), "--model", str(tiny_ckpt),
+            "--baseline", str(checkpoints[WeightOnly.NONE]),
+            "--candidate", str(checkpoints[WeightOnly.INT8])]
+    done = CliRunner().invoke(app, [*args, "--json"])
+    assert done.exit_code == 0, done.output
+    report = json.loads(done.output)
+    assert [c["name"] for c in report["cases"]] == ["text", "image"]
+    assert report["token_agreement"] == 1.0
+    assert 0 < report["max_logit_diff"] <= TOLERANCE[WeightOnly.INT8]
+    assert all(len(c["baseline"]) == 4 for c in report["cases"])
+    lines = CliRunner().invoke(app, args).output.strip().splitlines()
+    assert lines[0].startswith("text: 4 tokens, identical, max logit difference ")
+    assert lines[-1].startswith("2 of 2 cases identical, greedy-token agreement 100.0%")
