@@ -70,22 +70,26 @@ def profile(tmp_path_factory):
     return load_profile(str(path))
 
 
+def _convert_and_build(tiny_ckpt, profile, root, name: str, *, dtype: str = "float16",
+                       weights: str = "none"):
+    """(converted checkpoint, engine folder) of the tiny checkpoint, built under `root`."""
+    k = open_checkpoint(tiny_ckpt).vision.deepstack_count
+    ckpt = convert_checkpoint(tiny_ckpt, root / f"ckpt-{name}", dtype=dtype, weights=weights,
+                              max_seq_len=profile.limits.max_seq_len).out
+    work = root / f"llm-{name}"
+    work.mkdir()
+    # Also return the logits of every prompt position.
+    config = {**engine_build_config(profile, deepstack_layers=k, dtype=dtype, weights=weights),
+              "gather_context_logits": True}
+    return ckpt, build_engines(ckpt, work, config).engine_dir
+
+
 @pytest.fixture(scope="module")
 def built(tiny_ckpt, profile, tmp_path_factory):
     """dtype -> (converted checkpoint, engine folder), for each dtype of TOLERANCE."""
     root = tmp_path_factory.mktemp("engines")
-    k = open_checkpoint(tiny_ckpt).vision.deepstack_count
-    out = {}
-    for dtype in TOLERANCE:
-        ckpt = convert_checkpoint(tiny_ckpt, root / f"ckpt-{dtype}",
-                                  max_seq_len=profile.limits.max_seq_len, dtype=dtype).out
-        work = root / f"llm-{dtype}"
-        work.mkdir()
-        # Also return the logits of every prompt position.
-        config = {**engine_build_config(profile, deepstack_layers=k, dtype=dtype),
-                  "gather_context_logits": True}
-        out[dtype] = (ckpt, build_engines(ckpt, work, config).engine_dir)
-    return out
+    return {dtype: _convert_and_build(tiny_ckpt, profile, root, dtype, dtype=dtype)
+            for dtype in TOLERANCE}
 
 
 @pytest.fixture(scope="module")
@@ -331,17 +335,8 @@ WEIGHT_ONLY_TOLERANCE = {"int8": 2e-2, "int4": 2e-2}
 def built_weight_only(tiny_ckpt, profile, tmp_path_factory):
     """weights -> (converted weight-only float16 checkpoint, engine folder)."""
     root = tmp_path_factory.mktemp("weight-only-engines")
-    k = open_checkpoint(tiny_ckpt).vision.deepstack_count
-    out = {}
-    for weights in WEIGHT_ONLY_TOLERANCE:
-        ckpt = convert_checkpoint(tiny_ckpt, root / f"ckpt-{weights}", weights=weights,
-                                  max_seq_len=profile.limits.max_seq_len).out
-        work = root / f"llm-{weights}"
-        work.mkdir()
-        config = {**engine_build_config(profile, deepstack_layers=k, weights=weights),
-                  "gather_context_logits": True}
-        out[weights] = (ckpt, build_engines(ckpt, work, config).engine_dir)
-    return out
+    return {weights: _convert_and_build(tiny_ckpt, profile, root, weights, weights=weights)
+            for weights in WEIGHT_ONLY_TOLERANCE}
 
 
 @pytest.mark.parametrize("weights", list(WEIGHT_ONLY_TOLERANCE))

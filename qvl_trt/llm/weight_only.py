@@ -73,8 +73,8 @@ def quantize(weight, mode: WeightOnly, dtype: Dtype) -> tuple:
     for start in range(0, out_features, rows):
         part = weight[start:start + rows].float()
         scale = part.abs().amax(dim=1) * (1.0 / (1 << (bits - 1)))
-        divisor = torch.where(scale == 0, 1.0, scale)[:, None]
-        values = torch.where(scale[:, None] == 0, 0.0, _round_half_away(part / divisor))
+        # A zero scale means a zero row: divided by 1 it stays 0, as the op writes.
+        values = _round_half_away(part.div_(torch.where(scale == 0, 1.0, scale)[:, None]))
         ints[:, start:start + rows] = values.clamp_(low, high).to(torch.int8).T
         scales[start:start + rows] = scale.to(scales.dtype)
         del part, values
@@ -95,11 +95,13 @@ def dequantize(ints, scales, mode: WeightOnly, dtype: Dtype):
 
 
 def _round_half_away(x):
-    """C `round` (halves away from zero; torch.round rounds them to even). x - trunc(x) is
-    exact in float, so the comparison with 0.5 is too."""
+    """C `round` of float32 `x` (halves away from zero; torch.round rounds them to even);
+    overwrites `x`. x - trunc(x) is exact in float, so the comparison with 0.5 is too, and
+    the fraction has x's sign wherever it reaches 0.5."""
     torch = _torch()
     whole = torch.trunc(x)
-    return whole + torch.sign(x) * ((x - whole).abs() >= 0.5)
+    fraction = x.sub_(whole)
+    return whole.add_(fraction.ge(0.5).float()).sub_(fraction.le(-0.5).float())
 
 
 def _torch():
