@@ -410,13 +410,15 @@ def test_a_request_of_several_batch_rows_is_refused(triton_server) -> None:
 
 def test_two_builds_in_one_repository_are_served_side_by_side(tmp_path, tiny_build,
                                                              triton_profile, triton_server):
-    """`qvl-trt repo --build a=B1 --build b=B2` of two checkpoints of different sizes: one
-    server keeps both resident, the client picks one by its ensemble name, and the OpenAI
-    endpoint lists both and answers each as its ensemble does."""
+    """`qvl-trt repo --build a=B1 --build b=B2` of two checkpoints of different sizes, the
+    second with INT8 weights (`build --weights int8`): one server keeps both resident, the
+    client picks one by its ensemble name, and the OpenAI endpoint lists both and answers each
+    as its ensemble does."""
     openai = pytest.importorskip("openai", reason="needs the openai client: pip install openai")
     pytest.importorskip("aiohttp", reason="the gateway needs aiohttp: pip install "
                         "'qvl-trt[gateway]'")
     from qvl_trt.build import BuildOptions, Stage, run_build
+    from qvl_trt.dtypes import WeightOnly
     from qvl_trt.gateway.options import GatewayOptions
     from qvl_trt.serve.gateway_process import GatewayProcess
     from qvl_trt.serve.server import ServerOptions, TritonServer, free_ports
@@ -424,12 +426,15 @@ def test_two_builds_in_one_repository_are_served_side_by_side(tmp_path, tiny_bui
     from qvl_trt.triton.model_configs import Flavor
     from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo
 
-    # A wider, deeper language model than the session's (64 wide, 4 layers).
+    # A wider, deeper language model than the session's (64 wide, 4 layers), its features
+    # multiples of 64 as weight-only layers need.
     other = write_tiny_checkpoint(tmp_path / "other", seed=1,
-                                  dims=TinyDims(text_hidden=96, text_layers=5,
-                                                text_intermediate=160))
-    run_build(BuildOptions(model=str(other), gpu=str(triton_profile)), tmp_path / "other-build",
-              only=(Stage.LLM_CHECKPOINT,))
+                                  dims=TinyDims(text_hidden=128, text_layers=5,
+                                                text_intermediate=192))
+    run_build(BuildOptions(model=str(other), gpu=str(triton_profile), weights=WeightOnly.INT8),
+              tmp_path / "other-build", only=(Stage.LLM_CHECKPOINT,))
+    assert json.loads((tmp_path / "other-build" / "llm_checkpoint" / "config.json")
+                      .read_text())["quantization"]["quant_algo"] == "W8A16"
     repo = write_repo([BuildInput(tiny_build, "a"), BuildInput(tmp_path / "other-build", "b")],
                       tmp_path / "repo", RepoOptions(flavor=Flavor.REFERENCE,
                                                      preprocessing_instances=1,
