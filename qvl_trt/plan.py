@@ -20,7 +20,14 @@ from fractions import Fraction
 from pathlib import Path
 
 from .atomic import staged_file
-from .checkpoint import TEMPORAL_PATCH_SIZE, Checkpoint, TextDims, VisionDims, expected_shapes
+from .checkpoint import (
+    TEMPORAL_PATCH_SIZE,
+    VISION_PREFIX,
+    Checkpoint,
+    TextDims,
+    VisionDims,
+    expected_shapes,
+)
 from .dtypes import WeightOnly
 from .errors import PlanError
 from .llm.engine import ENGINE_DTYPE, prompt_table_rows
@@ -423,9 +430,14 @@ def llm_weight_bytes(text: TextDims, vision: VisionDims, weights: WeightOnly) ->
     return total
 
 
+@functools.cache
+def _vision_parameters(text: TextDims, vision: VisionDims) -> int:
+    return sum(math.prod(shape) for name, shape in expected_shapes(text, vision).items()
+               if name.startswith(VISION_PREFIX))
+
+
 def _figures(ckpt: Checkpoint, profile: GpuProfile, weights: WeightOnly) -> Plan:
     t, v, lim = ckpt.text, ckpt.vision, profile.limits
-    params = ckpt.param_counts()
     max_patches = lim.vision_max_pixels // (v.patch_size**2)
     vision_act = max_patches * (6 * v.hidden_size + 2 * v.intermediate_size) * FP16
     qkv = (t.num_heads + 2 * t.num_kv_heads) * t.head_dim
@@ -444,7 +456,7 @@ def _figures(ckpt: Checkpoint, profile: GpuProfile, weights: WeightOnly) -> Plan
         limits=lim,
         weights=weights,
         gpu_memory_bytes=profile.memory_bytes,
-        vision_weight_bytes=params["vision"] * FP16,
+        vision_weight_bytes=_vision_parameters(t, v) * FP16,
         llm_weight_bytes=llm_weight_bytes(t, v, weights),
         vision_activation_bytes=vision_act,
         llm_activation_bytes=llm_act,
@@ -525,8 +537,9 @@ def repository_kv_budgets(plans: Sequence[Plan]) -> tuple[int, ...]:
             f"builds {names} do not fit together on one "
             f"{plans[0].gpu_memory_bytes / GIB:g} GiB GPU: their weights and buffers take "
             f"{fixed / GIB:.1f} GiB and {_build_name(short[0])} is left less KV cache than one "
-            f"limits.max_seq_len sequence; serve them on separate GPUs or lower "
-            "limits.max_batch_size and limits.max_seq_len"
+            f"limits.max_seq_len sequence; serve them on separate GPUs, or build them with "
+            "the profiles `qvl-trt plan --model NAME=CHECKPOINT ... --gpu GPU --weights W "
+            "--save-profiles DIR` writes for the card they share"
         )
     return budgets
 
