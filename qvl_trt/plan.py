@@ -402,7 +402,8 @@ def _problem(plans: Sequence[Plan]) -> _Problem | None:
 
 
 def _of(plan: Plan, plans: Sequence[Plan]) -> str:
-    return f" for {plan.variant}" if len(plans) > 1 else ""
+    """Which build a problem of several is about: its checkpoint folder."""
+    return f" for {Path(plan.model).name}" if len(plans) > 1 else ""
 
 
 @functools.cache
