@@ -1,22 +1,40 @@
-"""Memory and capacity planner for a (checkpoint, GPU profile) pair.
+"""Memory and capacity planner for a (checkpoint, GPU profile, weight precision) triple, and
+for several builds sharing one card.
 
-Figures are for the FP16 engines this tool builds. Weights and the KV cache are exact from
-the config; activation workspaces are estimates (stated as such) from the profile's limits.
+Figures are for the engines this tool builds: FP16, the language model's linear layers
+optionally weight-only INT8/INT4. Weights and the KV cache are exact from the config;
+activation workspaces are estimates (stated as such) from the limits.
+
+A profile's limits are upper bounds: when a checkpoint does not fit them, the planner lowers
+them in one documented order (LOWERED_LIMITS, docs/build.md "Per-variant limits") to the
+largest that fit, and the build uses what the plan derived.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 
-from .checkpoint import TEMPORAL_PATCH_SIZE, Checkpoint
+from .atomic import staged_file
+from .checkpoint import (
+    TEMPORAL_PATCH_SIZE,
+    VISION_PREFIX,
+    Checkpoint,
+    TextDims,
+    VisionDims,
+    expected_shapes,
+)
+from .dtypes import WeightOnly
 from .errors import PlanError
-from .llm.engine import prompt_table_rows
+from .llm.engine import ENGINE_DTYPE, prompt_table_rows
+from .llm.layout import llm_config, rank_shape, weight_sources
+from .llm.weight_only import FEATURE_MULTIPLE, is_quantized
 from .mm.geometry import image_token_count, video_token_count
-from .profiles import BuildLimits, GpuProfile, load_profile, profile_names
+from .profiles import BuildLimits, GpuProfile, load_profile, profile_names, profile_toml
 
 GIB = 1024**3
 FP16 = 2
@@ -57,12 +75,34 @@ class TypicalRequest:
         return self.visual_tokens + self.text_tokens
 
 
+# The limits the planner may lower, in the order a profile's limits are lowered when a
+# checkpoint does not fit them: at the profile's context length first, how many requests run
+# at once, one at a time down to 1 (what one request may carry, a full-size clip included,
+# stays the profile's); when even batch 1 does not fit, the context is halved
+# (max_seq_len, and max_input_len in proportion, the visual tokens one request may carry
+# capped below it in whole images at limits.vision_max_pixels, a video's budget with them)
+# and the batch tried again from the profile's, as long as one image still fits a prompt.
+LOWERED_LIMITS = ("max_batch_size", "max_seq_len", "max_input_len",
+                  "max_visual_tokens_per_request", "video_max_tokens")
+
+
+@dataclass(frozen=True)
+class LoweredLimit:
+    """A limit the plan lowered below the profile's value."""
+
+    key: str  # a BuildLimits field
+    profile_value: int
+    value: int
+
+
 @dataclass(frozen=True)
 class Plan:
     model: str
     variant: str
     profile: str
+    # The limits the plan is for, and the build uses: the profile's, or lowered (`lowered`).
     limits: BuildLimits
+    weights: WeightOnly
     gpu_memory_bytes: int
     vision_weight_bytes: int
     llm_weight_bytes: int
@@ -97,6 +137,9 @@ class Plan:
     # Typical videos the KV cache holds at once (batch slots bound it too); 0 if refused.
     concurrent_typical_videos: int
     problems: tuple[str, ...]
+    # Limits lowered below the profile's, and what made the next larger value fail.
+    lowered: tuple[LoweredLimit, ...] = ()
+    lowered_because: str = ""
 
     @property
     def fits(self) -> bool:
@@ -121,64 +164,281 @@ class Plan:
         )
 
 
-def make_plan(ckpt: Checkpoint, profile: GpuProfile) -> Plan:
-    """Compute the plan; `problems` lists every reason the pair cannot work, with the fix."""
-    plan = _figures(ckpt, profile)
-    problems = []
-    lim = profile.limits
-    free = plan.gpu_memory_bytes - plan.fixed_bytes
-    if free <= 0:
-        problems.append(
-            f"weights and buffers need {plan.fixed_bytes / GIB:.1f} GiB of the "
-            f"{plan.gpu_memory_bytes / GIB:.1f} GiB on {profile.name}: use a smaller checkpoint "
-            "or a card with more memory, or lower limits.max_batch_size and "
-            "limits.max_visual_tokens_per_request (prompt table) and limits.max_num_tokens "
-            "(activations)"
-        )
-    elif plan.prompt_table_elements >= MAX_TABLE_ELEMENTS:
-        problems.append(
-            f"the prompt table holds {plan.prompt_table_elements:,} elements, at or above "
-            f"2^31 where TensorRT gathers are unverified: lower "
-            "limits.max_visual_tokens_per_request or limits.max_batch_size"
-        )
-    elif plan.kv_capacity_tokens < lim.max_seq_len:
-        problems.append(
-            f"the KV cache holds {plan.kv_capacity_tokens} tokens, less than one request of "
-            f"limits.max_seq_len ({lim.max_seq_len}): lower limits.max_seq_len or "
-            "limits.max_batch_size, or use a card with more memory"
-        )
-    elif plan.concurrent_typical_requests < lim.max_batch_size:
-        best = _largest_batch_that_fits(ckpt, profile)
-        fix = f"lower limits.max_batch_size to {best}" if best else "use a card with more memory"
-        problems.append(
-            f"the KV cache holds {plan.concurrent_typical_requests} concurrent typical requests "
-            f"({plan.typical_request.media}, {plan.typical_request.kv_tokens} tokens), "
-            f"fewer than limits.max_batch_size ({lim.max_batch_size}): {fix}, or lower "
-            "limits.vision_max_pixels"
-        )
-    return replace(plan, problems=tuple(problems))
+def make_plan(ckpt: Checkpoint, profile: GpuProfile,
+              weights: WeightOnly = WeightOnly.NONE) -> Plan:
+    """The plan at the largest limits up to the profile's that fit (LOWERED_LIMITS); when none
+    do, `problems` says why at the smallest, with the fix."""
+    return _fit([(ckpt, weights)], profile)[0][0]
 
 
-def plan_every_profile(ckpt: Checkpoint) -> list[tuple[GpuProfile, Plan]]:
+def planned_profile(ckpt: Checkpoint, profile: GpuProfile,
+                    weights: WeightOnly = WeightOnly.NONE) -> GpuProfile:
+    """`profile` with the limits make_plan derives for the checkpoint and weights: the
+    profile a build uses (its own limits when none fit; the build's plan stage refuses it)."""
+    plan = make_plan(ckpt, profile, weights)
+    return replace(profile, limits=plan.limits) if plan.fits else profile
+
+
+def plan_every_profile(ckpt: Checkpoint, weights: WeightOnly = WeightOnly.NONE) \
+        -> list[tuple[GpuProfile, Plan]]:
     """The checkpoint against every shipped profile, in profile_names() order: the table a
     platform engineer picks a card from."""
     profiles = [load_profile(name) for name in profile_names()]
-    return [(p, make_plan(ckpt, p)) for p in profiles]
+    return [(p, make_plan(ckpt, p, weights)) for p in profiles]
+
+
+def plan_every_precision(ckpt: Checkpoint) -> list[tuple[GpuProfile, dict[WeightOnly, Plan]]]:
+    """plan_every_profile for each weight precision: which card takes the checkpoint in
+    which precision, and with what KV budget."""
+    return [(p, {w: make_plan(ckpt, p, w) for w in WeightOnly})
+            for p in (load_profile(name) for name in profile_names())]
+
+
+@dataclass(frozen=True)
+class SharedPlan:
+    """Several builds served by one tritonserver on one card."""
+
+    names: tuple[str, ...]
+    # Each build's plan at the limits it gets beside the others (its figures are for it
+    # alone on the card; kv_budgets are what it gets with the others resident).
+    plans: tuple[Plan, ...]
+    kv_budgets: tuple[int, ...]  # max_tokens_in_paged_kv_cache of each, in tokens
+    problems: tuple[str, ...]
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    @property
+    def fixed_bytes(self) -> int:
+        return sum(p.fixed_bytes for p in self.plans)
+
+    @property
+    def concurrent_typical_requests(self) -> tuple[int, ...]:
+        return tuple(b // p.typical_request.kv_tokens
+                     for p, b in zip(self.plans, self.kv_budgets, strict=True))
+
+
+def plan_together(models: Sequence[tuple[str, Checkpoint, WeightOnly]],
+                  profile: GpuProfile) -> SharedPlan:
+    """Plan builds (name, checkpoint, weights) that one server serves on one card, lowering
+    limits in the single-card order (LOWERED_LIMITS) for all of them at once: at each
+    context length the largest max_batch_size among them is lowered by one (or the batch of
+    the build whose prompt table is too large), the later build first on a tie. Their KV
+    budgets are repository_kv_budgets'."""
+    names = tuple(name for name, _, _ in models)
+    if len(set(names)) != len(names):
+        raise PlanError(f"two models are named alike in {', '.join(names)}; name each "
+                        "--model NAME=PATH")
+    alone = tuple(make_plan(ckpt, profile, weights) for _, ckpt, weights in models)
+    for name, plan in zip(names, alone, strict=True):
+        if not plan.fits:
+            return SharedPlan(names, alone, (0,) * len(alone), (f"{name}: {plan.problems[0]}",))
+    plans, problems = _fit([(ckpt, weights) for _, ckpt, weights in models], profile)
+    if problems:
+        return SharedPlan(names, tuple(plans), (0,) * len(plans), (
+            f"{' and '.join(names)} do not fit together on one {profile.name} "
+            f"({profile.memory_bytes / GIB:.1f} GiB): {problems[0]}; serve them on separate "
+            "GPUs",))
+    return SharedPlan(names, tuple(plans), repository_kv_budgets(plans), ())
+
+
+def save_planned_profiles(folder: Path, profile: GpuProfile,
+                          plans: Sequence[tuple[str, Plan]]) -> list[Path]:
+    """Write `profile` with each named plan's limits to FOLDER/<profile>-<name>.toml (what
+    `qvl-trt build --gpu` takes: a build plans such a profile alone on the card and keeps
+    limits that already fit); the paths written."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, plan in plans:
+        path = folder / f"{profile.name}-{name}.toml"
+        others = [n for n, _ in plans if n != name]
+        beside = f", beside {' and '.join(others)}" if others else ""
+        comment = (f"{profile.gpu.description} for {name} ({plan.variant}, "
+                   f"{plan.weights.value} weights{beside}): the profile {profile.name} with "
+                   "the limits `qvl-trt plan` derived.\n" + "\n".join(
+                       f"{c.key}: {c.profile_value} in the profile" for c in plan.lowered))
+        with staged_file(path, "w") as f:
+            f.write(profile_toml(replace(profile, limits=plan.limits), comment))
+        written.append(path)
+    return written
 
 
 def check_fits(plan: Plan) -> None:
     """Raise PlanError with the first problem (the one-line message the CLI prints)."""
     if plan.problems:
         raise PlanError(
-            f"{plan.variant} checkpoint does not fit profile {plan.profile}: {plan.problems[0]}"
+            f"{plan.variant} checkpoint does not fit profile {plan.profile}"
+            f"{_weights_words(plan.weights)}: {plan.problems[0]}"
         )
 
 
-def _figures(ckpt: Checkpoint, profile: GpuProfile) -> Plan:
+def check_fits_together(shared: SharedPlan) -> None:
+    if shared.problems:
+        raise PlanError(shared.problems[0])
+
+
+@dataclass(frozen=True)
+class _Problem:
+    binds: str  # what bounds the limits, for Plan.lowered_because
+    message: str  # the whole line, with the fix
+    build: int | None = None  # the build whose own batch relieves it; None: any
+
+
+def _fit(models: Sequence[tuple[Checkpoint, WeightOnly]], profile: GpuProfile) \
+        -> tuple[list[Plan], tuple[str, ...]]:
+    """Plans for builds sharing the card at the largest limits (LOWERED_LIMITS) where no
+    build has a problem; with the problems at the smallest limits tried when there are none.
+    One build is the single-card plan."""
+    before: _Problem | None = None
+    for level in _context_levels(profile.limits):
+        limits: list[BuildLimits] | None = [level] * len(models)
+        while limits is not None:
+            plans = [_figures(ckpt, replace(profile, limits=lim), weights)
+                     for (ckpt, weights), lim in zip(models, limits, strict=True)]
+            problem = _problem(plans)
+            if problem is None:
+                return [_with_lowered(p, profile.limits, before) for p in plans], ()
+            before = problem
+            limits = _lower_batch(limits, problem)
+    plans = [_with_lowered(p, profile.limits, before) for p in plans]
+    if len(plans) == 1:
+        plans[0] = replace(plans[0], problems=(problem.message,))
+    return plans, (problem.message,)
+
+
+def _context_levels(lim: BuildLimits) -> Iterator[BuildLimits]:
+    """The profile's limits, then its context halved while one image still fits a prompt
+    (see LOWERED_LIMITS)."""
+    yield lim
+    block, step, seq = lim.tokens_per_block, lim.max_image_tokens, lim.max_seq_len
+    while True:
+        seq = seq // 2 // block * block
+        prompt = lim.max_input_len * seq // lim.max_seq_len // block * block
+        cap = min(lim.max_visual_tokens_per_request, (prompt - 1) // step * step)
+        if cap < step:
+            return
+        yield replace(lim, max_seq_len=seq, max_input_len=prompt,
+                      max_visual_tokens_per_request=cap,
+                      video_max_tokens=min(lim.video_max_tokens, cap))
+
+
+def _lower_batch(limits: Sequence[BuildLimits], problem: _Problem) -> list[BuildLimits] | None:
+    """`limits` with one build's max_batch_size lowered by one: the build the problem names,
+    else the largest batch (the later build on a tie); None when that is already 1."""
+    i = problem.build if problem.build is not None else max(
+        range(len(limits)), key=lambda j: (limits[j].max_batch_size, j))
+    if limits[i].max_batch_size == 1:
+        return None
+    out = list(limits)
+    out[i] = replace(out[i], max_batch_size=out[i].max_batch_size - 1)
+    return out
+
+
+def _with_lowered(plan: Plan, profile: BuildLimits, because: _Problem | None) -> Plan:
+    lowered = tuple(LoweredLimit(key, getattr(profile, key), getattr(plan.limits, key))
+                    for key in LOWERED_LIMITS
+                    if getattr(plan.limits, key) != getattr(profile, key))
+    return replace(plan, lowered=lowered,
+                   lowered_because=because.binds if lowered and because else "")
+
+
+def _weights_words(weights: WeightOnly) -> str:
+    return "" if weights is WeightOnly.NONE else f" with {weights.value.upper()} weights"
+
+
+def _smallest(plans: Sequence[Plan]) -> str:
+    """The limits a failed fit ended at, for its message."""
+    lim = plans[0].limits
+    each = " each" if len(plans) > 1 else ""
+    return f"max_batch_size {lim.max_batch_size} and max_seq_len {lim.max_seq_len}{each}"
+
+
+def _weights_fix(plans: Sequence[Plan]) -> str:
+    """The smaller weight precisions left to try, as the start of a fix."""
+    smaller = [w.value for w in WeightOnly if w is not WeightOnly.NONE
+               and all(p.weights.bits is None or w.bits < p.weights.bits for p in plans)]
+    return f"build with --weights {' or '.join(smaller)} (weight-only), " if smaller else ""
+
+
+def _problem(plans: Sequence[Plan]) -> _Problem | None:
+    """The first reason the builds cannot work on the card together (one build: alone)."""
+    gpu = plans[0].gpu_memory_bytes
+    fixed = sum(p.fixed_bytes for p in plans)
+    at = _smallest(plans)
+    fix = _weights_fix(plans)
+    if fixed >= gpu:
+        return _Problem(
+            "weights and buffers above the card's memory",
+            f"weights and buffers need {fixed / GIB:.1f} GiB of the {gpu / GIB:.1f} GiB on "
+            f"{plans[0].profile} even at {at}: {fix}use a smaller checkpoint or a card with "
+            "more memory, or lower limits.max_num_tokens (activations)")
+    for i, p in enumerate(plans):
+        if p.prompt_table_elements >= MAX_TABLE_ELEMENTS:
+            return _Problem(
+                "prompt table at 2^31 elements",
+                f"the prompt table holds {p.prompt_table_elements:,} elements, at or above 2^31 "
+                f"where TensorRT gathers are unverified, even at {at}: lower "
+                "limits.vision_max_pixels", build=i)
+    budgets = [_whole_blocks(b, p) for b, p in zip(_kv_shares(plans), plans, strict=True)]
+    for p, tokens in zip(plans, budgets, strict=True):
+        lim = p.limits
+        if tokens < lim.max_seq_len:
+            return _Problem(
+                "KV cache below one max_seq_len sequence",
+                f"the KV cache holds {tokens} tokens{_of(p, plans)}, less than one request of "
+                f"limits.max_seq_len ({lim.max_seq_len}) even at {at}: {fix}lower "
+                "limits.max_seq_len, or use a card with more memory")
+        if tokens // p.typical_request.kv_tokens < lim.max_batch_size:
+            return _Problem(
+                "KV cache below max_batch_size typical requests",
+                f"the KV cache holds {tokens // p.typical_request.kv_tokens} concurrent "
+                f"typical requests{_of(p, plans)} ({p.typical_request.media}, "
+                f"{p.typical_request.kv_tokens} tokens), fewer than limits.max_batch_size "
+                f"({lim.max_batch_size}): {fix}lower limits.vision_max_pixels, or use a card "
+                "with more memory")
+    return None
+
+
+def _of(plan: Plan, plans: Sequence[Plan]) -> str:
+    """Which build a problem of several is about: its checkpoint folder."""
+    return f" for {Path(plan.model).name}" if len(plans) > 1 else ""
+
+
+@functools.cache
+def llm_weight_bytes(text: TextDims, vision: VisionDims, weights: WeightOnly) -> int:
+    """Bytes of the language-model weights as the engine holds them (one rank: the planner
+    plans TP 1): every weight of the converted checkpoint at its shape (llm/layout.py), the
+    decoder's linear layers (llm/weight_only.py) through WeightOnly.linear_bytes (packed
+    integers and one scale per output channel, feature counts padded as the engine's layer
+    pads them), the embedding, lm_head (kept apart from the embedding even when HF ties them)
+    and the norms in the engine dtype."""
+    config = llm_config(text, len(vision.deepstack_visual_indexes), dtype=ENGINE_DTYPE,
+                        tp_size=1, max_position_embeddings=text.max_position_embeddings)
+    shapes = expected_shapes(text, vision)
+    total = 0
+    for name, sources in weight_sources(text).items():
+        shape = rank_shape(name, [shapes[s] for s in sources], config)
+        if is_quantized(name) and weights is not WeightOnly.NONE:
+            # WeightOnlyQuantLinear pads both feature counts to a multiple of 64 x TP size
+            # (tensorrt_llm/quantization/layers.py).
+            out_features, in_features = (-(-n // FEATURE_MULTIPLE) * FEATURE_MULTIPLE
+                                         for n in shape)
+            total += weights.linear_bytes(in_features, out_features, ENGINE_DTYPE)
+        else:
+            total += math.prod(shape) * ENGINE_DTYPE.itemsize
+    return total
+
+
+@functools.cache
+def _vision_parameters(text: TextDims, vision: VisionDims) -> int:
+    return sum(math.prod(shape) for name, shape in expected_shapes(text, vision).items()
+               if name.startswith(VISION_PREFIX))
+
+
+def _figures(ckpt: Checkpoint, profile: GpuProfile, weights: WeightOnly) -> Plan:
     t, v, lim = ckpt.text, ckpt.vision, profile.limits
-    params = ckpt.param_counts()
-    # The TensorRT-LLM engine keeps lm_head apart from the embedding even when HF ties them.
-    lm_head_copy = t.vocab_size * t.hidden_size if t.tie_word_embeddings else 0
     max_patches = lim.vision_max_pixels // (v.patch_size**2)
     vision_act = max_patches * (6 * v.hidden_size + 2 * v.intermediate_size) * FP16
     qkv = (t.num_heads + 2 * t.num_kv_heads) * t.head_dim
@@ -195,9 +455,10 @@ def _figures(ckpt: Checkpoint, profile: GpuProfile) -> Plan:
         variant=ckpt.variant,
         profile=profile.name,
         limits=lim,
+        weights=weights,
         gpu_memory_bytes=profile.memory_bytes,
-        vision_weight_bytes=params["vision"] * FP16,
-        llm_weight_bytes=(params["llm"] + lm_head_copy) * FP16,
+        vision_weight_bytes=_vision_parameters(t, v) * FP16,
+        llm_weight_bytes=llm_weight_bytes(t, v, weights),
         vision_activation_bytes=vision_act,
         llm_activation_bytes=llm_act,
         runtime_overhead_bytes=RUNTIME_OVERHEAD_BYTES + VISION_PROCESS_OVERHEAD_BYTES,
@@ -277,8 +538,9 @@ def repository_kv_budgets(plans: Sequence[Plan]) -> tuple[int, ...]:
             f"builds {names} do not fit together on one "
             f"{plans[0].gpu_memory_bytes / GIB:g} GiB GPU: their weights and buffers take "
             f"{fixed / GIB:.1f} GiB and {_build_name(short[0])} is left less KV cache than one "
-            f"limits.max_seq_len sequence; serve them on separate GPUs or lower "
-            "limits.max_batch_size and limits.max_seq_len"
+            f"limits.max_seq_len sequence; serve them on separate GPUs, or build them with "
+            "the profiles `qvl-trt plan --model NAME=CHECKPOINT ... --gpu GPU --weights W "
+            "--save-profiles DIR` writes for the card they share"
         )
     return budgets
 
@@ -342,12 +604,3 @@ def _typical(lim: BuildLimits, media: str, visual: int, text: int, refused: str)
     total = visual + text + TYPICAL_OUTPUT_TOKENS
     kv_tokens = math.ceil(total / lim.tokens_per_block) * lim.tokens_per_block
     return TypicalRequest(media, visual, text, TYPICAL_OUTPUT_TOKENS, kv_tokens, refused)
-
-
-def _largest_batch_that_fits(ckpt: Checkpoint, profile: GpuProfile) -> int:
-    """The largest max_batch_size whose KV cache holds that many typical requests."""
-    for batch in range(profile.limits.max_batch_size - 1, 0, -1):
-        smaller = replace(profile, limits=replace(profile.limits, max_batch_size=batch))
-        if _figures(ckpt, smaller).concurrent_typical_requests >= batch:
-            return batch
-    return 0

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import enum
+import json
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from .checkpoint import PIXELS_PER_IMAGE_TOKEN, PIXELS_PER_VIDEO_TOKEN, TEMPORAL_PATCH_SIZE
@@ -172,6 +173,27 @@ def load_profile(gpu: str) -> GpuProfile:
     )
     _check(profile, where)
     return profile
+
+
+def profile_toml(profile: GpuProfile, comment: str) -> str:
+    """The profile as a file load_profile reads back equal (name and source aside), headed by
+    `comment` (# lines)."""
+    lines = [f"# {line}" if line else "#" for line in comment.splitlines()]
+    for table in fields(_ProfileFile):
+        lines += ["", f"[{table.name}]"]
+        section = getattr(profile, table.name)
+        lines += [f"{f.name} = {_toml_value(getattr(section, f.name))}" for f in fields(section)]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)  # a TOML basic string: JSON's escapes are TOML's
+    return repr(value)
 
 
 def gpu_product_label(device_name: str) -> str:

@@ -17,6 +17,7 @@ from qvl_trt.build import BuildOptions, Stage, run_build
 from qvl_trt.build.matrix import ci_matrix
 from qvl_trt.deploy.container import TRTLLM_CONTAINER
 from qvl_trt.profiles import profile_names
+from qvl_trt.testing.tiny_checkpoint import write_config_only
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((Path(__file__).parent / "schemas" / "matrix.schema.json").read_text())
@@ -68,6 +69,18 @@ def test_cache_key_equals_the_manifest_of_a_real_build(tiny_ckpt, tmp_path):
     for f in tiny_ckpt.iterdir():
         (moved / f.name).symlink_to(f)
     assert ci_matrix(moved, "a10g")["include"][0]["cache_key"] == job["cache_key"]
+
+
+def test_cache_key_follows_the_limits_planned_for_the_checkpoint(tmp_path):
+    # The 8B on an A10G builds with a lower max_batch_size than the profile's: the matrix
+    # derives the same limits, hence the same key, without building.
+    model = write_config_only(tmp_path / "8b", "8b")
+    (job,) = ci_matrix(model, "a10g")["include"]
+    out = tmp_path / "a10g"
+    run_build(BuildOptions(str(model), "a10g"), out, only=(Stage.PLAN,))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["inputs"]["profile"]["limits"]["max_batch_size"] == 3
+    assert manifest["cache_key"] == job["cache_key"]
 
 
 def test_unknown_gpu_is_a_one_line_error(tiny_ckpt):

@@ -7,6 +7,7 @@ import fcntl
 import json
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,10 @@ from qvl_trt.atomic import leftovers
 from qvl_trt.build import BuildOptions, Stage, run_build
 from qvl_trt.build.runner import os_error_line
 from qvl_trt.cli import app
-from qvl_trt.dtypes import Dtype
+from qvl_trt.dtypes import Dtype, WeightOnly
 from qvl_trt.errors import BuildError, ConfigError
+from qvl_trt.manifest import BuildFolder
+from qvl_trt.profiles import load_profile
 from qvl_trt.testing.tiny_checkpoint import write_config_only
 
 
@@ -50,12 +53,36 @@ def test_a_failing_stage_leaves_nothing_half_written(tmp_path):
     model = write_config_only(tmp_path / "8b", "8b")
     out = tmp_path / "b"
     # --only plan: a whole build is refused before any stage (no weights to convert).
-    result = CliRunner().invoke(app, ["build", "-m", str(model), "-g", "4090d", "-o", str(out),
+    result = CliRunner().invoke(app, ["build", "-m", str(model), "-g", "4060ti", "-o", str(out),
                                       "--only", "plan"])
-    assert result.exit_code == 1 and "does not fit profile 4090d" in result.output
+    assert result.exit_code == 1 and "does not fit profile 4060ti" in result.output
     assert not (out / "plan").exists()
     assert leftovers(out) == []
     assert set(json.loads((out / "manifest.json").read_text())["stages"]) == {"inspect"}
+
+
+def test_the_build_uses_and_records_the_limits_planned_for_its_checkpoint(tmp_path):
+    model = write_config_only(tmp_path / "8b", "8b")
+    out = tmp_path / "b"
+    run_build(BuildOptions(str(model), "4090d", weights=WeightOnly.INT8), out,
+              only=(Stage.PLAN,))
+    # 12 slots of 4 x 12288 rows of 4096 pass 2^31 table elements: the build takes 10.
+    profile = json.loads((out / "plan" / "profile.json").read_text())
+    assert profile["limits"]["max_batch_size"] == 10
+    assert BuildFolder(out).profile().limits == replace(load_profile("4090d").limits,
+                                                        max_batch_size=10)
+    plan = json.loads((out / "plan" / "plan.json").read_text())
+    assert plan["weights"] == "int8" and plan["limits"] == profile["limits"]
+    assert plan["lowered"] == [{"key": "max_batch_size", "profile_value": 12, "value": 10}]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["stages"]["plan"]["summary"]["lowered"] == {"max_batch_size": [12, 10]}
+    assert manifest["inputs"]["profile"]["limits"]["max_batch_size"] == 10
+    # What the LLM engine is built with follows the same limits.
+    from qvl_trt.llm.engine import engine_build_config
+
+    config = engine_build_config(BuildFolder(out).profile(), deepstack_layers=3)
+    assert config["max_batch_size"] == 10
+    assert config["max_prompt_embedding_table_size"] == 10 * 4 * 12288
 
 
 def test_out_folder_of_another_model_is_refused(tiny_ckpt, tmp_path):

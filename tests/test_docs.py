@@ -162,6 +162,28 @@ def test_a_stale_cli_reference_names_the_fix(tmp_path):
                                      "`python scripts/cli_reference.py > docs/cli.md`")
 
 
+def support_matrix_check(page: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "support_matrix.py"), "--check", "--page",
+         str(page)], env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+        text=True, timeout=120, check=False)
+
+
+def test_support_matrix_is_current(tmp_path):
+    page = REPO / "docs" / "support-matrix.md"
+    result = support_matrix_check(page)
+    assert result.returncode == 0, result.stderr
+    # Break on purpose: one changed cell is caught, naming the fix.
+    text = page.read_text()
+    assert "| `4060ti` | 16380 | - |" in text  # the 8B in fp16
+    stale = tmp_path / "support-matrix.md"
+    stale.write_text(text.replace("| `4060ti` | 16380 | - |", "| `4060ti` | 16380 | 2 / 1 |"))
+    result = support_matrix_check(stale)
+    assert result.returncode == 1
+    assert result.stderr.strip() == ("error: the support matrix in support-matrix.md is stale: "
+                                     "regenerate it with `python scripts/support_matrix.py`")
+
+
 def test_readme_is_short_and_opens_with_the_two_commands():
     text = (REPO / "README.md").read_text()
     assert len(text.splitlines()) <= README_MAX_LINES

@@ -11,8 +11,16 @@ from typer.testing import CliRunner
 
 from qvl_trt.checkpoint import open_checkpoint
 from qvl_trt.cli import app
+from qvl_trt.dtypes import WeightOnly
 from qvl_trt.errors import PlanError
-from qvl_trt.plan import GIB, MAX_TABLE_ELEMENTS, make_plan, repository_kv_budgets
+from qvl_trt.plan import (
+    GIB,
+    MAX_TABLE_ELEMENTS,
+    LoweredLimit,
+    make_plan,
+    plan_together,
+    repository_kv_budgets,
+)
 from qvl_trt.profiles import load_profile, profile_names
 from qvl_trt.testing.tiny_checkpoint import write_config_only
 
@@ -86,13 +94,66 @@ def test_capacity_figures_are_consistent(released):
     assert plan.fixed_bytes + plan.kv_cache_bytes <= plan.gpu_memory_bytes
 
 
-def test_8b_on_a_24gb_card_with_the_2b_limits_fails_with_the_fix(released):
-    result = CliRunner().invoke(app, ["plan", "--model", str(released["8b"]), "--gpu", "4090d"])
-    assert result.exit_code == 1
-    assert "8b checkpoint does not fit profile 4090d" in result.output
-    # 12 x 4 x 12288 rows of 4096: the video-sized table of the 2B/4B limits.
-    assert "the prompt table holds 2,415,919,104 elements" in result.output
-    assert "lower limits.max_visual_tokens_per_request or limits.max_batch_size" in result.output
+def test_8b_on_a_24gb_card_gets_its_own_limits(released):
+    result = CliRunner().invoke(app, ["plan", "--model", str(released["8b"]), "--gpu", "4090d",
+                                      "--weights", "int8"])
+    assert result.exit_code == 0, result.output
+    # The profile's 12 x 4 x 12288 rows of 4096 are 2,415,919,104 elements, above 2^31;
+    # 11 slots still are (2,214,592,512), 10 are not (2,013,265,920).
+    assert 11 * 4 * 12288 * 4096 >= MAX_TABLE_ELEMENTS > 10 * 4 * 12288 * 4096
+    assert ("limits lowered for this checkpoint (prompt table at 2^31 elements at the next "
+            "larger limits): max_batch_size 12 -> 10; the build uses them") in result.output
+    plan = make_plan(open_checkpoint(released["8b"]), load_profile("4090d"), WeightOnly.INT8)
+    assert plan.fits and plan.limits.max_batch_size == 10
+    assert plan.lowered == (LoweredLimit("max_batch_size", 12, 10),)
+    # In FP16 the weights leave less memory: the batch goes on down to what the KV cache
+    # holds typical requests for.
+    fp16 = make_plan(open_checkpoint(released["8b"]), load_profile("4090d"))
+    assert fp16.fits and fp16.lowered == (LoweredLimit("max_batch_size", 12, 6),)
+    assert fp16.lowered_because == "KV cache below max_batch_size typical requests"
+    assert fp16.concurrent_typical_requests >= 6
+    seven = replace(load_profile("4090d"), limits=replace(fp16.limits, max_batch_size=7))
+    assert make_plan(open_checkpoint(released["8b"]), seven).limits.max_batch_size == 6
+
+
+def test_derived_limits_are_a_fixed_point(released):
+    # The build plans again on the limits the plan derived (profile.json): nothing moves.
+    for gpu, weights in (("4090d", WeightOnly.NONE), ("a10g", WeightOnly.INT4)):
+        profile = load_profile(gpu)
+        plan = make_plan(open_checkpoint(released["8b"]), profile, weights)
+        again = make_plan(open_checkpoint(released["8b"]),
+                          replace(profile, limits=plan.limits), weights)
+        assert plan.lowered and again.fits and not again.lowered
+        assert again.limits == plan.limits and again.kv_capacity_tokens == plan.kv_capacity_tokens
+
+
+def test_the_shipped_limits_stay_for_the_2b_and_4b(released):
+    # The profiles' limits are sized for the 2B and 4B: no plan of theirs lowers them.
+    for name in profile_names():
+        for variant in ("2b", "4b"):
+            for weights in WeightOnly:
+                plan = make_plan(open_checkpoint(released[variant]), load_profile(name), weights)
+                assert plan.fits and not plan.lowered, (name, variant, weights)
+                assert plan.limits == load_profile(name).limits
+
+
+def test_the_context_is_halved_when_batch_1_does_not_fit(released, tmp_path):
+    # An 8B in FP16 on a 21 GiB card: at 16384 tokens even one request leaves too little KV
+    # cache; at 8192 (prompt 7168, visual tokens capped at 3 images of 2048) 3 requests fit.
+    path = tmp_path / "21g.toml"
+    path.write_text(Path(load_profile("4090d").source).read_text().replace(
+        "memory_mib = 24564", "memory_mib = 21504"))
+    card = load_profile(str(path))
+    plan = make_plan(open_checkpoint(released["8b"]), card)
+    assert plan.fits
+    lowered = {c.key: (c.profile_value, c.value) for c in plan.lowered}
+    assert lowered["max_seq_len"] == (16384, 8192)
+    assert lowered["max_input_len"] == (14336, 7168)
+    assert lowered["max_visual_tokens_per_request"] == (12288, 6144)
+    assert lowered["video_max_tokens"] == (12288, 6144)
+    assert lowered["max_batch_size"] == (12, 3) and plan.kv_capacity_tokens >= 8192
+    # The clip is scaled into the smaller video budget rather than refused.
+    assert not plan.typical_video.refused and plan.typical_video.visual_tokens <= 6144
 
 
 def test_a_profile_without_video_refuses_the_typical_clip(released, tmp_path):
@@ -124,6 +185,17 @@ def test_a_card_too_small_for_the_weights(released, tmp_path):
     path.write_text(text.replace("memory_mib = 24564", "memory_mib = 12288"))
     plan = make_plan(open_checkpoint(released["8b"]), load_profile(str(path)))
     assert not plan.fits and "weights and buffers need" in plan.problems[0]
+    # 16384 halved while one 2048-token image fits a prompt: 8192, then 4096 (prompt 3584).
+    assert "even at max_batch_size 1 and max_seq_len 4096" in plan.problems[0]
+    assert "build with --weights int8 or int4 (weight-only)" in plan.problems[0]
+    # INT4 takes the 8B onto it; then no smaller precision is left to name.
+    assert make_plan(open_checkpoint(released["8b"]), load_profile(str(path)),
+                     WeightOnly.INT4).fits
+    path.write_text(text.replace("memory_mib = 24564", "memory_mib = 6144"))
+    tiny = load_profile(str(path))
+    refused = make_plan(open_checkpoint(released["8b"]), tiny, WeightOnly.INT4)
+    assert "weights and buffers need" in refused.problems[0]
+    assert "--weights" not in refused.problems[0]
 
 
 def test_plan_json(released):
@@ -137,9 +209,9 @@ def test_tiny_checkpoint_fits_the_demo_profile(tiny_ckpt):
     assert make_plan(open_checkpoint(tiny_ckpt), load_profile("4090d")).fits
 
 
-# The 8B checkpoint does not fit these profiles' limits (their limits are sized for 2B/4B,
-# or 16 GB is below the 8B weights); every other (profile, variant) pair fits.
-NOT_FOR_8B = {"3090", "4060ti", "4090", "4090d", "a10g", "l4"}
+# The 8B's FP16 weights exceed the 16 GB card; every other (profile, variant) pair fits in
+# FP16, the 8B on the 24 GB cards with limits lowered for it.
+NOT_FOR_8B = {"4060ti"}
 
 
 def test_every_shipped_profile_keeps_the_prompt_table_below_2_31(released):
@@ -151,7 +223,7 @@ def test_every_shipped_profile_keeps_the_prompt_table_below_2_31(released):
             if plan.fits:
                 assert plan.prompt_table_elements < 2**31, (name, variant)
                 assert plan.prompt_table_rows_per_request == \
-                    4 * profile.limits.max_visual_tokens_per_request
+                    4 * plan.limits.max_visual_tokens_per_request
 
 
 def test_the_planner_starts_from_the_memory_the_driver_reports(released):
@@ -166,7 +238,8 @@ def test_the_planner_starts_from_the_memory_the_driver_reports(released):
 
 @pytest.mark.parametrize("variant", ["2b", "4b", "8b"])
 def test_plan_gpu_all_prints_one_row_per_profile(released, variant):
-    result = CliRunner().invoke(app, ["plan", "-m", str(released[variant]), "-g", "all"])
+    result = CliRunner().invoke(app, ["plan", "-m", str(released[variant]), "-g", "all",
+                                      "--weights", "none"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     cells = [[c.strip() for c in line.split("│")[1:-1]] for line in lines if line.startswith("│")]
@@ -176,7 +249,8 @@ def test_plan_gpu_all_prints_one_row_per_profile(released, variant):
     if variant == "8b":
         assert rows["4060ti"][2] == "no" and len(notes) == 1
         assert "weights and buffers need" in notes[0]
-        assert "lower limits.max_batch_size" in notes[0]
+        assert "build with --weights int8 or int4" in notes[0]
+        assert rows["4090d"][2:4] == ["yes", "6"]  # batch lowered from the profile's 12
     else:
         assert rows["4060ti"][2] == "yes" and not notes
     # Each "no" row has its reason below the table, and only those.
@@ -189,7 +263,7 @@ def test_plan_gpu_all_json(released):
     data = {}
     for variant in ("2b", "8b"):
         result = CliRunner().invoke(app, ["plan", "-m", str(released[variant]), "-g", "all",
-                                          "--json"])
+                                          "--weights", "none", "--json"])
         assert result.exit_code == 0, result.output
         data[variant] = {row["profile"]: row for row in json.loads(result.output)}
         assert sorted(data[variant]) == profile_names()
@@ -199,7 +273,7 @@ def test_plan_gpu_all_json(released):
     big = data["8b"]["4060ti"]
     assert big["fits"] is False
     assert "weights and buffers need" in big["problems"][0]
-    assert "lower limits.max_batch_size" in big["problems"][0]
+    assert "build with --weights int8 or int4" in big["problems"][0]
     # The 8B weights alone (vision + LLM, fp16) exceed the card's 16380 MiB.
     counts = open_checkpoint(released["8b"]).param_counts()
     assert (counts["vision"] + counts["llm"]) * 2 > 16380 * 2**20
@@ -226,16 +300,17 @@ def _profile_file(tmp_path, name, **limits):
     return load_profile(str(path))
 
 
-def test_a_prompt_table_at_2_31_elements_is_refused(released, tmp_path):
+def test_a_prompt_table_at_2_31_elements_lowers_the_batch(released, tmp_path):
     # The old sizing: h100's batch 32 x 4 x four 2048-token images x 2048 wide = 2^31 for 2B.
     old = _profile_file(tmp_path, "h100", max_visual_tokens_per_request=8192)
+    assert 32 * 4 * 8192 * 2048 == MAX_TABLE_ELEMENTS
     plan = make_plan(open_checkpoint(released["2b"]), old)
-    assert plan.prompt_table_elements == 32 * 4 * 8192 * 2048 == MAX_TABLE_ELEMENTS
-    assert not plan.fits and "at or above 2^31" in plan.problems[0]
-    assert "lower limits.max_visual_tokens_per_request or limits.max_batch_size" in plan.problems[0]
-    # One row per request less per slot is below the limit again.
+    assert plan.fits and plan.lowered == (LoweredLimit("max_batch_size", 32, 31),)
+    assert plan.lowered_because == "prompt table at 2^31 elements"
+    assert plan.prompt_table_elements == 31 * 4 * 8192 * 2048
+    # One row per request less per slot is below the limit again: nothing is lowered.
     below = _profile_file(tmp_path, "h100", max_visual_tokens_per_request=8191)
-    assert make_plan(open_checkpoint(released["2b"]), below).fits
+    assert not make_plan(open_checkpoint(released["2b"]), below).lowered
 
 
 def test_plan_shows_table_and_kv_budget(released):
@@ -344,3 +419,166 @@ def test_readme_profile_table_lists_every_card_with_the_variants_that_fit(releas
         assert (mib, variants, clip) == (profile.gpu.memory_mib, ", ".join(fits),
                                          video.visual_tokens), name
         assert not video.refused, name
+
+
+# --- weight-only precisions ---------------------------------------------------------------
+
+def _8b_llm_bytes(bits: int) -> int:
+    """The 8B's LLM weights by hand: per layer qkv 4096 -> 6144 (32 + 2 x 8 heads of 128),
+    dense 4096 -> 4096, fc and gate 4096 -> 12288, proj 12288 -> 4096 at `bits` per weight
+    plus one fp16 scale per output channel (none at 16 bits), four fp16 norms (2 x 4096 +
+    2 x 128); the embedding and lm_head (151936 x 4096) and ln_f in fp16."""
+    linears = 4096 * 6144 + 4096 * 4096 + 2 * 4096 * 12288 + 12288 * 4096
+    scales = (6144 + 4096 + 2 * 12288 + 4096) * 2 if bits < 16 else 0
+    layer = linears * bits // 8 + scales + (2 * 4096 + 2 * 128) * 2
+    return 36 * layer + 2 * 151936 * 4096 * 2 + 4096 * 2
+
+
+def test_llm_weights_in_each_precision_match_a_hand_count(released):
+    ckpt = open_checkpoint(released["8b"])
+    profile = load_profile("h200")
+    for weights, bits in ((WeightOnly.NONE, 16), (WeightOnly.INT8, 8), (WeightOnly.INT4, 4)):
+        assert make_plan(ckpt, profile, weights).llm_weight_bytes == _8b_llm_bytes(bits)
+    # FP16 is the parameter count x 2, as before the precisions: the 8B ties nothing.
+    assert _8b_llm_bytes(16) == ckpt.param_counts()["llm"] * 2
+    # Break on purpose: without the per-channel scales the count is off by 36 x 38912 x 2.
+    assert _8b_llm_bytes(8) - 36 * 38912 * 2 != make_plan(ckpt, profile,
+                                                          WeightOnly.INT8).llm_weight_bytes
+    # A tied checkpoint (2B) holds lm_head apart from the embedding in every precision.
+    two = open_checkpoint(released["2b"])
+    none, int8 = (make_plan(two, profile, w).llm_weight_bytes for w in (WeightOnly.NONE,
+                                                                       WeightOnly.INT8))
+    assert none == (two.param_counts()["llm"] + 151936 * 2048) * 2
+    assert none - int8 == 28 * (2048 * 4096 + 2048 * 2048 + 3 * 2048 * 6144) \
+        - 28 * (4096 + 2048 + 2 * 6144 + 2048) * 2
+
+
+def test_feature_counts_are_padded_as_the_engine_pads_them(released):
+    from qvl_trt.plan import llm_weight_bytes
+
+    text = open_checkpoint(released["2b"]).text
+    vision = open_checkpoint(released["2b"]).vision
+    odd = replace(text, intermediate_size=6100)  # fc/gate out, proj in: padded to 6144
+    padded = replace(text, intermediate_size=6144)
+    for w in (WeightOnly.INT8, WeightOnly.INT4):
+        assert llm_weight_bytes(odd, vision, w) == llm_weight_bytes(padded, vision, w)
+    assert llm_weight_bytes(odd, vision, WeightOnly.NONE) < \
+        llm_weight_bytes(padded, vision, WeightOnly.NONE)
+
+
+def _cells(output: str) -> dict[str, list[str]]:
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in output.splitlines()
+            if line.startswith("│")]
+    return {r[0]: r[1:] for r in rows}
+
+
+def test_plan_gpu_all_shows_each_precision(released):
+    tables = {}
+    for variant in ("2b", "4b", "8b"):
+        result = CliRunner().invoke(app, ["plan", "-m", str(released[variant]), "-g", "all"])
+        assert result.exit_code == 0, result.output
+        tables[variant] = _cells(result.output)
+        assert sorted(tables[variant]) == profile_names()
+    # The 2B and 4B fit every card in every precision at the profiles' own limits.
+    for variant in ("2b", "4b"):
+        assert all("-" not in cells and "*" not in "".join(cells)
+                   for cells in tables[variant].values())
+    eight = tables["8b"]
+    assert eight["4060ti"][1:] and eight["4060ti"][1] == "-"  # fp16: the weights alone
+    ckpt = open_checkpoint(released["8b"])
+    int4 = make_plan(ckpt, load_profile("4060ti"), WeightOnly.INT4)
+    assert eight["4060ti"][3] == f"2 / {int4.kv_capacity_tokens:,}"
+    # The KV budget by hand: 0.9 of what the INT4 weights (scales included) and the other
+    # resident buffers leave of 16380 MiB, in whole 64-token blocks of 147456 bytes.
+    others = int4.fixed_bytes - int4.llm_weight_bytes
+    free = 16380 * 2**20 - others - _8b_llm_bytes(4)
+    assert int4.kv_capacity_tokens == int(0.9 * free) // 147456 // 64 * 64 > 4096
+    int8 = make_plan(ckpt, load_profile("4090d"), WeightOnly.INT8)
+    assert eight["4090d"][2] == f"10* / {int8.kv_capacity_tokens:,}"
+    assert int8.kv_capacity_tokens == int(0.9 * (24564 * 2**20 - int8.fixed_bytes)) \
+        // 147456 // 64 * 64
+    assert int8.fixed_bytes - int8.llm_weight_bytes + _8b_llm_bytes(8) == int8.fixed_bytes
+
+
+def test_plan_weights_is_one_for_all_or_one_per_model(released):
+    result = CliRunner().invoke(app, ["plan", "-m", str(released["2b"]), "-g", "4090d",
+                                      "--weights", "int8", "--weights", "int4"])
+    assert result.exit_code == 1
+    assert "2 --weights for 1 --model" in result.output
+    result = CliRunner().invoke(app, ["plan", "-m", str(released["2b"]), "-m",
+                                      str(released["4b"]), "-g", "all"])
+    assert result.exit_code == 1 and "--gpu all plans one --model" in result.output
+
+
+# --- several models on one card -----------------------------------------------------------
+
+def test_a_4b_and_an_8b_share_a_4090d_in_int8(released):
+    models = [("4b", open_checkpoint(released["4b"]), WeightOnly.INT8),
+              ("8b", open_checkpoint(released["8b"]), WeightOnly.INT8)]
+    shared = plan_together(models, load_profile("4090d"))
+    assert shared.fits, shared.problems
+    four, eight = shared.plans
+    # Alone each keeps 16384-token requests; together even batch 1 leaves one of them less KV
+    # cache than that, so the context is halved and the batches lowered to what fits.
+    for plan in shared.plans:
+        assert plan.limits.max_seq_len == 8192 and plan.limits.max_batch_size == 3
+        assert all(b >= plan.limits.max_seq_len for b in shared.kv_budgets)
+    assert shared.fixed_bytes + sum(
+        b * p.kv_bytes_per_token for b, p in zip(shared.kv_budgets, shared.plans, strict=True)
+    ) <= 24564 * 2**20
+    assert shared.kv_budgets == repository_kv_budgets(shared.plans)
+    assert _safe_in_every_load_order(list(shared.plans), shared.kv_budgets)
+    assert all(n >= 3 for n in shared.concurrent_typical_requests)
+    # The CLI prints each one's share and KV budget.
+    result = CliRunner().invoke(app, ["plan", "-m", f"4b={released['4b']}", "-m",
+                                      f"8b={released['8b']}", "-g", "4090d", "--weights",
+                                      "int8"])
+    assert result.exit_code == 0, result.output
+    cells = _cells(result.output)
+    assert cells["4b (4b)"][:3] == ["int8", "3", "8192"]
+    assert cells["8b (8b)"][4] == f"{shared.kv_budgets[1]:,}"
+    assert cells["8b (8b)"][3] == f"{eight.fixed_bytes / GIB:.2f} GiB"
+    assert "8b: limits lowered for this checkpoint" in result.output
+    data = json.loads(CliRunner().invoke(app, [
+        "plan", "-m", f"4b={released['4b']}", "-m", f"8b={released['8b']}", "-g", "4090d",
+        "--weights", "int8", "--json"]).output)
+    assert data["fits"] and [b["kv_budget_tokens"] for b in data["builds"]] == \
+        list(shared.kv_budgets)
+
+
+def test_models_that_do_not_fit_one_card_are_refused_in_one_line(released):
+    result = CliRunner().invoke(app, ["plan", "-m", f"4b={released['4b']}", "-m",
+                                      f"8b={released['8b']}", "-g", "4060ti", "--weights",
+                                      "int8"])
+    assert result.exit_code == 1
+    line = result.output.strip()
+    assert "\n" not in line and line.startswith("error: 4b and 8b do not fit together on one "
+                                                "4060ti (16.0 GiB)")
+    assert "build with --weights int4" in line and line.endswith("serve them on separate GPUs")
+    # INT4 takes both.
+    assert CliRunner().invoke(app, [
+        "plan", "-m", f"4b={released['4b']}", "-m", f"8b={released['8b']}", "-g", "4060ti",
+        "--weights", "int4"]).exit_code == 0
+    # A model that does not fit alone is named.
+    result = CliRunner().invoke(app, ["plan", "-m", f"2b={released['2b']}", "-m",
+                                      f"8b={released['8b']}", "-g", "4060ti"])
+    assert result.exit_code == 1 and "error: 8b: weights and buffers need" in result.output
+
+
+def test_saved_profiles_build_the_pair_for_its_card(released, tmp_path):
+    result = CliRunner().invoke(app, [
+        "plan", "-m", f"4b={released['4b']}", "-m", f"8b={released['8b']}", "-g", "4090d",
+        "--weights", "int8", "--save-profiles", str(tmp_path / "profiles")])
+    assert result.exit_code == 0, result.output
+    saved = {n: tmp_path / "profiles" / f"4090d-{n}.toml" for n in ("4b", "8b")}
+    assert f"wrote {saved['8b']}; build with: qvl-trt build --model {released['8b']} --gpu " \
+        f"{saved['8b']} --weights int8" in " ".join(result.output.split())
+    models = [(n, open_checkpoint(released[n]), WeightOnly.INT8) for n in ("4b", "8b")]
+    shared = plan_together(models, load_profile("4090d"))
+    # What each build plans on its saved profile (alone on the card, as the build does)
+    # keeps the pair's limits, and the repository of the two gets the pair's KV budgets.
+    alone = [make_plan(ckpt, load_profile(str(saved[n])), w) for n, ckpt, w in models]
+    assert [p.limits for p in alone] == [p.limits for p in shared.plans]
+    assert all(p.fits and not p.lowered for p in alone)
+    assert repository_kv_budgets(alone) == shared.kv_budgets
+    assert "# max_seq_len: 16384 in the profile" in saved["8b"].read_text()

@@ -14,6 +14,7 @@ from qvl_trt.profiles import (
     load_profile,
     profile_argument,
     profile_names,
+    profile_toml,
 )
 
 REQUIRED = {"4090d", "4090", "3090", "a10g", "l4", "l40s", "a100-40g", "a100-80g", "h100", "h200",
@@ -117,6 +118,17 @@ def test_a_build_records_profile_paths_absolute(tmp_path, monkeypatch):
     assert profile_argument("4090d") == "4090d"
     assert profile_argument("mine.toml") == str(tmp_path / "mine.toml")
     assert profile_argument("profiles/mine") == str(tmp_path / "profiles" / "mine")
+
+
+def test_a_written_profile_loads_back_equal(tmp_path):
+    for name in profile_names():
+        profile = load_profile(name)
+        path = tmp_path / f"{name}.toml"
+        path.write_text(profile_toml(profile, "written back\nsecond line"))
+        again = load_profile(str(path))
+        assert (again.gpu, again.limits, again.vision_build) == \
+            (profile.gpu, profile.limits, profile.vision_build), name
+        assert path.read_text().startswith("# written back\n# second line\n")
 
 
 def test_user_file_by_path(tmp_path):

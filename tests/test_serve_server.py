@@ -410,30 +410,62 @@ def test_a_request_of_several_batch_rows_is_refused(triton_server) -> None:
 
 def test_two_builds_in_one_repository_are_served_side_by_side(tmp_path, tiny_build,
                                                              triton_profile, triton_server):
-    """`qvl-trt repo --build a=B1 --build b=B2`: one server keeps both resident and the
-    client picks one by its ensemble name."""
+    """`qvl-trt repo --build a=B1 --build b=B2` of two checkpoints of different sizes, the
+    second with INT8 weights (`build --weights int8`): one server keeps both resident, the
+    client picks one by its ensemble name, and the OpenAI endpoint lists both and answers each
+    as its ensemble does."""
+    openai = pytest.importorskip("openai", reason="needs the openai client: pip install openai")
+    pytest.importorskip("aiohttp", reason="the gateway needs aiohttp: pip install "
+                        "'qvl-trt[gateway]'")
     from qvl_trt.build import BuildOptions, Stage, run_build
+    from qvl_trt.dtypes import WeightOnly
+    from qvl_trt.gateway.options import GatewayOptions
+    from qvl_trt.serve.gateway_process import GatewayProcess
     from qvl_trt.serve.server import ServerOptions, TritonServer, free_ports
-    from qvl_trt.testing.tiny_checkpoint import write_tiny_checkpoint
+    from qvl_trt.testing.tiny_checkpoint import TinyDims, write_tiny_checkpoint
     from qvl_trt.triton.model_configs import Flavor
     from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo
 
-    other = write_tiny_checkpoint(tmp_path / "other", seed=1)
-    run_build(BuildOptions(model=str(other), gpu=str(triton_profile)), tmp_path / "other-build",
-              only=(Stage.LLM_CHECKPOINT,))
+    # A wider, deeper language model than the session's (64 wide, 4 layers), its features
+    # multiples of 64 as weight-only layers need.
+    other = write_tiny_checkpoint(tmp_path / "other", seed=1,
+                                  dims=TinyDims(text_hidden=128, text_layers=5,
+                                                text_intermediate=192))
+    run_build(BuildOptions(model=str(other), gpu=str(triton_profile), weights=WeightOnly.INT8),
+              tmp_path / "other-build", only=(Stage.LLM_CHECKPOINT,))
+    assert json.loads((tmp_path / "other-build" / "llm_checkpoint" / "config.json")
+                      .read_text())["quantization"]["quant_algo"] == "W8A16"
     repo = write_repo([BuildInput(tiny_build, "a"), BuildInput(tmp_path / "other-build", "b")],
                       tmp_path / "repo", RepoOptions(flavor=Flavor.REFERENCE,
                                                      preprocessing_instances=1,
                                                      vision_cache_mib=16))
     question = {"prompt": "What is in this picture?", "images": [png(11)]}
+    messages = [{"role": "user", "content": "Say something."}]
     with TritonServer(ServerOptions(repo.path, free_ports()), log_file=tmp_path / "server.log",
                       startup_timeout_s=180) as server:
         a = grpc_ask(server, model="a", **question)
         b = grpc_ask(server, model="b", **question)
         with pytest.raises(RequestFailed, match="ensemble"):
             grpc_ask(server, **question)  # no unnamed ensemble in a repository of two builds
+        want = {m: grpc_ask(server, model=m, messages=messages, max_tokens=6).text
+                for m in ("a", "b")}
+        gateway = GatewayProcess(GatewayOptions(server.grpc_url, port=free_ports().http),
+                                 log_file=tmp_path / "gateway.log")
+        gateway.start()
+        try:
+            gateway.wait_ready()
+            api = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+            assert sorted(m.id for m in api.models.list()) == ["a", "b"]
+            for model in ("a", "b"):
+                answer = api.chat.completions.create(model=model, messages=messages,
+                                                     max_tokens=6, temperature=0)
+                assert answer.model == model
+                assert answer.choices[0].message.content == want[model]
+        finally:
+            assert gateway.stop() == 0, (tmp_path / "gateway.log").read_text()
     assert a.text == grpc_ask(triton_server, **question).text  # build a: the session's model
     assert b.text != a.text  # build b: another checkpoint
+    assert want["a"] != want["b"]
 
 
 # ---- the checkpoint's own generation defaults: `qvl-trt generate` decodes as served ----------

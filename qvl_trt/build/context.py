@@ -74,7 +74,8 @@ class BuildOptions:
 
 @dataclass
 class BuildContext:
-    """What stage functions receive."""
+    """What stage functions receive. `profile` is the one the build uses: `--gpu`'s with the
+    limits the planner derives for the checkpoint and weights (plan.planned_profile)."""
 
     options: BuildOptions
     out: Path
@@ -114,7 +115,8 @@ class BuildContext:
         recipe = write_image_recipe(self.out / IMAGE_DIR,
                                     rtx=self.trt_edition is TrtEdition.TENSORRT_RTX)
         run = container_command(self.out, inputs, image=recipe.tag,
-                                shm_bytes=make_plan(self.checkpoint, self.profile).shm_bytes)
+                                shm_bytes=make_plan(self.checkpoint, self.profile,
+                                                    self.options.weights).shm_bytes)
         return f"{recipe.build_command} && {run}"
 
     @cached_property

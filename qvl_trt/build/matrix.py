@@ -18,6 +18,7 @@ from ..deploy.container import TRTLLM_CONTAINER
 from ..errors import ConfigError
 from ..hashing import FileHasher
 from ..manifest import cache_key
+from ..plan import planned_profile
 from ..profiles import GpuProfile, TrtEdition, load_profile, profile_names, sm_digits
 from ..typed_config import to_jsonable
 from .context import BuildOptions
@@ -63,7 +64,7 @@ def ci_matrix(model: Path, gpus: str = "all", *, build_root: str = "build") -> d
     jobs = []
     for gpu, profile in select_profiles(gpus):
         options = BuildOptions(model=str(Path(model).resolve()), gpu=gpu)
-        key = cache_key(build_inputs(options, ckpt, profile, hasher))
+        key = cache_key(build_inputs(options, ckpt, planned_profile(ckpt, profile), hasher))
         rtx = profile.gpu.trt_edition is TrtEdition.TENSORRT_RTX
         jobs.append(
             MatrixJob(

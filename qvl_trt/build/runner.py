@@ -31,6 +31,7 @@ from ..errors import BuildError, StageUnavailable
 from ..gateway.options import DEFAULT_PORT
 from ..hashing import FileHasher, fingerprint
 from ..manifest import Manifest, cache_key, varying_outputs
+from ..plan import planned_profile
 from ..profiles import GpuProfile, load_profile
 from ..triton.options import Flavor
 from ..typed_config import to_jsonable
@@ -78,11 +79,12 @@ def _build(options: BuildOptions, out: Path, only: tuple[Stage, ...] | None,
         _remove_leftovers(out)
         manifest.options = options.to_json()
         hasher = FileHasher(manifest.file_hashes)
+        checkpoint = open_checkpoint(options.model)
         ctx = BuildContext(
             options,
             out,
-            open_checkpoint(options.model),
-            load_profile(options.gpu),
+            checkpoint,
+            planned_profile(checkpoint, load_profile(options.gpu), options.weights),
             manifest,
             hasher,
         )
@@ -177,7 +179,8 @@ def build_inputs(
     options: BuildOptions, checkpoint: Checkpoint, profile: GpuProfile, hasher: FileHasher
 ) -> dict[str, Any]:
     """What a build as a whole is made from, free of this machine's paths: the checkpoint's
-    file hashes, the profile's content and the options. `qvl-trt matrix` derives the same
+    file hashes, the profile's content (with the limits planned for the checkpoint) and the
+    options. `qvl-trt matrix` derives the same
     cache key from it without building."""
     profile_json = {k: v for k, v in to_jsonable(profile).items() if k != "source"}
     options_json = {k: v for k, v in options.to_json().items() if k not in ("model", "gpu")}

@@ -15,6 +15,7 @@ from ..hashing import fingerprint
 from ..llm.engine import ENGINE_DTYPE
 from ..manifest import PROFILE_NAME, write_reproduce_script
 from ..plan import check_fits, make_plan
+from ..profiles import load_profile
 from ..typed_config import to_jsonable
 from .context import BuildContext, Stage, StageSpec
 from .repo_stage import check_repo_stage, repo_stage_inputs, run_repo_stage
@@ -36,11 +37,14 @@ def _plan_inputs(ctx: BuildContext) -> dict[str, Any]:
     return {
         "config": ctx.hasher.hash(ctx.checkpoint.path / "config.json"),
         "profile": to_jsonable(ctx.profile),
+        "weights": ctx.options.weights.value,
     }
 
 
 def _run_plan(ctx: BuildContext, work: Path) -> dict[str, Any]:
-    plan = make_plan(ctx.checkpoint, ctx.profile)
+    # Planned against the profile as shipped, so that plan.json names what was lowered;
+    # its limits are ctx.profile's, which profile.json records and every later stage uses.
+    plan = make_plan(ctx.checkpoint, load_profile(ctx.options.gpu), ctx.options.weights)
     check_fits(plan)
     write_json_atomic(work / "plan.json", to_jsonable(plan))
     write_json_atomic(work / PROFILE_NAME, to_jsonable(ctx.profile))
@@ -48,6 +52,7 @@ def _run_plan(ctx: BuildContext, work: Path) -> dict[str, Any]:
         "kv_capacity_tokens": plan.kv_capacity_tokens,
         "concurrent_typical_requests": plan.concurrent_typical_requests,
         "concurrent_typical_videos": plan.concurrent_typical_videos,
+        "lowered": {c.key: [c.profile_value, c.value] for c in plan.lowered},
     }
 
 

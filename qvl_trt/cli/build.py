@@ -12,7 +12,7 @@ import typer
 from ..dtypes import Dtype, WeightOnly
 from ..errors import ConfigError
 from ..profiles import TrtEdition
-from ..triton.options import Flavor, RepoOptions
+from ..triton.options import BuildInput, Flavor, RepoOptions
 from .app import (
     JsonOpt,
     ModelOpt,
@@ -22,35 +22,113 @@ from .app import (
 
 
 @command(panel="Build")
-def plan(model: ModelOpt, gpu: Annotated[str, typer.Option(
-            "--gpu", "-g", help="GPU profile name (see `qvl-trt gpus`), path to a profile "
-            ".toml, or `all`: one row per shipped profile (exit 0 whatever fits).")],
-         json_out: JsonOpt = False) -> None:
-    """Check that a checkpoint fits a GPU profile: weights, KV cache, prompt table, capacity."""
+def plan(
+    model: Annotated[list[str], typer.Option(
+        "--model", "-m", help="Hugging Face Qwen3-VL checkpoint folder (a config.json is "
+        "enough), or NAME=FOLDER; repeat to plan several models served together on one card.",
+        show_default=False)],
+    gpu: Annotated[str, typer.Option(
+        "--gpu", "-g", help="GPU profile name (see `qvl-trt gpus`), path to a profile .toml, "
+        "or `all`: one row per shipped profile (exit 0 whatever fits).")],
+    weights: Annotated[list[WeightOnly] | None, typer.Option(
+        help="Language-model weights as `build --weights` stores them: none (the model "
+        "dtype), int8 or int4 (weight-only). Once for every --model or once per --model "
+        "[default: none; with --gpu all and one model: a column per precision].")] = None,
+    save_profiles: Annotated[Path | None, typer.Option(
+        help="Folder to write each model's profile with the limits of this plan into "
+        "(GPU-NAME.toml, NAME: the model's name or folder), for `qvl-trt build --gpu`: how "
+        "models planned onto one card are built for it.", show_default=False)] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Check that checkpoints fit a GPU profile: weights, KV cache, prompt table, capacity,
+    and the limits lowered for them where the profile's do not fit."""
     from ..checkpoint import open_checkpoint
-    from ..plan import check_fits, make_plan, plan_every_profile
+    from ..plan import check_fits, check_fits_together, make_plan, plan_together
     from ..profiles import load_profile
-    from ..typed_config import to_jsonable
-    from .console import out, plan_all_notes, plan_all_table, plan_table, print_json
+    from .console import (
+        err,
+        lowered_lines,
+        out,
+        plan_json,
+        plan_table,
+        print_json,
+        shared_plan_json,
+        shared_plan_table,
+    )
 
-    ckpt = open_checkpoint(model)
+    named = [BuildInput.parse(m) for m in model]
+    if weights and len(weights) not in (1, len(named)):
+        raise ConfigError(f"{len(weights)} --weights for {len(named)} --model: give one for "
+                          "all of them, or one per --model in the same order")
+    given = weights or [WeightOnly.NONE]
+    precisions = given * len(named) if len(given) == 1 else given
+    ckpts = [open_checkpoint(m.path) for m in named]
     if gpu.strip().lower() == "all":
-        rows = plan_every_profile(ckpt)
-        if json_out:
-            print_json([{**to_jsonable(p), "fits": p.fits, "resident_bytes": p.resident_bytes}
-                        for _, p in rows])
-        else:
-            out.print(plan_all_table(rows))
-            for note in plan_all_notes(rows):
-                out.print(note, markup=False, highlight=False)
+        if save_profiles or len(ckpts) > 1:
+            raise ConfigError("--gpu all plans one --model on every card; to plan several "
+                              "models onto one card or save profiles, name the card: --gpu "
+                              "4090d")
+        _plan_every_card(ckpts[0], weights[0] if weights else None, json_out)
         return
     profile = load_profile(gpu)
-    result = make_plan(ckpt, profile)
-    if json_out:
-        print_json({**to_jsonable(result), "fits": result.fits})
+    names = [m.name or m.path.resolve().name for m in named]
+    if len(ckpts) > 1:
+        shared = plan_together(list(zip(names, ckpts, precisions, strict=True)), profile)
+        if json_out:
+            print_json(shared_plan_json(shared, profile))
+        elif shared.fits:
+            out.print(shared_plan_table(shared, profile))
+            for n, p in zip(shared.names, shared.plans, strict=True):
+                for line in lowered_lines(p):
+                    out.print(f"{n}: {line}", markup=False, highlight=False)
+        check_fits_together(shared)
+        plans = list(shared.plans)
     else:
-        out.print(plan_table(result, profile))
-    check_fits(result)
+        plans = [make_plan(ckpts[0], profile, precisions[0])]
+        if json_out:
+            print_json(plan_json(plans[0]))
+        else:
+            out.print(plan_table(plans[0], profile))
+            for line in lowered_lines(plans[0]):
+                out.print(line, markup=False, highlight=False)
+        check_fits(plans[0])
+    if save_profiles:
+        from ..plan import save_planned_profiles
+
+        written = save_planned_profiles(save_profiles, profile,
+                                        list(zip(names, plans, strict=True)))
+        for m, p, path in zip(named, plans, written, strict=True):
+            (err if json_out else out).print(
+                f"wrote {path}; build with: qvl-trt build --model {m.path} --gpu {path} "
+                f"--weights {p.weights.value}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _plan_every_card(ckpt, weights: WeightOnly | None, json_out: bool) -> None:
+    """`plan --gpu all`: every precision side by side, or one in detail."""
+    from ..plan import plan_every_precision, plan_every_profile
+    from .console import (
+        out,
+        plan_all_notes,
+        plan_all_table,
+        plan_json,
+        plan_precision_table,
+        print_json,
+    )
+
+    if weights is None:
+        table = plan_every_precision(ckpt)
+        if json_out:
+            print_json([plan_json(p) for _, plans in table for p in plans.values()])
+        else:
+            out.print(plan_precision_table(table))
+        return
+    rows = plan_every_profile(ckpt, weights)
+    if json_out:
+        print_json([plan_json(p) for _, p in rows])
+        return
+    out.print(plan_all_table(rows))
+    for note in plan_all_notes(rows):
+        out.print(note, markup=False, highlight=False)
 
 
 @command(panel="Build")
@@ -251,7 +329,7 @@ def repo(
     force: Annotated[bool, typer.Option(help="Replace an existing --out folder.")] = False,
 ) -> None:
     """Write a Triton model repository from one or more build folders."""
-    from ..triton.repository import BuildInput, write_repo
+    from ..triton.repository import write_repo
     from .console import out as console
 
     counts = {} if postprocessing_instances is None else {

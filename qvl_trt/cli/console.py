@@ -16,8 +16,9 @@ from ..client.metrics import (
     request_latency,
     time_to_first_token,
 )
+from ..dtypes import WeightOnly
 from ..machine import Report
-from ..plan import GIB, Plan, TypicalRequest
+from ..plan import GIB, Plan, SharedPlan, TypicalRequest
 from ..profiles import GpuProfile
 from ..typed_config import to_jsonable
 
@@ -67,11 +68,23 @@ def _copy_ms(plan: Plan, profile: GpuProfile) -> float:
     return seconds * 1e3
 
 
+def _precision(weights: WeightOnly) -> str:
+    """How a plan's LLM weights are stored, in a column or title."""
+    return "fp16" if weights is WeightOnly.NONE else weights.value
+
+
+def _llm_weights_basis(weights: WeightOnly) -> str:
+    if weights is WeightOnly.NONE:
+        return "parameters x 2 bytes, lm_head kept apart from the embedding"
+    return (f"decoder linears {weights.bits}-bit + one fp16 scale per output channel; "
+            "embedding, lm_head (apart) and norms fp16")
+
+
 def plan_table(plan: Plan, profile: GpuProfile) -> Table:
-    lim = profile.limits
+    lim = plan.limits
     t = Table(
-        title=f"plan: {plan.variant} checkpoint on {profile.name} "
-        f"({profile.gpu.description}, {profile.gpu.memory_mib} MiB)"
+        title=f"plan: {plan.variant} checkpoint, {_precision(plan.weights)} weights, on "
+        f"{profile.name} ({profile.gpu.description}, {profile.gpu.memory_mib} MiB)"
     )
     t.add_column("item")
     t.add_column("value", justify="right")
@@ -79,9 +92,9 @@ def plan_table(plan: Plan, profile: GpuProfile) -> Table:
     rows = [
         ("vision weights (fp16)", _gib(plan.vision_weight_bytes), "parameters x 2 bytes"),
         (
-            "LLM weights (fp16)",
+            f"LLM weights ({_precision(plan.weights)})",
             _gib(plan.llm_weight_bytes),
-            "parameters x 2 bytes, lm_head kept apart from the embedding",
+            _llm_weights_basis(plan.weights),
         ),
         (
             "vision activations",
@@ -160,11 +173,24 @@ def _typical(request: TypicalRequest) -> str:
     return f"{what}: refused, {request.refused}" if request.refused else what
 
 
+def lowered_lines(plan: Plan) -> list[str]:
+    """The limits the plan lowered below the profile's, and why (empty when none)."""
+    if not plan.lowered:
+        return []
+    changes = ", ".join(f"{c.key} {c.profile_value} -> {c.value}" for c in plan.lowered)
+    why = f" ({plan.lowered_because} at the next larger limits)" if plan.lowered_because else ""
+    if not plan.fits:
+        return [f"limits lowered as far as they go for this checkpoint{why}: {changes}"]
+    return [f"limits lowered for this checkpoint{why}: {changes}; the build uses them"]
+
+
 def plan_all_table(rows: list[tuple[GpuProfile, Plan]]) -> Table:
     """One row per profile: does the checkpoint fit, and how much it serves there (the
     reasons for a "no" are plan_all_notes, printed unwrapped below the table)."""
     variant = rows[0][1].variant if rows else "?"
-    t = Table(title=f"plan: {variant} checkpoint on every shipped GPU profile")
+    weights = _precision(rows[0][1].weights) if rows else "?"
+    t = Table(title=f"plan: {variant} checkpoint, {weights} weights, on every shipped GPU "
+              "profile")
     t.caption = ("images, videos: typical requests (a 1920x1080 image, a 30-frame 1280x720 "
                  "clip) the KV cache holds at once; clip: its visual tokens as the profile "
                  "admits it (- refused)")
@@ -176,7 +202,7 @@ def plan_all_table(rows: list[tuple[GpuProfile, Plan]]) -> Table:
             profile.name,
             str(profile.gpu.memory_mib),
             "yes" if plan.fits else "[red]no[/red]",
-            str(profile.limits.max_batch_size),
+            str(plan.limits.max_batch_size),
             str(plan.concurrent_typical_requests),
             str(plan.concurrent_typical_videos),
             "-" if plan.typical_video.refused else str(plan.typical_video.visual_tokens),
@@ -186,8 +212,69 @@ def plan_all_table(rows: list[tuple[GpuProfile, Plan]]) -> Table:
 
 
 def plan_all_notes(rows: list[tuple[GpuProfile, Plan]]) -> list[str]:
-    """For each profile the checkpoint does not fit: why, and what to lower."""
+    """For each profile the checkpoint does not fit: why, and the fix."""
     return [f"{profile.name}: {plan.problems[0]}" for profile, plan in rows if plan.problems]
+
+
+def precision_cell(plan: Plan) -> str:
+    """One card in one precision: `-` when it does not fit, else the batch (with `*` when
+    the plan lowered the profile's limits) and the KV budget in tokens."""
+    if not plan.fits:
+        return "-"
+    star = "*" if plan.lowered else ""
+    return f"{plan.limits.max_batch_size}{star} / {plan.kv_capacity_tokens:,}"
+
+
+def plan_precision_table(rows: list[tuple[GpuProfile, dict[WeightOnly, Plan]]]) -> Table:
+    """One row per profile, a column per weight precision: which card takes the checkpoint
+    in which precision."""
+    variant = next(iter(rows[0][1].values())).variant if rows else "?"
+    t = Table(title=f"plan: {variant} checkpoint on every shipped GPU profile, by weight "
+              "precision")
+    t.caption = ("each cell: max_batch_size / KV budget in tokens (max_tokens_in_paged_kv_cache);"
+                 " - does not fit; * limits lowered below the profile's (`qvl-trt plan --gpu "
+                 "NAME --weights W` says which)")
+    t.add_column("profile", no_wrap=True)
+    t.add_column("MiB", justify="right", no_wrap=True)
+    for w in WeightOnly:
+        t.add_column(_precision(w), justify="right", no_wrap=True)
+    for profile, plans in rows:
+        t.add_row(profile.name, str(profile.gpu.memory_mib),
+                  *(precision_cell(plans[w]) for w in WeightOnly))
+    return t
+
+
+def plan_json(plan: Plan) -> dict[str, Any]:
+    return {**to_jsonable(plan), "fits": plan.fits, "resident_bytes": plan.resident_bytes}
+
+
+def shared_plan_json(shared: SharedPlan, profile: GpuProfile) -> dict[str, Any]:
+    return {"profile": profile.name, "fits": shared.fits, "problems": list(shared.problems),
+            "builds": [{"name": name, "kv_budget_tokens": kv, "concurrent_typical_requests": n,
+                        **plan_json(plan)} for name, plan, kv, n in zip(
+                            shared.names, shared.plans, shared.kv_budgets,
+                            shared.concurrent_typical_requests, strict=True)]}
+
+
+def shared_plan_table(shared: SharedPlan, profile: GpuProfile) -> Table:
+    """Several builds on one card: each one's share and KV budget."""
+    t = Table(title=f"plan: {' + '.join(shared.names)} on one {profile.name} "
+              f"({profile.gpu.description}, {profile.gpu.memory_mib} MiB)")
+    t.caption = ("resident: weights, activations, prompt and MRoPE tables, runtime overhead; "
+                 "KV tokens: its share of what is left (max_tokens_in_paged_kv_cache); images: "
+                 "typical requests it holds at once; context: max_seq_len")
+    for col in ("model", "weights", "batch", "context", "resident", "KV tokens", "images"):
+        t.add_column(col, justify="left" if col in ("model", "weights") else "right",
+                     no_wrap=True)
+    for name, plan, kv, images in zip(shared.names, shared.plans, shared.kv_budgets,
+                                      shared.concurrent_typical_requests, strict=True):
+        t.add_row(f"{name} ({plan.variant})", _precision(plan.weights),
+                  str(plan.limits.max_batch_size), str(plan.limits.max_seq_len),
+                  _gib(plan.fixed_bytes), f"{kv:,}", str(images))
+    kv_bytes = sum(kv * p.kv_bytes_per_token
+                   for kv, p in zip(shared.kv_budgets, shared.plans, strict=True))
+    t.add_row("together", "", "", "", _gib(shared.fixed_bytes), _gib(kv_bytes), "")
+    return t
 
 
 def gpus_table(profiles: list[GpuProfile]) -> Table:

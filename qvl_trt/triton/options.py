@@ -1,12 +1,13 @@
-"""What `qvl-trt repo` is asked for: the repository's flavor and the options of its writer
-(repository.py). Standard library only, so the CLI reads its defaults here without loading
-the writer."""
+"""What `qvl-trt repo` is asked for: the build folders (by name), the repository's flavor and
+the options of its writer (repository.py). Standard library only, so the CLI reads its
+defaults here without loading the writer."""
 
 from __future__ import annotations
 
 import enum
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..dtypes import Dtype
 from ..errors import ConfigError
@@ -62,3 +63,16 @@ class RepoOptions:
                 raise ConfigError(f"{name} is {getattr(self, name)}; give 1 or more")
 
 
+@dataclass(frozen=True)
+class BuildInput:
+    """A build folder, and the name of its models in the repository (None: upstream names,
+    possible for one build only)."""
+
+    path: Path
+    name: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> BuildInput:
+        """`DIR` or `NAME=DIR` (the --build option)."""
+        name, sep, path = text.partition("=")
+        return cls(Path(path), name) if sep and name and "/" not in name else cls(Path(text))

@@ -47,7 +47,7 @@ from .model_configs import (
     StepSettings,
     step_configs,
 )
-from .options import Flavor, RepoOptions
+from .options import BuildInput, Flavor, RepoOptions
 from .pbconfig import write_config
 from .tensorrtllm_backend import executor_max_input_len
 
@@ -61,21 +61,6 @@ ENGINE_DIR = "engine"  # in a version folder: the vision or LLM engine
 BUILD_INFO = "build.json"  # in the ensemble's version folder: what the repository holds
 TOKENIZER_JSON = "tokenizer.json"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-
-
-@dataclass(frozen=True)
-class BuildInput:
-    """A build folder, and the name of its models in the repository (None: upstream names,
-    possible for one build only)."""
-
-    path: Path
-    name: str | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> BuildInput:
-        """`DIR` or `NAME=DIR` (the --build option)."""
-        name, sep, path = text.partition("=")
-        return cls(Path(path), name) if sep and name and "/" not in name else cls(Path(text))
 
 
 @dataclass(frozen=True)
@@ -201,7 +186,9 @@ def _open_build(path: Path) -> _Build:
     manifest = folder.manifest()
     profile = folder.profile()
     checkpoint = open_checkpoint(manifest.options["model"], validate=False)
-    return _Build(folder, manifest, checkpoint, profile, make_plan(checkpoint, profile))
+    # profile.json holds the limits the build planned and used: planning again keeps them.
+    weights = WeightOnly(manifest.options.get("weights", WeightOnly.NONE.value))
+    return _Build(folder, manifest, checkpoint, profile, make_plan(checkpoint, profile, weights))
 
 
 def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOptions,
