@@ -238,3 +238,69 @@ def test_a_guided_answer_ends_with_its_grammar_and_a_bad_guide_fails_its_whole_s
 
 
 # ---- through the reference repository ------------------------------------------------------
+
+def _ask(server, *, model: str = "ensemble", **guide):
+    from qvl_trt.client.generate import GenerateClient, GenerateRequest
+
+    with GenerateClient(f"grpc://{server.grpc_url}", model=model) as client:
+        return client.generate(GenerateRequest("Describe a pet.", max_tokens=48, **guide))
+
+
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+def test_a_json_schema_guide_gives_json_that_validates(triton_server, model) -> None:
+    """The schema as its compact grammar (what `infer --json-schema --compact` sends): nested
+    objects, an enum, an array, required fields; the same request without it does not
+    validate (the tiny random model's text is gibberish)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from qvl_trt.llm.guided import compact_json_schema
+
+    guided = _ask(triton_server, model=model, guide_type="ebnf_grammar",
+                  guide=compact_json_schema(json.dumps(SCHEMA)))
+    jsonschema.validate(json.loads(guided.text), SCHEMA)
+    assert guided.finish_reason == "stop"  # the grammar completed: the end token
+    if model == "ensemble":
+        free = _ask(triton_server).text
+        with pytest.raises((ValueError, jsonschema.ValidationError)):
+            jsonschema.validate(json.loads(free), SCHEMA)
+
+
+def test_a_json_schema_guide_is_compiled_as_the_executor_compiles_it(triton_server,
+                                                                      guided) -> None:
+    """json_schema guides admit any whitespace between tokens (xgrammar's any_whitespace,
+    which the executor leaves on): the tiny model pads an object with it until max_tokens,
+    every token admitted by the schema; where the schema leaves no room for whitespace the
+    answer completes and validates."""
+    jsonschema = pytest.importorskip("jsonschema")
+    padded = _ask(triton_server, guide_type="json_schema", guide=json.dumps(SCHEMA))
+    assert padded.finish_reason == "length" and padded.text.startswith('{"name":')
+    assert guided.matcher(Guide(GuideType.JSON_SCHEMA, json.dumps(SCHEMA))).accepts(
+        padded.text)
+    assert not guided.matcher(Guide(GuideType.JSON_SCHEMA, json.dumps(SCHEMA))).accepts(
+        padded.text + "x")  # the check can fail
+    for schema in ({"enum": ["cat", "dog"]}, {"type": "string", "maxLength": 5}):
+        answer = _ask(triton_server, guide_type="json_schema", guide=json.dumps(schema))
+        jsonschema.validate(json.loads(answer.text), schema)
+        assert answer.finish_reason == "stop"
+
+
+def test_a_regex_guide_is_matched(triton_server) -> None:
+    pattern = r"(yes|no), [0-9]{1,3} (cats|dogs)"
+    answer = _ask(triton_server, guide_type="regex", guide=pattern)
+    assert re.fullmatch(pattern, answer.text) and answer.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("guide, words", [
+    # refused by preprocessing before anything runs
+    (dict(guide_type="xml", guide="<a/>"), "'xml' is not one of json, json_schema"),
+    (dict(guide_type="structural_tag", guide="{}"), "structural_tag is not carried"),
+    (dict(guide_type="regex"), "The guide string must be provided"),
+    (dict(guide='{"type": "object"}'), "sent without guided_decoding_guide_type"),
+    # fails in tensorrt_llm's step, as in the executor
+    (dict(guide_type="json_schema", guide='{"type": "object", "properties": 5}'),
+     "Encountered an error in forwardAsync function: the json_schema guide does not compile"),
+])
+def test_a_bad_guide_is_refused_through_the_ensemble(triton_server, guide, words) -> None:
+    from qvl_trt.errors import RequestError
+
+    with pytest.raises(RequestError, match=re.escape(words)):
+        _ask(triton_server, **guide)

@@ -54,6 +54,10 @@ def infer(
              "syntax, rule `root`).")] = None,
     any_json: Annotated[bool, typer.Option(
         "--json-object", help="Guided decoding: the answer is a JSON value.")] = False,
+    compact: Annotated[bool, typer.Option(
+        help="With --json-schema: send the schema as a grammar of its JSON without free "
+             "whitespace (json_schema guides admit any amount, which a model can repeat "
+             "until --max-tokens).")] = False,
 ) -> None:
     """Ask a deployment one question about images and videos; prints the answer, then time to
     first token, tokens/s and token counts. A guide (--json-schema, --regex, --grammar,
@@ -68,7 +72,7 @@ def infer(
                           temperature, top_p, top_k, seed, tuple(stop or ()), stream,
                           tuple(read_image_files(video or [], option="--video")), video_fps,
                           **guide_of(json_schema=json_schema, regex=regex, grammar=grammar,
-                                     any_json=any_json))
+                                     any_json=any_json, compact=compact))
 
     def show(response) -> None:
         console.print(response.text, end="", markup=False, highlight=False)

@@ -207,10 +207,13 @@ def ensemble_request(req: GenerateRequest) -> c.EnsembleRequest:
 
 
 def guide_of(*, json_schema: Path | None = None, regex: str | None = None,
-             grammar: Path | None = None, any_json: bool = False) -> dict[str, str | None]:
+             grammar: Path | None = None, any_json: bool = False,
+             compact: bool = False) -> dict[str, str | None]:
     """The guide fields of a request (GenerateRequest's guide_type and guide) from at most
-    one of: a JSON schema file, a regular expression, an EBNF grammar file, any JSON."""
-    from ..llm.guided import GuideType
+    one of: a JSON schema file, a regular expression, an EBNF grammar file, any JSON.
+    `compact`: the schema goes as a grammar of its JSON without free whitespace
+    (llm.guided.compact_json_schema), which a model cannot pad until max_tokens."""
+    from ..llm.guided import GuideType, compact_json_schema
 
     given = [(t, v) for t, v in ((GuideType.JSON_SCHEMA, json_schema), (GuideType.REGEX, regex),
                                  (GuideType.EBNF_GRAMMAR, grammar),
@@ -218,6 +221,8 @@ def guide_of(*, json_schema: Path | None = None, regex: str | None = None,
     if len(given) > 1:
         raise InputError("give at most one of --json-schema, --regex, --grammar and --json: a "
                          "request takes one guide")
+    if compact and json_schema is None:
+        raise InputError("--compact applies to --json-schema; give the schema too")
     if not given:
         return {"guide_type": None, "guide": None}
     kind, value = given[0]
@@ -234,6 +239,8 @@ def guide_of(*, json_schema: Path | None = None, regex: str | None = None,
             json.loads(text)
         except ValueError as exc:
             raise InputError(f"{value} is not JSON ({exc}); give a JSON schema file") from None
+        if compact:
+            return {"guide_type": GuideType.EBNF_GRAMMAR.value, "guide": compact_json_schema(text)}
     return {"guide_type": kind.value, "guide": text}
 
 

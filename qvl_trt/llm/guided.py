@@ -114,6 +114,21 @@ class Guide:
         return cls(kind, guide)
 
 
+def compact_json_schema(schema: str) -> str:
+    """An EBNF grammar (for GuideType.EBNF_GRAMMAR) of the JSON that `schema` admits, laid
+    out without free whitespace (`{"a": 1, "b": [2, 3]}`). The json_schema guide type compiles
+    with xgrammar's any_whitespace=true and no whitespace limit (the executor passes no
+    options), so a model can pad with spaces and newlines until max_tokens without ever
+    finishing the structure; this grammar leaves it no such room. A schema xgrammar cannot
+    convert raises an InputError."""
+    try:
+        grammar = _xgrammar().Grammar.from_json_schema(schema, any_whitespace=False,
+                                                       strict_mode=True)
+    except Exception as exc:
+        raise InputError(f"the JSON schema does not compile: {_complaint(exc)}") from None
+    return str(grammar)
+
+
 # ---- the tokenizer info file --------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -258,6 +273,10 @@ class GuideMatcher:
 
         words = self.bitmask.numpy().reshape(-1).astype(np.uint32).view(np.uint8)
         return np.unpackbits(words, bitorder="little").astype(bool)
+
+    def accepts(self, text: str) -> bool:
+        """Whether the grammar takes `text` from the matcher's state (and advances by it)."""
+        return bool(self._matcher.accept_string(text))
 
     @property
     def terminated(self) -> bool:
