@@ -137,6 +137,10 @@ def test_a_complete_grammar_admits_only_the_end_tokens(guided, info) -> None:
     assert set(np.flatnonzero(matcher.allowed()).tolist()) == set(END_IDS)
     assert not matcher.accept(info.encoded_vocab.index("8"))  # the grammar is complete
     assert matcher.accept(END_IDS[0]) and matcher.terminated
+    # Past an end token xgrammar refuses, and the executor's step fails with it.
+    with pytest.raises(GuideError, match=re.escape(FORWARD_ERROR) + ".*terminated after "
+                       "accepting the stop token"):
+        matcher.fill()
 
 
 def _mask(guided: GuidedDecoding, guide: Guide) -> np.ndarray:
@@ -295,6 +299,7 @@ def test_a_regex_guide_is_matched(triton_server) -> None:
     (dict(guide_type="structural_tag", guide="{}"), "structural_tag is not carried"),
     (dict(guide_type="regex"), "The guide string must be provided"),
     (dict(guide='{"type": "object"}'), "sent without guided_decoding_guide_type"),
+    (dict(guide_type="json", fixed_length=True), "a guided answer needs its end token"),
     # fails in tensorrt_llm's step, as in the executor
     (dict(guide_type="json_schema", guide='{"type": "object", "properties": 5}'),
      "Encountered an error in forwardAsync function: the json_schema guide does not compile"),

@@ -484,8 +484,11 @@ def test_a_broken_guided_decoding_setup_fails_validate(tmp_path, trt_repo, break
 def test_moved_repository_gets_its_engine_path_back(tmp_path, trt_repo) -> None:
     moved = Path(shutil.copytree(trt_repo, tmp_path / "elsewhere"))
     assert point_engine_paths(read_serve_plan(moved)) == ["tensorrt_llm"]
-    path = read_config(moved / "tensorrt_llm").parameters["gpt_model_path"].string_value
-    assert path == str(moved.resolve() / "tensorrt_llm" / "1" / "engine")
+    params = read_config(moved / "tensorrt_llm").parameters
+    assert params["gpt_model_path"].string_value == str(
+        moved.resolve() / "tensorrt_llm" / "1" / "engine")
+    assert params["xgrammar_tokenizer_info_path"].string_value == str(
+        moved.resolve() / "tensorrt_llm" / "1" / "xgrammar_tokenizer_info.json")
     assert point_engine_paths(read_serve_plan(moved)) == []
     assert problems(moved) == []
 

@@ -29,6 +29,10 @@ Upstream, in NVIDIA/TensorRT-LLM (release/1.2):
   applies to the logits before sampling. The compile runs inside the executor's forwardAsync:
   an invalid schema, regex or grammar throws there, and executorImpl.cpp terminates EVERY
   active request of that iteration with "Encountered an error in forwardAsync function: ...".
+- Once the grammar is complete the matcher admits only the tokenizer info's stop tokens. A
+  guided request that goes on past one (no end id: ignore_eos; an end token that is neither
+  its end id nor a stop word) makes the next FillNextTokenBitmask throw, which again fails
+  the whole step: such requests are refused up front here.
 - The bitmask work runs on the executor's own loop thread, on the host, right after the
   step's engine launch (trtGptModelInflightBatching.cpp forwardAsync: "XGrammar: build
   maskcache for context requests and perform maskgen for all requests. These need to be
@@ -74,6 +78,10 @@ class GuideType(str, enum.Enum):
 
 # Known to the C++ executor, but not mapped by the 1.2 Triton backend: it would run unguided.
 STRUCTURAL_TAG = "structural_tag"
+GUIDE_WITHOUT_END = ("a guided answer needs its end token (it is sent without one: "
+                     "ignore_eos): once the structure is complete only end tokens are "
+                     "admitted, and generating past one fails the engine's whole step; send "
+                     "the guide without ignore_eos")
 
 
 class GuideError(InputError):
@@ -301,8 +309,13 @@ class GuideMatcher:
         return bool(self._matcher.accept_token(int(token_id)))
 
     def fill(self) -> None:
-        """The bitmask of the tokens admissible next (one bit per id of vocab_size)."""
-        self._matcher.fill_next_token_bitmask(self.bitmask)
+        """The bitmask of the tokens admissible next (one bit per id of vocab_size). After an
+        end token was accepted xgrammar refuses ("GrammarMatcher has terminated after
+        accepting the stop token"): in the executor that fails the step (FORWARD_ERROR)."""
+        try:
+            self._matcher.fill_next_token_bitmask(self.bitmask)
+        except RuntimeError as exc:
+            raise GuideError(f"{FORWARD_ERROR}{_complaint(exc)}") from None
 
     def apply(self, logits: Any) -> None:
         """Set the logits of inadmissible tokens (one row, vocab_size wide, on the CPU) to

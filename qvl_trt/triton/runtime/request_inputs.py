@@ -22,7 +22,7 @@ from typing import Any
 
 from ...errors import InputError
 from ...generation_config import SamplingDefaults
-from ...llm.guided import Guide
+from ...llm.guided import GUIDE_WITHOUT_END, Guide
 from ...mm.chat import IMAGE_PART_TYPES, VIDEO_PART_TYPES, user_message, validate_messages
 from ...mm.request import RequestBounds, RequestLimits
 from ...mm.video import check_fps
@@ -77,7 +77,9 @@ def chat_request(inputs: Mapping[str, Any], *, urls: UrlPolicy, defaults: Sampli
     req = c.EnsembleRequest.from_row(inputs)
     # The guide goes to tensorrt_llm as sent: refused here where the stock backend would
     # refuse it, or ignore it and answer unguided (llm/guided.py).
-    Guide.from_inputs(req.guided_decoding_guide_type, req.guided_decoding_guide)
+    guide = Guide.from_inputs(req.guided_decoding_guide_type, req.guided_decoding_guide)
+    if guide is not None and req.ignore_eos:
+        raise InputError(GUIDE_WITHOUT_END)
     bounds.check(f"the request's size in bytes ({', '.join(c.ENSEMBLE_BYTES_INPUTS)})",
                  req.payload_bytes(), "max_request_bytes",
                  "send smaller or fewer images and videos")
