@@ -9,6 +9,7 @@ import re
 
 import numpy as np
 import pytest
+from guided_cases import BAD_SCHEMA, PATTERN, SCHEMA
 
 from qvl_trt.errors import ConfigError, InputError
 from qvl_trt.llm.guided import (
@@ -25,20 +26,6 @@ from qvl_trt.testing.tiny_checkpoint import VOCAB_SIZE
 TOKENIZER_SIZE = 151_669  # Qwen3-VL's tokens, added ones included (below VOCAB_SIZE)
 END_IDS = (151645, 151643)  # the tiny checkpoint's generation_config eos_token_id
 
-# Nested objects, an enum, an array and required fields; strings and arrays are bounded so
-# that the tiny random model, whose free text is gibberish, completes the structure.
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 6},
-        "kind": {"enum": ["cat", "dog"]},
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 2},
-        "owner": {"type": "object", "properties": {"ok": {"type": "boolean"}},
-                  "required": ["ok"], "additionalProperties": False},
-    },
-    "required": ["name", "kind", "tags", "owner"],
-    "additionalProperties": False,
-}
 
 
 @pytest.mark.parametrize("guide_type, guide, words", [
@@ -150,7 +137,7 @@ def _mask(guided: GuidedDecoding, guide: Guide) -> np.ndarray:
 
 
 @pytest.mark.parametrize("guide, words", [
-    (Guide(GuideType.JSON_SCHEMA, '{"type": "object", "properties": 5}'),
+    (Guide(GuideType.JSON_SCHEMA, BAD_SCHEMA),
      "the json_schema guide does not compile: properties must be an object"),
     (Guide(GuideType.JSON_SCHEMA, "not json"), "Failed to parse JSON"),
     (Guide(GuideType.REGEX, "(ab"), "the regex guide does not compile: Regex parsing error"),
@@ -288,9 +275,8 @@ def test_a_json_schema_guide_is_compiled_as_the_executor_compiles_it(triton_serv
 
 
 def test_a_regex_guide_is_matched(triton_server) -> None:
-    pattern = r"(yes|no), [0-9]{1,3} (cats|dogs)"
-    answer = _ask(triton_server, guide_type="regex", guide=pattern)
-    assert re.fullmatch(pattern, answer.text) and answer.finish_reason == "stop"
+    answer = _ask(triton_server, guide_type="regex", guide=PATTERN)
+    assert re.fullmatch(PATTERN, answer.text) and answer.finish_reason == "stop"
 
 
 @pytest.mark.parametrize("guide, words", [
@@ -301,7 +287,7 @@ def test_a_regex_guide_is_matched(triton_server) -> None:
     (dict(guide='{"type": "object"}'), "sent without guided_decoding_guide_type"),
     (dict(guide_type="json", fixed_length=True), "a guided answer needs its end token"),
     # fails in tensorrt_llm's step, as in the executor
-    (dict(guide_type="json_schema", guide='{"type": "object", "properties": 5}'),
+    (dict(guide_type="json_schema", guide=BAD_SCHEMA),
      "Encountered an error in forwardAsync function: the json_schema guide does not compile"),
 ])
 def test_a_bad_guide_is_refused_through_the_ensemble(triton_server, guide, words) -> None:

@@ -16,6 +16,7 @@ import re
 import numpy as np
 import pytest
 from gpu_tiers import trtllm_gpu_marks
+from guided_cases import BAD_SCHEMA, PATTERN, SCHEMA
 from PIL import Image
 
 from qvl_trt.build import BuildOptions, run_build
@@ -71,20 +72,6 @@ def test_trt_flavor_builds_validates_and_serves(tmp_path, tiny_ckpt) -> None:
     assert tokens[:1] == reference(request)[:1]
 
 
-# Nested objects, an enum, an array, required fields; bounded strings and arrays, so that the
-# tiny random model completes the structure.
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 6},
-        "kind": {"enum": ["cat", "dog"]},
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 2},
-        "owner": {"type": "object", "properties": {"ok": {"type": "boolean"}},
-                  "required": ["ok"], "additionalProperties": False},
-    },
-    "required": ["name", "kind", "tags", "owner"],
-    "additionalProperties": False,
-}
 
 
 def _guided_requests(client) -> None:
@@ -105,7 +92,6 @@ def _guided_requests(client) -> None:
     assert all(len(t) <= 3 for t in value["tags"]) and value["owner"] in ({"ok": True},
                                                                            {"ok": False})
     assert answer.finish_reason == "stop"
-    pattern = r"(yes|no), [0-9]{1,3} (cats|dogs)"
-    assert re.fullmatch(pattern, ask(guide_type="regex", guide=pattern).text)
+    assert re.fullmatch(PATTERN, ask(guide_type="regex", guide=PATTERN).text)
     with pytest.raises(RequestError, match="Encountered an error in forwardAsync function"):
-        ask(guide_type="json_schema", guide='{"type": "object", "properties": 5}')
+        ask(guide_type="json_schema", guide=BAD_SCHEMA)
