@@ -149,6 +149,12 @@ def test_a_guide_that_does_not_compile_fails_as_the_executor_fails_it(guided, gu
         guided.matcher(guide)
     assert str(raised.value).startswith(FORWARD_ERROR)
     assert "/project/cpp" not in str(raised.value)  # xgrammar's log prefix is cut
+    # What preprocessing checks first, with xgrammar's parsers alone.
+    with pytest.raises(GuideError, match=re.escape(words) + ".*the engine would fail every "
+                       "request of its step"):
+        guide.check()
+    Guide(GuideType.JSON_SCHEMA, json.dumps(SCHEMA)).check()
+    Guide(GuideType.JSON).check()
 
 
 def test_guided_decoding_must_match_the_engines_vocabulary(info) -> None:
@@ -286,12 +292,46 @@ def test_a_regex_guide_is_matched(triton_server) -> None:
     (dict(guide_type="regex"), "The guide string must be provided"),
     (dict(guide='{"type": "object"}'), "sent without guided_decoding_guide_type"),
     (dict(guide_type="json", fixed_length=True), "a guided answer needs its end token"),
-    # fails in tensorrt_llm's step, as in the executor
+    # would fail the engine's whole step (the stand-in's own test: above)
     (dict(guide_type="json_schema", guide=BAD_SCHEMA),
-     "Encountered an error in forwardAsync function: the json_schema guide does not compile"),
+     "the json_schema guide does not compile: properties must be an object; the engine would "
+     "fail every request of its step with it"),
+    (dict(guide_type="regex", guide="(ab"), "the regex guide does not compile"),
 ])
 def test_a_bad_guide_is_refused_through_the_ensemble(triton_server, guide, words) -> None:
     from qvl_trt.errors import RequestError
 
     with pytest.raises(RequestError, match=re.escape(words)):
         _ask(triton_server, **guide)
+
+
+def test_infer_sends_a_guide(triton_server, tmp_path) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    from cli_harness import run_cli
+
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(SCHEMA))
+    done = run_cli("infer", "--url", f"grpc://{triton_server.grpc_url}", "--prompt", "A pet?",
+                   "--max-tokens", "48", "--json-schema", str(schema), "--compact", "--json")
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    jsonschema.validate(json.loads(answer["text"]), SCHEMA)
+    assert answer["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("options, words", [
+    (dict(regex="a", any_json=True), "give at most one of --json-schema, --regex, --grammar"),
+    (dict(regex="a", compact=True), "--compact applies to --json-schema"),
+    (dict(json_schema="missing.json"), "cannot read missing.json"),
+    (dict(json_schema="not-json"), "is not JSON"),
+])
+def test_a_guide_option_that_cannot_be_sent_is_refused(tmp_path, monkeypatch, options,
+                                                       words) -> None:
+    from qvl_trt.client.generate import guide_of
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "not-json").write_text("{")
+    with pytest.raises(InputError, match=re.escape(words)):
+        guide_of(**options)
+    assert guide_of(regex="[0-9]") == {"guide_type": "regex", "guide": "[0-9]"}
+    assert guide_of(any_json=True) == {"guide_type": "json", "guide": None}

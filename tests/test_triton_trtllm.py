@@ -4,7 +4,7 @@ full TensorRT, LLM engine with TensorRT-LLM), `qvl-trt repo` (trt flavor) passes
 the stock tensorrtllm backend serves it, and a streamed greedy answer starts with the
 reference decoder's first token; guided requests (xgrammar in the executor, on the tokenizer
 info the repository ships) give JSON that validates and text the regex matches, and a guide
-that does not compile fails as the executor fails it. Run: scripts/verify_gpu.sh.
+that does not compile is refused. Run: scripts/verify_gpu.sh.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def test_trt_flavor_builds_validates_and_serves(tmp_path, tiny_ckpt) -> None:
 def _guided_requests(client) -> None:
     """Guided decoding in the stock backend: the schema as its compact grammar (a
     json_schema guide admits unbounded whitespace, which a random model pads with), a regex,
-    and a schema xgrammar rejects."""
+    and a schema xgrammar rejects (preprocessing refuses it)."""
     from qvl_trt.client.generate import GenerateRequest
     from qvl_trt.errors import RequestError
     from qvl_trt.llm.guided import compact_json_schema
@@ -93,5 +93,6 @@ def _guided_requests(client) -> None:
                                                                            {"ok": False})
     assert answer.finish_reason == "stop"
     assert re.fullmatch(PATTERN, ask(guide_type="regex", guide=PATTERN).text)
-    with pytest.raises(RequestError, match="Encountered an error in forwardAsync function"):
+    # refused by preprocessing: in the executor it would fail every request of its step
+    with pytest.raises(RequestError, match="the json_schema guide does not compile"):
         ask(guide_type="json_schema", guide=BAD_SCHEMA)
