@@ -3,7 +3,8 @@ xgrammar 0.1.25 (the version TensorRT-LLM 1.2's requirements.txt pins): the guid
 their request-time rules, xgrammar's tokenizer info file, and the per-request grammar matcher
 whose token bitmask masks the logits before sampling.
 
-Upstream, in NVIDIA/TensorRT-LLM (release/1.2):
+Upstream, in NVIDIA/TensorRT-LLM (the 1.2 line: the two versions of each file read, before
+and after the structural_tag and cache-limit changes of guidedDecoder.cpp, agree on this):
 - triton_backend/inflight_batcher_llm/src/utils.cc getGuidedDecodingParamsFromTensors: the
   inputs `guided_decoding_guide_type` and `guided_decoding_guide` (TYPE_STRING); the type maps
   only json, json_schema, regex and ebnf_grammar. Any other type (structural_tag included, which
