@@ -48,7 +48,7 @@ import hashlib
 import json
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,14 +136,17 @@ class Guide:
             GuideType.REGEX: grammar.from_regex,
             GuideType.EBNF_GRAMMAR: grammar.from_ebnf,
         }[self.type]
-        try:
-            parse(self.text)
-        except Exception as exc:  # xgrammar raises RuntimeError/ValueError subclasses
-            raise GuideError(f"{self.does_not_compile(exc)}; the engine would fail every "
-                             "request of its step with it") from None
+        self.apply(parse, after="; the engine would fail every request of its step with it")
 
-    def does_not_compile(self, exc: Exception) -> str:
-        return f"the {self.type.value} guide does not compile: {_complaint(exc)}"
+    def apply(self, xgrammar_call: Callable[[str | None], Any], *, before: str = "",
+              after: str = "") -> Any:
+        """`xgrammar_call(text)`; what it raises becomes a GuideError saying the guide does
+        not compile, with xgrammar's complaint between `before` and `after`."""
+        try:
+            return xgrammar_call(self.text)
+        except Exception as exc:  # xgrammar raises RuntimeError/ValueError subclasses
+            raise GuideError(f"{before}the {self.type.value} guide does not compile: "
+                             f"{_complaint(exc)}{after}") from None
 
 
 def compact_json_schema(schema: str) -> str:
@@ -310,10 +313,7 @@ class GuidedDecoding:
             GuideType.REGEX: compiler.compile_regex,
             GuideType.EBNF_GRAMMAR: compiler.compile_grammar,
         }[guide.type]
-        try:
-            compiled = compile_guide(guide.text)
-        except Exception as exc:  # xgrammar raises RuntimeError/ValueError subclasses
-            raise GuideError(f"{FORWARD_ERROR}{guide.does_not_compile(exc)}") from None
+        compiled = guide.apply(compile_guide, before=FORWARD_ERROR)
         return GuideMatcher(_xgrammar().GrammarMatcher(compiled), self.vocab_size)
 
 
