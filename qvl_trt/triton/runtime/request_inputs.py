@@ -22,6 +22,7 @@ from typing import Any
 
 from ...errors import InputError
 from ...generation_config import SamplingDefaults
+from ...llm.guided import GUIDE_WITHOUT_END, Guide
 from ...mm.chat import IMAGE_PART_TYPES, VIDEO_PART_TYPES, user_message, validate_messages
 from ...mm.request import RequestBounds, RequestLimits
 from ...mm.video import check_fps
@@ -74,6 +75,14 @@ def chat_request(inputs: Mapping[str, Any], *, urls: UrlPolicy, defaults: Sampli
     decoded. Raises InputError naming the input and the fix."""
     bounds = limits.bounds
     req = c.EnsembleRequest.from_row(inputs)
+    # The guide goes to tensorrt_llm as sent: refused here where the stock backend would
+    # refuse it, ignore it and answer unguided, or fail every request of a step with it
+    # (llm/guided.py).
+    guide = Guide.from_inputs(req.guided_decoding_guide_type, req.guided_decoding_guide)
+    if guide is not None:
+        if req.ignore_eos:
+            raise InputError(GUIDE_WITHOUT_END)
+        guide.check()
     bounds.check(f"the request's size in bytes ({', '.join(c.ENSEMBLE_BYTES_INPUTS)})",
                  req.payload_bytes(), "max_request_bytes",
                  "send smaller or fewer images and videos")
