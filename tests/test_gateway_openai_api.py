@@ -51,12 +51,9 @@ def test_a_full_request_is_read_field_by_field() -> None:
     (b'{"model": "m", "messages": [], "temperature": NaN}', None, "not valid JSON"),
     (body(n=2), "n", "n = 2 is not supported"),
     (body(n=True), "n", "not supported"),  # true is not 1
-    (body(tools=[{"type": "function", "function": {"name": "f"}}]), "tools", "not supported"),
-    (body(tool_choice="auto"), "tool_choice", "not supported"),
     (body(logprobs=True), "logprobs", "not supported"),
     (body(top_logprobs=2), "top_logprobs", "not supported"),
     (body(frequency_penalty=0.5), "frequency_penalty", "not supported"),
-    (body(response_format={"type": "json_object"}), "response_format", "not supported"),
     (body(audio={"voice": "x"}), "audio", "leave it out"),
     (body(best_of=2), "best_of", "unsupported parameter 'best_of'"),
     (body(max_tokens=0), "max_tokens", "from 1 to"),

@@ -5,18 +5,26 @@ deployment (postprocessing decides both, where the stop words are known).
 
 Pure functions over JSON-shaped values: no web server, no Triton.
 
-What is refused rather than ignored: every field the deployment cannot honour (n > 1, tools,
-logprobs, penalties, response formats other than text, ...) unless it carries the value that
-asks for the default behaviour (n = 1, logprobs false, penalties 0, ...), and any field this
-API does not know. `messages` travels to the ensemble as sent (its `messages` input):
-preprocessing checks the roles and content parts, resolves `image_url` and `video_url` data
-URIs and allow-listed hosts, and refuses other part types with a one-line reason.
+What is refused rather than ignored: every field the deployment cannot honour (n > 1,
+logprobs, penalties, ...) unless it carries the value that asks for the default behaviour
+(n = 1, logprobs false, penalties 0, ...), and any field this API does not know. `messages`
+travels to the ensemble as sent (its `messages` input): preprocessing checks the roles and
+content parts, resolves `image_url` and `video_url` data URIs and allow-listed hosts, and
+refuses other part types with a one-line reason.
+
+Structured output (`Structure`): `response_format` json_object / json_schema and
+`tool_choice` required / a named function become a guide for the deployment's guided
+decoding (the stock backend's guide types, compiled by xgrammar); function `tools` travel to
+the chat template (the ensemble's `tools` input), and the answer's text becomes tool calls
+(tool_calls.py reads it).
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import math
+import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -51,6 +59,37 @@ def bad_request(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
 
 
+class Answer(enum.Enum):
+    """How the generated text becomes the message: its content as it is, tool calls in Qwen's
+    `<tool_call>` tags among the content (tool_choice auto), a guided JSON list of calls
+    (required), or the guided arguments of the one named function."""
+
+    TEXT = "text"
+    TAGGED_CALLS = "tagged_calls"
+    CALL_LIST = "call_list"
+    NAMED_CALL = "named_call"
+
+
+@dataclass(frozen=True)
+class Guide:
+    """What guided decoding holds the answer to: the stock backend's
+    guided_decoding_guide_type and guided_decoding_guide (None for the plain json type)."""
+
+    type: str
+    text: str | None = None
+
+
+@dataclass(frozen=True)
+class Structure:
+    """What response_format, tools and tool_choice ask for."""
+
+    tools: list[dict[str, Any]] | None = None  # for the template: as sent, checked
+    guide: Guide | None = None
+    answer: Answer = Answer.TEXT
+    function: str | None = None  # the named function of NAMED_CALL
+    parallel_tool_calls: bool = True
+
+
 @dataclass(frozen=True)
 class ChatCompletionRequest:
     """A checked chat-completions body: what the ensemble's inputs are made of."""
@@ -70,6 +109,7 @@ class ChatCompletionRequest:
     # vLLM's: no end token before min_tokens tokens; ignore_eos: none ends the answer.
     min_tokens: int | None = None
     ignore_eos: bool = False
+    structure: Structure = Structure()  # response_format, tools, tool_choice
 
 
 # Fields the deployment cannot honour, with the values that ask for nothing more than what
@@ -84,12 +124,8 @@ _DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
     "frequency_penalty": (0, 0.0),
     "repetition_penalty": (1, 1.0),
     "logit_bias": ({},),
-    "tools": ([],),
-    "tool_choice": ("none",),
-    "parallel_tool_calls": (True, False),  # only means something with tools
-    "functions": ([],),
+    "functions": ([],),  # OpenAI's deprecated spelling of tools: send tools
     "function_call": ("none",),
-    "response_format": ({"type": "text"},),
     "modalities": (["text"],),
     "store": (False,),
     "audio": (),
@@ -101,7 +137,8 @@ _DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
 _IGNORED = ("user", "metadata", "service_tier")
 _KNOWN = ("model", "messages", "max_tokens", "max_completion_tokens", "min_tokens",
           "ignore_eos", "temperature", "top_p", "top_k", "seed", "stop", "stream",
-          "stream_options", *_IGNORED, *_DEFAULT_ONLY)
+          "stream_options", "response_format", "tools", "tool_choice", "parallel_tool_calls",
+          *_IGNORED, *_DEFAULT_ONLY)
 _STREAM_OPTIONS = ("include_usage", "continuous_usage_stats")
 
 
@@ -127,7 +164,8 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages must be a non-empty list of {role, content} objects",
                           "messages")
-    _check_texts(messages)
+    for name in ("messages", "tools", "response_format"):  # the texts that travel
+        _check_texts(data.get(name), name)
     stream = _optional(data, "stream", bool, "true or false") or False
     include_usage, continuous_usage = _stream_options(data, stream)
     max_tokens, min_tokens = _max_tokens(data), _integer(data, "min_tokens", 0, INT32_MAX)
@@ -140,7 +178,182 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
         top_k=_top_k(data), seed=_seed(data), stop=_stop(data), stream=stream,
         include_usage=include_usage, continuous_usage=continuous_usage,
         min_tokens=min_tokens,
-        ignore_eos=_optional(data, "ignore_eos", bool, "true or false") or False)
+        ignore_eos=_optional(data, "ignore_eos", bool, "true or false") or False,
+        structure=_structure(data))
+
+
+# ---- structured output: response_format, tools, tool_choice ---------------------------------
+
+# OpenAI's rule for function and response-format names.
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_CHOICES = ("none", "auto", "required")
+
+
+def _structure(data: Mapping[str, Any]) -> Structure:
+    """response_format, tools, tool_choice and parallel_tool_calls, checked, and what they
+    ask of the deployment. One guide per request: a response format with a forced call is
+    refused; with tool_choice auto the format wins (a guided JSON answer calls no tool)."""
+    guide = _response_format(data.get("response_format"))
+    tools = _tools(data.get("tools"))
+    choice = data.get("tool_choice")
+    parallel = _optional(data, "parallel_tool_calls", bool, "true or false")
+    parallel = True if parallel is None else parallel
+    if choice is None:
+        choice = "auto" if tools else "none"
+    if isinstance(choice, str) and choice in _CHOICES and not tools and choice != "none":
+        if choice == "auto":
+            return Structure(guide=guide)  # nothing to call: a plain answer
+        raise bad_request("tool_choice required needs tools: send the functions in tools",
+                          "tool_choice")
+    if choice in ("none", "auto"):
+        answer = Answer.TAGGED_CALLS if choice == "auto" and guide is None else Answer.TEXT
+        return Structure(tools, guide, answer, parallel_tool_calls=parallel)
+    if guide is not None:
+        raise bad_request("response_format and a forced tool call (tool_choice required or "
+                          "a named function) both guide the answer; send one of them",
+                          "response_format")
+    functions = {t["function"]["name"]: t["function"] for t in tools or ()}
+    if choice == "required":
+        return Structure(tools, Guide("json_schema", _dumps(_call_list_schema(
+            list(functions.values()), parallel))), Answer.CALL_LIST,
+            parallel_tool_calls=parallel)
+    name = _named_choice(choice)
+    if name not in functions:
+        raise bad_request(f"tool_choice names the function {name!r}, which is not among "
+                          f"tools ({', '.join(functions) or 'none'}); name one of them",
+                          "tool_choice")
+    return Structure(tools, Guide("json_schema", _dumps(_parameters(functions[name]))),
+                     Answer.NAMED_CALL, name, parallel)
+
+
+def _response_format(value: Any) -> Guide | None:
+    """None for text; the guide of json_object (the stock backend's `json` type: xgrammar's
+    builtin JSON grammar, an object or an array) or of json_schema (strict or not: the schema
+    is enforced either way)."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, Mapping) else None
+    if kind == "text" and set(value) == {"type"}:
+        return None
+    if kind == "json_object" and set(value) == {"type"}:
+        return Guide("json")
+    if kind != "json_schema":
+        raise bad_request(f"response_format = {json.dumps(value)[:60]} is not supported; send "
+                          '{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
+                          '"json_schema": {"name": ..., "schema": {...}}}', "response_format")
+    spec = value.get("json_schema")
+    if set(value) != {"type", "json_schema"} or not isinstance(spec, Mapping):
+        raise bad_request('response_format json_schema needs "json_schema": {"name": ..., '
+                          '"schema": {...}} beside its type, and nothing else',
+                          "response_format.json_schema")
+    unknown = sorted(set(spec) - {"name", "schema", "strict", "description"})
+    if unknown:
+        raise bad_request(f"response_format.json_schema.{unknown[0]} is not supported; send "
+                          "name, schema, strict and description only",
+                          f"response_format.json_schema.{unknown[0]}")
+    name = spec.get("name")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise bad_request("response_format.json_schema.name must be 1 to 64 letters, digits, "
+                          "_ or -", "response_format.json_schema.name")
+    _optional(spec, "strict", bool, "true or false", "response_format.json_schema.strict")
+    _optional(spec, "description", str, "a string", "response_format.json_schema.description")
+    schema = spec.get("schema")
+    if not isinstance(schema, Mapping):
+        raise bad_request("response_format.json_schema.schema must be a JSON schema object, got "
+                          f"{json.dumps(schema)[:40]}; send e.g. {{\"type\": \"object\", "
+                          "\"properties\": {...}}", "response_format.json_schema.schema")
+    return Guide("json_schema", _dumps(schema))
+
+
+def _tools(value: Any) -> list[dict[str, Any]] | None:
+    """Function tools, checked; None for none."""
+    if value is None or value == []:
+        return None
+    if not isinstance(value, list):
+        raise bad_request("tools must be a list of {type: function, function: {name, "
+                          "description, parameters}} objects", "tools")
+    names = set()
+    for i, tool in enumerate(value):
+        where = f"tools[{i}]"
+        kind = tool.get("type") if isinstance(tool, Mapping) else None
+        if kind != "function":
+            raise bad_request(f"{where}.type = {json.dumps(kind)[:40]} is not supported: this "
+                              "server calls function tools only; send type function",
+                              f"{where}.type")
+        function = tool.get("function")
+        if set(tool) - {"type", "function"} or not isinstance(function, Mapping):
+            raise bad_request(f"{where} must be {{type: function, function: {{name, "
+                              "description, parameters, strict}}}", where)
+        unknown = sorted(set(function) - {"name", "description", "parameters", "strict"})
+        if unknown:
+            raise bad_request(f"{where}.function.{unknown[0]} is not supported; send name, "
+                              "description, parameters and strict only",
+                              f"{where}.function.{unknown[0]}")
+        name = function.get("name")
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise bad_request(f"{where}.function.name must be 1 to 64 letters, digits, _ or -",
+                              f"{where}.function.name")
+        if name in names:
+            raise bad_request(f"{where}.function.name {name!r} names a second function; give "
+                              "each function its own name", f"{where}.function.name")
+        names.add(name)
+        parameters = function.get("parameters")
+        if parameters is not None and not isinstance(parameters, Mapping):
+            raise bad_request(f"{where}.function.parameters must be a JSON schema object",
+                              f"{where}.function.parameters")
+        _optional(function, "strict", bool, "true or false", f"{where}.function.strict")
+        _optional(function, "description", str, "a string", f"{where}.function.description")
+    return value
+
+
+def _named_choice(choice: Any) -> str:
+    """The function name of {"type": "function", "function": {"name": ...}}."""
+    function = choice.get("function") if isinstance(choice, Mapping) else None
+    if isinstance(function, Mapping) and set(choice) == {"type", "function"} and \
+            choice["type"] == "function" and set(function) == {"name"} and \
+            isinstance(function["name"], str):
+        return function["name"]
+    raise bad_request(f"tool_choice = {json.dumps(choice)[:60]} is not supported; send none, "
+                      'auto, required or {"type": "function", "function": {"name": ...}}',
+                      "tool_choice")
+
+
+def _parameters(function: Mapping[str, Any]) -> dict[str, Any]:
+    """A function's parameters schema; none is an empty parameter list (OpenAI's rule)."""
+    return dict(function.get("parameters") or {"type": "object", "properties": {}})
+
+
+def _call_list_schema(functions: Sequence[Mapping[str, Any]],
+                      parallel: bool) -> dict[str, Any]:
+    """The schema of tool_choice required's answer: a list of one or more calls (one without
+    parallel calls), each {name, parameters} of one of the functions. vLLM's choice for the
+    same (vllm/entrypoints/openai/protocol.py ChatCompletionRequest._get_json_schema_from_tool:
+    an array anyOf {name: enum [the name], parameters: the schema}); the stock backend's
+    C++ guided decoder compiles json_schema with xgrammar in every version, while it does not
+    take structural tags in every one (TensorRT-LLM cpp/tensorrt_llm/batch_manager/
+    guidedDecoder.cpp, xgrammarFactory.cpp). Each function's $defs move to the root, where
+    their references (#/$defs/...) point."""
+    defs: dict[str, Any] = {}
+    calls = []
+    for function in functions:
+        parameters = _parameters(function)
+        for key, schema in parameters.pop("$defs", {}).items():
+            if defs.setdefault(key, schema) != schema:
+                raise bad_request(f"two functions define $defs {key!r} differently; give "
+                                  "their definitions distinct names", "tools")
+        calls.append({"type": "object", "properties": {
+            "name": {"type": "string", "enum": [function["name"]]}, "parameters": parameters},
+            "required": ["name", "parameters"]})
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    if not parallel:
+        schema["maxItems"] = 1
+    if defs:
+        schema["$defs"] = defs
+    return schema
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _stream_options(data: Mapping[str, Any], stream: bool) -> tuple[bool, bool]:
@@ -163,10 +376,10 @@ def _stream_options(data: Mapping[str, Any], stream: bool) -> tuple[bool, bool]:
     return include, continuous
 
 
-def _check_texts(messages: list[Any]) -> None:
-    """Every string of the messages (keys too) can travel as UTF-8; the refusal names the
-    field, e.g. messages[0].content. Walked without recursion: JSON may nest deeply."""
-    todo: list[tuple[str, Any]] = [("messages", messages)]
+def _check_texts(value: Any, name: str) -> None:
+    """Every string of a field (keys too) can travel as UTF-8; the refusal names the field,
+    e.g. messages[0].content. Walked without recursion: JSON may nest deeply."""
+    todo: list[tuple[str, Any]] = [(name, value)]
     while todo:
         path, value = todo.pop()
         if isinstance(value, str):
@@ -284,12 +497,13 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def completion(ident: str, created: int, model: str, text: str, finish: str,
+def completion(ident: str, created: int, model: str, message: dict[str, Any], finish: str,
                counts: dict[str, int]) -> dict[str, Any]:
-    """The `chat.completion` object of a non-streamed answer."""
+    """The `chat.completion` object of a non-streamed answer (`message`: the assistant's,
+    content and any tool calls)."""
     return {"id": ident, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": None, "finish_reason": finish}],
+            "choices": [{"index": 0, "message": message, "logprobs": None,
+                         "finish_reason": finish}],
             "usage": counts}
 
 
@@ -303,7 +517,7 @@ class ChunkWriter:
         self.include_usage = include_usage
         self.continuous_usage = continuous_usage
 
-    def event(self, delta: dict[str, str], finish: str | None = None,
+    def event(self, delta: dict[str, Any], finish: str | None = None,
               counts: dict[str, int] | None = None) -> bytes:
         """`counts`: the usage so far, which a chunk carries with continuous_usage."""
         chunk = {**self.head, "choices": [{"index": 0, "delta": delta, "logprobs": None,

@@ -95,11 +95,17 @@ def _string(raw: bytes) -> str:
 def _ensemble_request(request: ChatCompletionRequest) -> c.EnsembleRequest:
     """The ensemble's request for a chat request, always streamed (see the module doc);
     absent settings are left to the deployment's defaults."""
+    structure, guide = request.structure, request.structure.guide
     return c.EnsembleRequest(
-        messages=json.dumps(request.messages, ensure_ascii=False), max_tokens=request.max_tokens,
+        messages=json.dumps(request.messages, ensure_ascii=False),
+        tools=None if structure.tools is None else json.dumps(structure.tools,
+                                                              ensure_ascii=False),
+        max_tokens=request.max_tokens,
         min_tokens=request.min_tokens, ignore_eos=request.ignore_eos or None,
         temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
-        seed=request.seed, stop=request.stop, stream=True)
+        seed=request.seed, stop=request.stop, stream=True,
+        guided_decoding_guide_type=None if guide is None else guide.type,
+        guided_decoding_guide=None if guide is None else guide.text)
 
 
 class Upstream:

@@ -228,6 +228,9 @@ def _scalar(name: str, data_type: str, *, optional: bool = False,
 # ---- the ensemble's public I/O ------------------------------------------------------------
 
 MESSAGES = "messages"  # JSON chat (OpenAI-style content parts, video parts too), UTF-8
+# With messages: the functions the chat template lists for the model to call, as JSON (OpenAI's
+# `tools`: [{"type": "function", "function": {"name", "description", "parameters"}}, ...]).
+TOOLS = "tools"
 TEXT_INPUT = "text_input"  # a plain question (with image_bytes and videos: one user turn)
 IMAGE_BYTES = "image_bytes"  # encoded images (JPEG/PNG/WebP/...) or data: URIs, one per element
 # With text_input. Video files (MP4, WebM, MKV, ...) or their data: URIs, one per element.
@@ -259,9 +262,14 @@ COMPLETION_TOKENS = "completion_tokens"  # tokens generated so far
 # Why the answer ended, in its final response ("" before): "stop" (the end token or a stop
 # string, which the answer leaves out) or "length" (max_tokens, or the engine's room, reached).
 FINISH_REASON = "finish_reason"
+# The stock tensorrtllm backend's guided decoding inputs (its tensorrt_llm config): the guide's
+# kind (json, json_schema, regex, ebnf_grammar, structural_tag) and the guide itself.
+GUIDED_DECODING_GUIDE_TYPE = "guided_decoding_guide_type"
+GUIDED_DECODING_GUIDE = "guided_decoding_guide"
 
 ENSEMBLE_INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec(MESSAGES, "BYTES", (1,), optional=True),
+    TensorSpec(TOOLS, "BYTES", (1,), optional=True),
     TensorSpec(TEXT_INPUT, "BYTES", (1,), optional=True),
     TensorSpec(IMAGE_BYTES, "BYTES", (-1,), optional=True),
     TensorSpec(VIDEO_BYTES, "BYTES", (-1,), optional=True),
@@ -277,6 +285,8 @@ ENSEMBLE_INPUTS: tuple[TensorSpec, ...] = (
     _scalar(SEED, "UINT64", optional=True),
     TensorSpec(STOP, "BYTES", (-1,), optional=True),
     _scalar(STREAM, "BOOL", optional=True),
+    TensorSpec(GUIDED_DECODING_GUIDE_TYPE, "BYTES", (1,), optional=True),
+    TensorSpec(GUIDED_DECODING_GUIDE, "BYTES", (1,), optional=True),
 )
 ENSEMBLE_OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec(TEXT_OUTPUT, "BYTES", (1,)),
@@ -294,6 +304,7 @@ class EnsembleRequest:
     and () are absent inputs: the deployment's defaults apply."""
 
     messages: str | None = None  # the chat as JSON
+    tools: str | None = None  # the functions offered, as JSON
     text_input: str | None = None
     image_bytes: tuple[bytes, ...] = ()
     video_bytes: tuple[bytes, ...] = ()
@@ -309,6 +320,8 @@ class EnsembleRequest:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stream: bool | None = None
+    guided_decoding_guide_type: str | None = None
+    guided_decoding_guide: str | None = None
 
     def to_tensors(self) -> dict[str, np.ndarray]:
         """Input name -> value with the batch dimension of one row, for the inputs present."""
@@ -403,7 +416,8 @@ _NUMPY_TYPES = {"BOOL": np.bool_, "UINT8": np.uint8, "INT32": np.int32, "INT64":
 _FROM_WIRE: Mapping[str, Callable[[Any], Any]] = {
     "BOOL": bool, "INT32": int, "UINT64": int, "FP32": float, "BYTES": bytes}
 _ENSEMBLE_TYPES = {s.name: s.data_type for s in ENSEMBLE_INPUTS}
-_TEXTS = frozenset((MESSAGES, TEXT_INPUT, STOP))  # BYTES inputs that hold UTF-8 text
+_TEXTS = frozenset((MESSAGES, TOOLS, TEXT_INPUT, STOP, GUIDED_DECODING_GUIDE_TYPE,
+                    GUIDED_DECODING_GUIDE))  # BYTES inputs that hold UTF-8 text
 ENSEMBLE_BYTES_INPUTS = tuple(s.name for s in ENSEMBLE_INPUTS if s.data_type == "BYTES")
 
 
