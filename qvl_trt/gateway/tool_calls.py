@@ -69,7 +69,8 @@ class AnswerReader:
 
     def _call(self, name: str, arguments: str) -> list[Delta]:
         index, self.calls = self.calls, self.calls + 1
-        return [Delta("", index, call_id(), name), Delta(arguments, index)]
+        return [Delta("", index, call_id(), name), *([Delta(arguments, index)] if arguments
+                                                     else [])]
 
 
 class TaggedCalls(AnswerReader):
