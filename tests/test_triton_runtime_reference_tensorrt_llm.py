@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from qvl_trt.errors import InputError
+from qvl_trt.llm.guided import Guide, GuideType
 from qvl_trt.triton import contract as c
 from qvl_trt.triton.runtime.reference_tensorrt_llm import (
     LlmLimits,
@@ -40,7 +41,11 @@ def good_inputs() -> dict[str, np.ndarray]:
 
 def test_a_request_by_the_contract_is_read() -> None:
     r = LlmRequest.from_inputs(good_inputs(), LIMITS)
-    assert r.input_ids == (1, 2, 100, 101, 3) and r.max_tokens == 4
+    assert r.input_ids == (1, 2, 100, 101, 3) and r.max_tokens == 4 and r.guide is None
+    guided = LlmRequest.from_inputs({
+        **good_inputs(), c.GUIDED_DECODING_GUIDE_TYPE: np.array([b"regex"], object),
+        c.GUIDED_DECODING_GUIDE: np.array(["[0-9]é".encode()], object)}, LIMITS)
+    assert guided.guide == Guide(GuideType.REGEX, "[0-9]é")
     # The row cap is optional (parameter absent): 7 rows pass without it.
     table = {**good_inputs(), c.PROMPT_EMBEDDING_TABLE: np.zeros((7, 8), np.float32)}
     LlmRequest.from_inputs(table, dataclasses.replace(LIMITS, rows_per_request=None))
@@ -64,6 +69,14 @@ BROKEN = {
                                   "holds back the end id, and the request has none"),
     "min_tokens, end id absent": ({c.MIN_TOKENS: np.int32(2), c.END_ID: None},
                                   "holds back the end id"),
+    # Guided decoding (llm/guided.py): the backend throws on the first, drops the others.
+    "guide type without guide": ({c.GUIDED_DECODING_GUIDE_TYPE: np.array([b"regex"], object)},
+                                 "The guide string must be provided"),
+    "unknown guide type": ({c.GUIDED_DECODING_GUIDE_TYPE: np.array([b"yaml"], object),
+                            c.GUIDED_DECODING_GUIDE: np.array([b"a: 1"], object)},
+                           "'yaml' is not one of json, json_schema, regex, ebnf_grammar"),
+    "guide without type": ({c.GUIDED_DECODING_GUIDE: np.array([b"[0-9]"], object)},
+                           "sent without guided_decoding_guide_type"),
 }
 
 

@@ -44,18 +44,35 @@ def infer(
     stop: Annotated[list[str] | None, typer.Option(help="Stop string (repeatable).")] = None,
     served_model: ServedModelOpt = "ensemble",
     json_out: JsonOpt = False,
+    json_schema: Annotated[Path | None, typer.Option(
+        help="Guided decoding: the answer is JSON valid against the schema in this file.")]
+    = None,
+    regex: Annotated[str | None, typer.Option(
+        help="Guided decoding: the answer matches this regular expression.")] = None,
+    grammar: Annotated[Path | None, typer.Option(
+        help="Guided decoding: the answer follows the EBNF grammar in this file (xgrammar's "
+             "syntax, rule `root`).")] = None,
+    any_json: Annotated[bool, typer.Option(
+        "--json-object", help="Guided decoding: the answer is a JSON value.")] = False,
+    compact: Annotated[bool, typer.Option(
+        help="With --json-schema: send the schema as a grammar of its JSON without free "
+             "whitespace (json_schema guides admit any amount, which a model can repeat "
+             "until --max-tokens).")] = False,
 ) -> None:
     """Ask a deployment one question about images and videos; prints the answer, then time to
-    first token, tokens/s and token counts."""
+    first token, tokens/s and token counts. A guide (--json-schema, --regex, --grammar,
+    --json-object) makes the answer take that structure and end when it is complete."""
     from ..client.bench import ask
-    from ..client.generate import GenerateRequest
+    from ..client.generate import GenerateRequest, guide_of
     from ..mm.image_input import read_image_files
     from .console import infer_json, infer_line, print_json
     from .console import out as console
 
     req = GenerateRequest(prompt, tuple(read_image_files(image or [])), max_tokens,
                           temperature, top_p, top_k, seed, tuple(stop or ()), stream,
-                          tuple(read_image_files(video or [], option="--video")), video_fps)
+                          tuple(read_image_files(video or [], option="--video")), video_fps,
+                          **guide_of(json_schema=json_schema, regex=regex, grammar=grammar,
+                                     any_json=any_json, compact=compact))
 
     def show(response) -> None:
         console.print(response.text, end="", markup=False, highlight=False)

@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -50,6 +51,10 @@ class GenerateRequest:
     # Exactly max_tokens tokens (min_tokens = max_tokens, the end token ignored): a benchmark's
     # fixed output length, as AIPerf asks for it.
     fixed_length: bool = False
+    # The structure the answer must take (guided decoding; `guide_of` makes them): a guide
+    # type of llm.guided.GuideType and its guide.
+    guide_type: str | None = None
+    guide: str | None = None
 
 
 @dataclass(frozen=True)
@@ -197,7 +202,46 @@ def ensemble_request(req: GenerateRequest) -> c.EnsembleRequest:
         video_fps=() if req.video_fps is None else (req.video_fps,),
         max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p,
         top_k=req.top_k, seed=req.seed, stop=req.stop, stream=req.stream,
+        guided_decoding_guide_type=req.guide_type, guided_decoding_guide=req.guide,
         **fixed_length_fields(req))
+
+
+def guide_of(*, json_schema: Path | None = None, regex: str | None = None,
+             grammar: Path | None = None, any_json: bool = False,
+             compact: bool = False) -> dict[str, str | None]:
+    """The guide fields of a request (GenerateRequest's guide_type and guide) from at most
+    one of: a JSON schema file, a regular expression, an EBNF grammar file, any JSON.
+    `compact`: the schema goes as a grammar of its JSON without free whitespace
+    (llm.guided.compact_json_schema), which a model cannot pad until max_tokens."""
+    from ..llm.guided import GuideType, compact_json_schema
+
+    given = [(t, v) for t, v in ((GuideType.JSON_SCHEMA, json_schema), (GuideType.REGEX, regex),
+                                 (GuideType.EBNF_GRAMMAR, grammar),
+                                 (GuideType.JSON, any_json or None)) if v is not None]
+    if len(given) > 1:
+        raise InputError("give at most one of --json-schema, --regex, --grammar and --json: a "
+                         "request takes one guide")
+    if compact and json_schema is None:
+        raise InputError("--compact applies to --json-schema; give the schema too")
+    if not given:
+        return {"guide_type": None, "guide": None}
+    kind, value = given[0]
+    if kind is GuideType.JSON:
+        return {"guide_type": kind.value, "guide": None}
+    if kind is GuideType.REGEX:
+        return {"guide_type": kind.value, "guide": value}
+    try:
+        text = Path(value).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {value} ({exc}); give a UTF-8 text file") from None
+    if kind is GuideType.JSON_SCHEMA:
+        try:
+            json.loads(text)
+        except ValueError as exc:
+            raise InputError(f"{value} is not JSON ({exc}); give a JSON schema file") from None
+        if compact:
+            return {"guide_type": GuideType.EBNF_GRAMMAR.value, "guide": compact_json_schema(text)}
+    return {"guide_type": kind.value, "guide": text}
 
 
 def fixed_length_fields(req: GenerateRequest) -> dict:

@@ -31,6 +31,7 @@ import numpy as np
 from ..deps import require
 from ..errors import CheckpointError, InputError
 from ..mm.prompt_table import split_prompt_table, visual_token_positions
+from .guided import NOT_SET_UP, GuidedDecoding, GuideMatcher
 from .layout import LlmConfig, merge, read_llm_config
 from .sampling import (
     DecodeRequest,
@@ -122,9 +123,10 @@ class ReferenceDecoder:
 
     # ---- public API ----------------------------------------------------------------------
 
-    def batch(self) -> DecodeBatch:
-        """An empty in-flight batch: requests join and leave between steps."""
-        return DecodeBatch(self)
+    def batch(self, guided: GuidedDecoding | None = None) -> DecodeBatch:
+        """An empty in-flight batch: requests join and leave between steps; `guided` applies
+        the requests' guides (None: guided decoding is off, a guided request is refused)."""
+        return DecodeBatch(self, guided)
 
     def generate(self, requests: Sequence[DecodeRequest], *,
                  on_token: Callable[[TokenEvent], None] | None = None) -> list[DecodeResult]:
@@ -283,6 +285,7 @@ class _Sequence:
     generation_logits: list = field(default_factory=list)
     context_logits: object = None
     finish: FinishReason | None = None
+    matcher: GuideMatcher | None = None  # made at its first step, as the executor does
 
     @property
     def capacity(self) -> int:
@@ -299,10 +302,17 @@ class DecodeBatch:
     not depend on what else is in the batch.
 
     The running requests share one KV cache, a row each, as wide as the longest row needs;
-    joining and leaving copy it (a cat or index_select per layer), a step does not."""
+    joining and leaving copy it (a cat or index_select per layer), a step does not.
 
-    def __init__(self, decoder: ReferenceDecoder) -> None:
+    Guided requests follow the executor (batch_manager/guidedDecoder.cpp): a request's guide
+    is compiled at its first step, after the model ran; at each later step its matcher accepts
+    the token sampled last; then the matcher's bitmask masks its logits before sampling. A
+    guide that does not compile raises from step() (a GuideError), as the executor's
+    forwardAsync fails every request of that iteration."""
+
+    def __init__(self, decoder: ReferenceDecoder, guided: GuidedDecoding | None = None) -> None:
         self.decoder = decoder
+        self.guided = guided
         self._waiting: list[_Sequence] = []  # added, prefilled at the next step
         self._rows: list[_Sequence] = []  # running: row i of the cache
         self._cache: _KvCache | None = None
@@ -318,6 +328,10 @@ class DecodeBatch:
     def add(self, request: DecodeRequest) -> int:
         """Validate `request` (InputError naming it by its key) and queue it for the next
         step; returns its key, the `request` of its TokenEvents."""
+        if request.guide is not None and self.guided is None:
+            raise InputError(f"{NOT_SET_UP}: this model's guided_decoding_backend is empty; "
+                             "send the request without a guide, or regenerate the repository "
+                             "with `qvl-trt repo` (it turns guided decoding on)")
         key = self._next_key
         inputs = self.decoder._inputs(key, request)
         self._next_key += 1
@@ -368,6 +382,7 @@ class DecodeBatch:
         rows = self._rows = self._rows + joining
         logits = torch.cat(logits) if rows else None
         events = []
+        self._guide(joining, logits)
         for row, s in enumerate(rows):
             sampling = s.request.sampling
             token = choose_token(logits[row], sampling, s.generator, len(s.tokens))
@@ -383,6 +398,20 @@ class DecodeBatch:
         if self._finished:
             self._keep([s for s in rows if s.finish is None])
         return events
+
+    def _guide(self, joining: list[_Sequence], logits) -> None:
+        """Mask the guided rows' logits: a joining request's matcher is made (its guide
+        compiled), a running one's accepts its last token; then each fills its bitmask."""
+        for row, s in enumerate(self._rows):
+            guide = s.request.guide
+            if guide is None:
+                continue
+            if s in joining:
+                s.matcher = self.guided.matcher(guide)
+            else:
+                s.matcher.accept(s.tokens[-1])
+            s.matcher.fill()
+            s.matcher.apply(logits[row])
 
     def _prefill(self, joining: list[_Sequence]):
         """The context phase of the requests that join (right-padded to the longest):

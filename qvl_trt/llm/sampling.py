@@ -15,6 +15,7 @@ import numpy as np
 
 from ..deps import require
 from ..errors import InputError
+from .guided import Guide
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,7 @@ class DecodeRequest:
     mrope_rotary_cos_sin: fp32, max_position_embeddings * rotary_dim values: per position
         and frequency a (cos, sin) pair (`mrope_rotary_cos_sin` of the engine).
     mrope_position_delta: the request's `mrope_position_deltas` value.
+    guide: the structure its answer must take (guided decoding), or None.
     """
 
     input_ids: tuple[int, ...]
@@ -124,6 +126,7 @@ class DecodeRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     return_context_logits: bool = False
     return_generation_logits: bool = False
+    guide: Guide | None = None
 
     def __post_init__(self) -> None:
         # numpy or torch ids become plain ints.

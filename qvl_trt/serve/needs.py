@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from ..errors import ConfigError, QvlError
+from ..llm.guided import TOKENIZER_INFO_NAME
 from ..profiles import TrtEdition
 from ..triton.contract import llm_caller_parameters
 from ..triton.pbconfig import (
@@ -104,19 +105,24 @@ def _engine_world_size(engine: Path) -> int:
 
 
 def point_engine_paths(plan: ServePlan) -> list[str]:
-    """Re-point each tensorrtllm model's gpt_model_path at its engine folder inside the
-    repository when it was moved or copied (the backend takes only absolute paths).
-    Returns the models changed."""
+    """Re-point each tensorrtllm model's gpt_model_path at its engine folder, and its
+    xgrammar_tokenizer_info_path at its tokenizer info, inside the repository when it was
+    moved or copied (the backend takes only absolute paths). Returns the models changed."""
     repo = plan.repo
     changed = []
     for name in plan.llm_models:
         config = read_config(repo / name)
-        engine = repo / name / VERSION / ENGINE_DIR
-        if get_parameter(config, "gpt_model_path") != str(engine) and engine.is_dir():
-            set_parameters(config, {"gpt_model_path": str(engine)})
+        version = repo / name / VERSION
+        # An empty xgrammar_tokenizer_info_path is guided decoding turned off: left so.
+        paths = {key: path for key, path, off in (
+            ("gpt_model_path", version / ENGINE_DIR, None),
+            ("xgrammar_tokenizer_info_path", version / TOKENIZER_INFO_NAME, ""))
+            if path.exists() and get_parameter(config, key) not in (off, str(path))}
+        if paths:
+            set_parameters(config, {key: str(path) for key, path in paths.items()})
             write_config(config, repo / name)
             changed.append(name)
-            log.info("%s: gpt_model_path now %s", name, engine)
+            log.info("%s: %s", name, ", ".join(f"{k} now {p}" for k, p in paths.items()))
     return changed
 
 

@@ -16,6 +16,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigError, InputError
 from ..llm.layout import LlmConfig, read_llm_config
@@ -77,7 +78,8 @@ class TokenGenerator:
         settings = json.loads((version_folder / SETTINGS).read_text())
         return cls(read_llm_config(version_folder / "checkpoint"), settings["tokens_per_s"])
 
-    def batch(self) -> GeneratorBatch:
+    def batch(self, guided: Any = None) -> GeneratorBatch:
+        """A batch; `guided` is taken and not applied (the generator refuses guides)."""
         return GeneratorBatch(self.period, self.config.vocab_size)
 
 
@@ -106,6 +108,9 @@ class GeneratorBatch:
         return any(s.key == key for s in self._streams)
 
     def add(self, request: DecodeRequest) -> int:
+        if request.guide is not None:
+            raise InputError("the token generator does not apply guides; send the request "
+                             "without one")
         # Prompt ids that neither stop it nor are fake (visual) ids.
         stop = set(request.sampling.stop_token_ids)
         tokens = [t for t in request.input_ids if t not in stop and t < self.vocab_size]

@@ -143,6 +143,10 @@ class ReferenceLlmParameters(ModelParameters):
     max_input_len: int
     # The stock backend's parameter of this name: how often a request's cancel flag is polled.
     cancellation_check_period_ms: int
+    # The stock backend's parameters of these names: guided decoding is on when both are set
+    # (xgrammar, and the tokenizer info file, relative to the model's version folder).
+    guided_decoding_backend: str = ""
+    xgrammar_tokenizer_info_path: str = ""
 
 
 @dataclass(frozen=True)
@@ -255,6 +259,12 @@ TOP_K = "top_k"
 SEED = "seed"
 STOP = "stop"  # stop strings
 STREAM = "stream"
+# Guided decoding (structured output), the stock backend's inputs of these names, passed to
+# tensorrt_llm unchanged: the guide's type (json, json_schema, regex, ebnf_grammar:
+# llm.guided.GuideType) and the guide (a JSON schema, a regex, an EBNF grammar; none for
+# json). The answer then takes that structure, and ends when it is complete.
+GUIDED_DECODING_GUIDE_TYPE = "guided_decoding_guide_type"
+GUIDED_DECODING_GUIDE = "guided_decoding_guide"
 TEXT_OUTPUT = "text_output"  # streamed deltas when stream=true, the whole answer otherwise;
 # without a final stop string (its tokens still count in completion_tokens)
 PROMPT_TOKENS = "prompt_tokens"  # tokens in the prompt, visual tokens included
@@ -262,11 +272,12 @@ COMPLETION_TOKENS = "completion_tokens"  # tokens generated so far
 # Why the answer ended, in its final response ("" before): "stop" (the end token or a stop
 # string, which the answer leaves out) or "length" (max_tokens, or the engine's room, reached).
 FINISH_REASON = "finish_reason"
-# The stock tensorrtllm backend's guided decoding inputs (its tensorrt_llm config): the guide's
-# kind (json, json_schema, regex, ebnf_grammar, structural_tag) and the guide itself.
-GUIDED_DECODING_GUIDE_TYPE = "guided_decoding_guide_type"
-GUIDED_DECODING_GUIDE = "guided_decoding_guide"
 
+# TYPE_STRING [1], optional, as the stock backend's tensorrt_llm config declares them.
+GUIDE_INPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec(GUIDED_DECODING_GUIDE_TYPE, "BYTES", (1,), optional=True),
+    TensorSpec(GUIDED_DECODING_GUIDE, "BYTES", (1,), optional=True),
+)
 ENSEMBLE_INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec(MESSAGES, "BYTES", (1,), optional=True),
     TensorSpec(TOOLS, "BYTES", (1,), optional=True),
@@ -285,8 +296,7 @@ ENSEMBLE_INPUTS: tuple[TensorSpec, ...] = (
     _scalar(SEED, "UINT64", optional=True),
     TensorSpec(STOP, "BYTES", (-1,), optional=True),
     _scalar(STREAM, "BOOL", optional=True),
-    TensorSpec(GUIDED_DECODING_GUIDE_TYPE, "BYTES", (1,), optional=True),
-    TensorSpec(GUIDED_DECODING_GUIDE, "BYTES", (1,), optional=True),
+    *GUIDE_INPUTS,
 )
 ENSEMBLE_OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec(TEXT_OUTPUT, "BYTES", (1,)),
@@ -416,8 +426,9 @@ _NUMPY_TYPES = {"BOOL": np.bool_, "UINT8": np.uint8, "INT32": np.int32, "INT64":
 _FROM_WIRE: Mapping[str, Callable[[Any], Any]] = {
     "BOOL": bool, "INT32": int, "UINT64": int, "FP32": float, "BYTES": bytes}
 _ENSEMBLE_TYPES = {s.name: s.data_type for s in ENSEMBLE_INPUTS}
+# BYTES inputs that hold UTF-8 text
 _TEXTS = frozenset((MESSAGES, TOOLS, TEXT_INPUT, STOP, GUIDED_DECODING_GUIDE_TYPE,
-                    GUIDED_DECODING_GUIDE))  # BYTES inputs that hold UTF-8 text
+                    GUIDED_DECODING_GUIDE))
 ENSEMBLE_BYTES_INPUTS = tuple(s.name for s in ENSEMBLE_INPUTS if s.data_type == "BYTES")
 
 
@@ -523,6 +534,7 @@ LLM_INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec(MROPE_ROTARY_COS_SIN, "FP32", (-1,), optional=True),
     _scalar(MROPE_POSITION_DELTAS, "INT64", optional=True),
     _scalar(STOP_REQUEST, "BOOL", optional=True, reshape=True),
+    *GUIDE_INPUTS,
 )
 LLM_OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec(OUTPUT_IDS, "INT32", (-1, -1)),  # (beam, tokens); new tokens only when streaming
@@ -572,9 +584,12 @@ VISION_OUTPUTS: tuple[TensorSpec, ...] = (
 # What the caller of tensorrt_llm builds before the call, and from which of its inputs.
 BUILT_FOR_LLM: Mapping[str, str] = {MROPE_ROTARY_COS_SIN: MROPE_POSITION_IDS}
 _LLM_INPUT_NAMES = frozenset(s.name for s in LLM_INPUTS)
+# The guide comes from the ensemble's own inputs (FROM_PUBLIC): preprocessing checks it, the
+# caller of tensorrt_llm passes it on unchanged.
 POSTPROCESSING_INPUTS: tuple[TensorSpec, ...] = tuple(
     s for s in PREPROCESSING_OUTPUTS + VISION_OUTPUTS
-    if s.name in _LLM_INPUT_NAMES or s.name in BUILT_FOR_LLM.values())
+    if s.name in _LLM_INPUT_NAMES or s.name in BUILT_FOR_LLM.values()) + GUIDE_INPUTS
+FROM_PUBLIC = frozenset(s.name for s in GUIDE_INPUTS)
 POSTPROCESSING_OUTPUTS = ENSEMBLE_OUTPUTS
 
 

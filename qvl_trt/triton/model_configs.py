@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..llm.guided import BACKEND as GUIDED_DECODING_BACKEND
 from ..mm.rope import MropeTable
 from . import contract as c
 from .contract import PostprocessingParameters, TensorrtLlmBlsParameters
@@ -44,6 +45,8 @@ class StepSettings:
     # memory free when it loads, so the vision engine loading beside it cannot race it.
     max_tokens_in_paged_kv_cache: int = 0
     batch_scheduler_policy: str = "guaranteed_no_evict"
+    # xgrammar's tokenizer info file as the backend opens it (absolute, like engine_dir)
+    tokenizer_info_path: str = ""
     # python models' parameters (read by their model.py), by step; postprocessing's and
     # tensorrt_llm_bls's come from the names and the batch
     parameters: Mapping[str, c.ModelParameters] = field(default_factory=dict)
@@ -134,10 +137,11 @@ def trtllm_parameters(s: StepSettings) -> dict[str, str | int | float | bool]:
     return {
         "gpt_model_type": "inflight_fused_batching",
         "gpt_model_path": s.engine_dir,
-        # Read with no fallback (a missing one fails the load); empty means not set.
+        # Read with no fallback (a missing one fails the load); empty means not set. The C++
+        # runtime's guided decoding reads the tokenizer info file, not tokenizer_dir.
         "tokenizer_dir": "",
-        "xgrammar_tokenizer_info_path": "",
-        "guided_decoding_backend": "",
+        "xgrammar_tokenizer_info_path": s.tokenizer_info_path,
+        "guided_decoding_backend": GUIDED_DECODING_BACKEND,
         "max_beam_width": 1,
         "batch_scheduler_policy": s.batch_scheduler_policy,
         "kv_cache_free_gpu_mem_fraction": s.kv_cache_free_gpu_mem_fraction,
@@ -190,7 +194,7 @@ def _workers(s: StepSettings) -> int:
 def ensemble_config(s: StepSettings) -> Any:
     """preprocessing -> vision_encoder -> postprocessing (which runs tensorrt_llm). Step
     outputs go through internal tensors named `_<tensor>`; the public I/O keeps the
-    contract names."""
+    contract names, and postprocessing reads the guide (c.FROM_PUBLIC) from it."""
     n = s.names
     config = new_config(n.ensemble, platform="ensemble", max_batch_size=s.max_batch_size)
     add_inputs(config, c.ENSEMBLE_INPUTS)
@@ -201,7 +205,8 @@ def ensemble_config(s: StepSettings) -> Any:
                  outputs: tuple[c.TensorSpec, ...], *, from_public: bool = False) -> None:
         step = config.ensemble_scheduling.step.add(model_name=model, model_version=-1)
         for spec in inputs:
-            step.input_map[spec.name] = spec.name if from_public else f"_{spec.name}"
+            public = from_public or spec.name in c.FROM_PUBLIC
+            step.input_map[spec.name] = spec.name if public else f"_{spec.name}"
         for spec in outputs:
             step.output_map[spec.name] = spec.name if spec.name in public_out else f"_{spec.name}"
 

@@ -6,10 +6,10 @@ chained by an ensemble, and tensorrt_llm_bls, the same chain run by BLS from one
 folder holds its model.py (from `triton_repo/`), a zip of the qvl_trt package it imports
 (pure Python, pinned to the qvl-trt that wrote it), and the files it reads (tokenizer and
 configs, weights or engine), all found relative to model.py. A stock Triton container runs it
-without installing qvl-trt. The only absolute path is the tensorrtllm backend's
-gpt_model_path (the backend takes no relative one): it names where the repository will be
-mounted (`mount_path`, default: where it is written), and `qvl-trt serve` re-points it when
-the repository was moved.
+without installing qvl-trt. The only absolute paths are the tensorrtllm backend's
+gpt_model_path and xgrammar_tokenizer_info_path (the backend takes no relative ones): they
+name where the repository will be mounted (`mount_path`, default: where it is written), and
+`qvl-trt serve` re-points them when the repository was moved.
 
 Large files (engines, weights) are hard-linked from the build when on the same filesystem.
 The repository is written beside `out` and renamed into place when complete.
@@ -33,6 +33,8 @@ from ..checkpoint import VISION_PREFIX, Checkpoint, open_checkpoint
 from ..dtypes import NUMPY_DTYPES, Dtype
 from ..errors import BuildError, ConfigError
 from ..llm.engine import ENGINE_DTYPE
+from ..llm.guided import BACKEND as GUIDED_DECODING_BACKEND
+from ..llm.guided import TOKENIZER_INFO_NAME, TokenizerInfo
 from ..manifest import VISION_CONFIG_NAME, VISION_ENGINE_NAME, BuildFolder, Manifest, Stage
 from ..mm.request import RequestBounds, RequestLimits
 from ..mm.rope import MropeTable
@@ -228,6 +230,9 @@ def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOpt
     # The reference tower normalises the 8-bit pixels with the image processor settings.
     _copy_files(ckpt.path, vision / CHECKPOINT_DIR, ["config.json", "preprocessor_config.json"])
     llm = folders[names.tensorrt_llm]
+    # Both flavors' tensorrt_llm read it: xgrammar's view of the tokenizer (guided decoding).
+    TokenizerInfo.of_tokenizer(ckpt.path / TOKENIZER_JSON, ckpt.generation.end_ids).write(
+        llm / TOKENIZER_INFO_NAME)
     if options.flavor is Flavor.TRT:
         _link_tree(build.folder.finished(build.folder.stage(Stage.VISION),
                                          "holds the vision engine"),
@@ -253,6 +258,7 @@ def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOpt
         hidden_size=ckpt.text.hidden_size, patch_dim=ckpt.vision.patch_dim,
         table_dtype=llm_dtype.triton, mrope=MropeTable.of(ckpt.text, lim.max_seq_len),
         engine_dir=str(mount_root / names.tensorrt_llm / VERSION / ENGINE_DIR),
+        tokenizer_info_path=str(mount_root / names.tensorrt_llm / VERSION / TOKENIZER_INFO_NAME),
         kv_cache_free_gpu_mem_fraction=lim.kv_cache_free_gpu_mem_fraction,
         max_tokens_in_paged_kv_cache=kv_tokens,
         preprocessing_instances=options.preprocessing_instances,
@@ -296,7 +302,9 @@ def _python_parameters(build: _Build, options: RepoOptions) -> dict[str, c.Model
             max_input_len=executor_max_input_len(
                 max_seq_len=lim.max_seq_len, max_num_tokens=lim.max_num_tokens,
                 chunked_context=ENABLE_CHUNKED_CONTEXT),
-            cancellation_check_period_ms=CANCELLATION_CHECK_PERIOD_MS)
+            cancellation_check_period_ms=CANCELLATION_CHECK_PERIOD_MS,
+            guided_decoding_backend=GUIDED_DECODING_BACKEND,
+            xgrammar_tokenizer_info_path=TOKENIZER_INFO_NAME)
     return parameters
 
 

@@ -16,13 +16,20 @@ or the executor refuses (outputs not both requested, a missing MRoPE tensor, a p
 the wrong dtype, width or size, a prompt above the executor's maximum input length, a malformed
 stop_words_list, min_tokens below 0 or without an end id), clips what the executor clips
 (request_output_len to the sequence length, top_k to TOP_K_MAX, both with a warning), and
-refuses prompt_table_extra_ids of the wrong
-length, which the backend silently ignores. It reads only the inputs the backend reads. A
-cancelled request (its Triton request cancelled, or a stop request naming its id) ends within
-a token with a final response holding the tokens not yet sent and no error, as the backend
-does: it cancels the executor request (model_instance_state.cc WaitForCancel /
-handleStopRequest), which then finishes it (llmRequest.h finishByReason(kCANCELLED)) and
-sends the last result, isFinal.
+refuses prompt_table_extra_ids of the wrong length, which the backend silently ignores. It
+reads only the inputs the backend reads. A cancelled request (its Triton request cancelled, or
+a stop request naming its id) ends within a token with a final response holding the tokens
+not yet sent and no error, as the backend does: it cancels the executor request
+(model_instance_state.cc WaitForCancel / handleStopRequest), which then finishes it
+(llmRequest.h finishByReason(kCANCELLED)) and sends the last result, isFinal.
+
+Guided decoding (llm/guided.py) follows the backend and the executor: a guide type without
+its guide is refused at once; a guided request while the model's guided_decoding_backend is
+empty fails alone at admission; a guide that does not compile fails every request of the
+step that compiles it. Stricter than the backend, an unknown guide type (structural_tag
+included) or a guide without a type is refused instead of running unguided. A guided answer
+ends when its grammar is complete (the matcher then admits only the end tokens) or at its
+output length.
 """
 
 from __future__ import annotations
@@ -35,11 +42,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ...errors import InputError
+from ...errors import ConfigError, InputError
+from ...llm.guided import BACKEND, Guide, GuidedDecoding
 from .. import contract as c
 from .backend import (
     error_message,
@@ -100,6 +109,7 @@ class LlmRequest:
     prompt_table: Any  # numpy [rows, hidden] or None
     mrope_rotary_cos_sin: Any  # numpy fp32 [max_positions * rotary_dim]
     mrope_position_delta: int
+    guide: Guide | None = None
 
     @classmethod
     def from_inputs(cls, x: Mapping[str, np.ndarray], limits: LlmLimits) -> LlmRequest:
@@ -131,6 +141,8 @@ class LlmRequest:
         end_id = None if end_id is None or end_id < 0 else int(end_id)
         min_tokens = int(scalar(c.MIN_TOKENS, 0))
         _check_min_tokens(min_tokens, end_id)
+        guide = Guide.from_inputs(*(None if x.get(s.name) is None else c.utf8(
+            np.asarray(x[s.name]).reshape(-1)[0], s.name) for s in c.GUIDE_INPUTS))
         return cls(
             input_ids=tuple(int(t) for t in ids),
             max_tokens=max_tokens,
@@ -146,6 +158,7 @@ class LlmRequest:
             prompt_table=table,
             mrope_rotary_cos_sin=np.asarray(x[c.MROPE_ROTARY_COS_SIN]).reshape(-1),
             mrope_position_delta=int(scalar(c.MROPE_POSITION_DELTAS)),
+            guide=guide,
         )
 
 
@@ -223,12 +236,15 @@ class _Job:
 class ReferenceLlm:
     def __init__(self, decoder: Any, *, max_batch_size: int,
                  count_tokens: Callable[[int], None] = lambda n: None,
-                 model_name: str = c.TENSORRT_LLM, cancel_check_s: float = 0.0) -> None:
-        """`decoder.batch()`: an empty in-flight batch (llm.reference.DecodeBatch).
+                 model_name: str = c.TENSORRT_LLM, cancel_check_s: float = 0.0,
+                 guided: GuidedDecoding | None = None) -> None:
+        """`decoder.batch()`: an empty in-flight batch (llm.reference.DecodeBatch);
+        `decoder.batch(guided)` with guided decoding on (`guided`, else off).
         `count_tokens(n)`: after each step, the tokens the decoder made in it.
         `model_name`: the model it serves, for errors. `cancel_check_s`: how often a request's
         own cancel flag is asked (0: at every step); a stop request counts at once."""
         self.decoder = decoder
+        self._new_batch = decoder.batch if guided is None else partial(decoder.batch, guided)
         self.cancel_check_s = cancel_check_s
         self.model_name = model_name
         self.max_batch_size = max_batch_size
@@ -271,7 +287,7 @@ class ReferenceLlm:
                 self._end(job, error=CLOSING)
 
     def _loop(self) -> None:
-        batch = self.decoder.batch()
+        batch = self._new_batch()
         running: dict[int, _Job] = {}  # batch key -> job
         while self._admit(batch, running):
             if not running:
@@ -283,7 +299,7 @@ class ReferenceLlm:
                 for job in running.values():
                     self._end(job, error=message)
                 running.clear()
-                batch = self.decoder.batch()
+                batch = self._new_batch()
                 continue
             self.count_tokens(len(events))
             for event in events:
@@ -374,7 +390,8 @@ def _decode_request(r: LlmRequest) -> Any:
         sampling=SamplingParams(
             max_tokens=r.max_tokens, temperature=r.temperature, top_k=r.top_k,
             top_p=r.top_p, seed=r.seed, min_tokens=r.min_tokens, end_id=r.end_id,
-            stop_token_ids=(*((r.end_id,) if r.end_id is not None else ()), *singles)))
+            stop_token_ids=(*((r.end_id,) if r.end_id is not None else ()), *singles)),
+        guide=r.guide)
 
 
 def _ends_with_stop(tokens: list[int], stop_words: tuple[tuple[int, ...], ...]) -> bool:
@@ -394,7 +411,7 @@ class LlmModel:
 
     def __init__(self, args: Mapping[str, str], decoder: Any, *, table_dtype: str,
                  max_input_len: int, rows_per_request: int | None,
-                 cancel_check_s: float = 0.0) -> None:
+                 cancel_check_s: float = 0.0, guided: GuidedDecoding | None = None) -> None:
         self.name = args["model_name"]
         # The converted checkpoint's max_position_embeddings is the engine's max_seq_len.
         self.limits = LlmLimits(hidden_size=decoder.config.hidden_size, table_dtype=table_dtype,
@@ -409,7 +426,7 @@ class LlmModel:
         max_batch_size = json.loads(args["model_config"])["max_batch_size"]
         self.llm = ReferenceLlm(decoder, max_batch_size=max_batch_size,
                                 count_tokens=self.tokens.increment, model_name=self.name,
-                                cancel_check_s=cancel_check_s)
+                                cancel_check_s=cancel_check_s, guided=guided)
 
     @classmethod
     def load(cls, args: Mapping[str, str], make_decoder: Callable[[Any], Any]) -> LlmModel:
@@ -417,10 +434,13 @@ class LlmModel:
         `make_decoder(parameters)` builds."""
         params = c.ReferenceLlmParameters.from_parameters(model_parameters(args),
                                                           args["model_name"])
-        return cls(args, make_decoder(params), table_dtype=params.dtype,
+        decoder = make_decoder(params)
+        folder = Path(args["model_repository"]) / args["model_version"]
+        return cls(args, decoder, table_dtype=params.dtype,
                    max_input_len=params.max_input_len,
                    rows_per_request=params.prompt_table_rows_per_request,
-                   cancel_check_s=params.cancellation_check_period_ms / 1000)
+                   cancel_check_s=params.cancellation_check_period_ms / 1000,
+                   guided=guided_decoding(params, folder, decoder.config.vocab_size))
 
     def execute(self, requests: Iterable[Any]) -> None:
         for request in requests:
@@ -441,6 +461,24 @@ class LlmModel:
 
     def close(self) -> None:
         self.llm.close()
+
+
+def guided_decoding(params: c.ReferenceLlmParameters, folder: Path,
+                    vocab_size: int) -> GuidedDecoding | None:
+    """Guided decoding as the stock backend sets it up from the same parameters
+    (model_instance_state.cc getGuidedDecodingConfigFromParams): off unless both
+    guided_decoding_backend and xgrammar_tokenizer_info_path are set; then the backend must be
+    xgrammar and the file must exist (a relative path is the model's version folder's)."""
+    backend, path = params.guided_decoding_backend, params.xgrammar_tokenizer_info_path
+    if not backend or not path:
+        return None
+    if backend != BACKEND:
+        raise ConfigError("Guided decoding is currently supported with 'xgrammar' backend. "
+                          f"Invalid guided_decoding_backend parameter {backend!r} provided.")
+    info = folder / path
+    if not info.is_file():
+        raise ConfigError(f"Xgrammar's tokenizer info path at {info} does not exist.")
+    return GuidedDecoding.load(info, vocab_size)
 
 
 def _emit(sender: Any, tokens: list[int], final: bool) -> None:

@@ -35,6 +35,7 @@ class Bls:
         tensors = _call(self.preprocessing, inputs, c.PREPROCESSING_OUTPUTS)
         tensors |= _call(self.vision_encoder, [tensors[s.name] for s in c.VISION_INPUTS],
                          c.VISION_OUTPUTS)
+        tensors |= {name: pb().get_input_tensor_by_name(request, name) for name in c.FROM_PUBLIC}
         return {s.name: tensors[s.name] for s in c.POSTPROCESSING_INPUTS}
 
 
