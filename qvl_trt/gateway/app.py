@@ -39,7 +39,7 @@ from collections.abc import Callable
 
 from ..deps import require
 from ..errors import ConfigError
-from . import tool_calls
+from . import guides, tool_calls
 from .metrics import CLIENT_CLOSED, GatewayMetrics
 from .openai_api import (
     DONE,
@@ -271,8 +271,9 @@ class Gateway:
             labels[1] = "true" if req.stream else "false"
             model = self._model(req.model)
             labels[0] = model.name
+            guide = await guides.guide(req.structure)
             answer = self._stream if req.stream else self._complete
-            response, status = await answer(request, model, req, received)
+            response, status = await answer(request, model, req, guide, received)
             return response
         except ApiError as exc:
             status = exc.status
@@ -297,10 +298,10 @@ class Gateway:
         self.metrics.ttft.labels(model.name).observe(time.perf_counter() - received)
 
     async def _complete(self, request, model: ServedModel, req: ChatCompletionRequest,
-                        received: float):
+                        guide: tuple[str, str] | None, received: float):
         texts: list[str] = []
         last = None
-        pieces = self.upstream.generate(model, req)
+        pieces = self.upstream.generate(model, req, guide)
         async with contextlib.aclosing(pieces):
             async for piece in pieces:
                 if last is None:
@@ -317,11 +318,11 @@ class Gateway:
         return self._json(body), 200
 
     async def _stream(self, request, model: ServedModel, req: ChatCompletionRequest,
-                      received: float):
+                      guide: tuple[str, str] | None, received: float):
         """Server-sent events. The first piece is awaited before the headers go out, so a
         refused request (a bad image, a prompt too long) gets its HTTP status; an error after
         that comes as an error event before [DONE]."""
-        pieces = self.upstream.generate(model, req)
+        pieces = self.upstream.generate(model, req, guide)
         async with contextlib.aclosing(pieces):
             piece = await anext(pieces)
             self._first_token(model, received)

@@ -71,20 +71,13 @@ class Answer(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Guide:
-    """What guided decoding holds the answer to: the stock backend's
-    guided_decoding_guide_type and guided_decoding_guide (None for the plain json type)."""
-
-    type: str
-    text: str | None = None
-
-
-@dataclass(frozen=True)
 class Structure:
-    """What response_format, tools and tool_choice ask for."""
+    """What response_format, tools and tool_choice ask for: the tools for the template, the
+    JSON schema the answer is guided to (guides.py makes the guide) and how the answer reads."""
 
     tools: list[dict[str, Any]] | None = None  # for the template: as sent, checked
-    guide: Guide | None = None
+    schema: str | None = None  # JSON text of the schema, None: unguided
+    schema_param: str | None = None  # the request's field that gave the schema
     answer: Answer = Answer.TEXT
     function: str | None = None  # the named function of NAMED_CALL
     parallel_tool_calls: bool = True
@@ -186,57 +179,61 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
 
 # OpenAI's rule for function and response-format names.
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-_CHOICES = ("none", "auto", "required")
 
 
 def _structure(data: Mapping[str, Any]) -> Structure:
     """response_format, tools, tool_choice and parallel_tool_calls, checked, and what they
     ask of the deployment. One guide per request: a response format with a forced call is
     refused; with tool_choice auto the format wins (a guided JSON answer calls no tool)."""
-    guide = _response_format(data.get("response_format"))
+    schema = _response_format(data.get("response_format"))
     tools = _tools(data.get("tools"))
     choice = data.get("tool_choice")
     parallel = _optional(data, "parallel_tool_calls", bool, "true or false")
     parallel = True if parallel is None else parallel
     if choice is None:
         choice = "auto" if tools else "none"
-    if isinstance(choice, str) and choice in _CHOICES and not tools and choice != "none":
-        if choice == "auto":
-            return Structure(guide=guide)  # nothing to call: a plain answer
-        raise bad_request("tool_choice required needs tools: send the functions in tools",
-                          "tool_choice")
     if choice in ("none", "auto"):
-        answer = Answer.TAGGED_CALLS if choice == "auto" and guide is None else Answer.TEXT
-        return Structure(tools, guide, answer, parallel_tool_calls=parallel)
-    if guide is not None:
+        answer = Answer.TAGGED_CALLS if tools and choice == "auto" and schema is None \
+            else Answer.TEXT
+        return Structure(tools, *(schema or (None, None)), answer,
+                         parallel_tool_calls=parallel)
+    if choice != "required":
+        choice = {"name": _named_choice(choice)}
+    if not tools:
+        raise bad_request("tool_choice required or a named function needs tools: send the "
+                          "functions in tools", "tool_choice")
+    if schema is not None:
         raise bad_request("response_format and a forced tool call (tool_choice required or "
                           "a named function) both guide the answer; send one of them",
                           "response_format")
-    functions = {t["function"]["name"]: t["function"] for t in tools or ()}
+    functions = [t["function"] for t in tools]
     if choice == "required":
-        return Structure(tools, Guide("json_schema", _dumps(_call_list_schema(
-            list(functions.values()), parallel))), Answer.CALL_LIST,
-            parallel_tool_calls=parallel)
-    name = _named_choice(choice)
-    if name not in functions:
-        raise bad_request(f"tool_choice names the function {name!r}, which is not among "
-                          f"tools ({', '.join(functions) or 'none'}); name one of them",
-                          "tool_choice")
-    return Structure(tools, Guide("json_schema", _dumps(_parameters(functions[name]))),
-                     Answer.NAMED_CALL, name, parallel)
+        return Structure(tools, _dumps(_call_list_schema(functions, parallel)), "tools",
+                         Answer.CALL_LIST, parallel_tool_calls=parallel)
+    names = [f["name"] for f in functions]
+    if choice["name"] not in names:
+        raise bad_request(f"tool_choice names the function {choice['name']!r}, which is not "
+                          f"among tools ({', '.join(names)}); name one of them", "tool_choice")
+    i = names.index(choice["name"])
+    return Structure(tools, _dumps(_parameters(functions[i])), f"tools[{i}].function.parameters",
+                     Answer.NAMED_CALL, choice["name"], parallel)
 
 
-def _response_format(value: Any) -> Guide | None:
-    """None for text; the guide of json_object (the stock backend's `json` type: xgrammar's
-    builtin JSON grammar, an object or an array) or of json_schema (strict or not: the schema
-    is enforced either way)."""
+# OpenAI's json_object: any JSON object (xgrammar keeps the additional properties a schema
+# allows explicitly, also in its strict mode).
+ANY_OBJECT = {"type": "object", "additionalProperties": True}
+
+
+def _response_format(value: Any) -> tuple[str, str] | None:
+    """None for text; else (the schema's JSON text, the field that gave it): json_object's
+    any object, or json_schema's schema (strict or not: it is enforced either way)."""
     if value is None:
         return None
     kind = value.get("type") if isinstance(value, Mapping) else None
     if kind == "text" and set(value) == {"type"}:
         return None
     if kind == "json_object" and set(value) == {"type"}:
-        return Guide("json")
+        return _dumps(ANY_OBJECT), "response_format"
     if kind != "json_schema":
         raise bad_request(f"response_format = {json.dumps(value)[:60]} is not supported; send "
                           '{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
@@ -262,7 +259,7 @@ def _response_format(value: Any) -> Guide | None:
         raise bad_request("response_format.json_schema.schema must be a JSON schema object, got "
                           f"{json.dumps(schema)[:40]}; send e.g. {{\"type\": \"object\", "
                           "\"properties\": {...}}", "response_format.json_schema.schema")
-    return Guide("json_schema", _dumps(schema))
+    return _dumps(schema), "response_format.json_schema.schema"
 
 
 def _tools(value: Any) -> list[dict[str, Any]] | None:
