@@ -243,17 +243,7 @@ def _response_format(value: Any) -> tuple[str, str] | None:
         raise bad_request('response_format json_schema needs "json_schema": {"name": ..., '
                           '"schema": {...}} beside its type, and nothing else',
                           "response_format.json_schema")
-    unknown = sorted(set(spec) - {"name", "schema", "strict", "description"})
-    if unknown:
-        raise bad_request(f"response_format.json_schema.{unknown[0]} is not supported; send "
-                          "name, schema, strict and description only",
-                          f"response_format.json_schema.{unknown[0]}")
-    name = spec.get("name")
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise bad_request("response_format.json_schema.name must be 1 to 64 letters, digits, "
-                          "_ or -", "response_format.json_schema.name")
-    _optional(spec, "strict", bool, "true or false", "response_format.json_schema.strict")
-    _optional(spec, "description", str, "a string", "response_format.json_schema.description")
+    _named_spec(spec, "response_format.json_schema", "schema")
     schema = spec.get("schema")
     if not isinstance(schema, Mapping):
         raise bad_request("response_format.json_schema.schema must be a JSON schema object, got "
@@ -281,15 +271,7 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
         if set(tool) - {"type", "function"} or not isinstance(function, Mapping):
             raise bad_request(f"{where} must be {{type: function, function: {{name, "
                               "description, parameters, strict}}}", where)
-        unknown = sorted(set(function) - {"name", "description", "parameters", "strict"})
-        if unknown:
-            raise bad_request(f"{where}.function.{unknown[0]} is not supported; send name, "
-                              "description, parameters and strict only",
-                              f"{where}.function.{unknown[0]}")
-        name = function.get("name")
-        if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise bad_request(f"{where}.function.name must be 1 to 64 letters, digits, _ or -",
-                              f"{where}.function.name")
+        name = _named_spec(function, f"{where}.function", "parameters")
         if name in names:
             raise bad_request(f"{where}.function.name {name!r} names a second function; give "
                               "each function its own name", f"{where}.function.name")
@@ -298,9 +280,24 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
         if parameters is not None and not isinstance(parameters, Mapping):
             raise bad_request(f"{where}.function.parameters must be a JSON schema object",
                               f"{where}.function.parameters")
-        _optional(function, "strict", bool, "true or false", f"{where}.function.strict")
-        _optional(function, "description", str, "a string", f"{where}.function.description")
     return value
+
+
+def _named_spec(spec: Mapping[str, Any], where: str, body: str) -> str:
+    """A json_schema's or a function's fields: name (OpenAI's rule), description, strict and
+    `body` (its schema), nothing else; its name."""
+    fields = ("name", "description", body, "strict")
+    unknown = sorted(set(spec) - set(fields))
+    if unknown:
+        raise bad_request(f"{where}.{unknown[0]} is not supported; send {', '.join(fields[:-1])} "
+                          f"and {fields[-1]} only", f"{where}.{unknown[0]}")
+    name = spec.get("name")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise bad_request(f"{where}.name must be 1 to 64 letters, digits, _ or -",
+                          f"{where}.name")
+    _optional(spec, "strict", bool, "true or false", f"{where}.strict")
+    _optional(spec, "description", str, "a string", f"{where}.description")
+    return name
 
 
 def _named_choice(choice: Any) -> str:
