@@ -7,7 +7,8 @@
 #                                    table size = prompt_table_rows and a full per-request
 #                                    table accepted
 #   tests/test_triton_trtllm.py      the trt-flavor repository served by the stock
-#                                    tensorrtllm backend against the reference decoder
+#                                    tensorrtllm backend against the reference decoder, and
+#                                    guided decoding (xgrammar in the executor) through it
 #   tests/test_vision_gpu.py         vision engines (full TensorRT; TensorRT-RTX on an
 #                                    RTX-class card) against the PyTorch tower
 #   tests/test_llm_reference.py      the reference decoder on CUDA against HF on CUDA

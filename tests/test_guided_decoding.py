@@ -9,6 +9,7 @@ import re
 
 import numpy as np
 import pytest
+from guided_cases import BAD_SCHEMA, PATTERN, SCHEMA
 
 from qvl_trt.errors import ConfigError, InputError
 from qvl_trt.llm.guided import (
@@ -25,20 +26,6 @@ from qvl_trt.testing.tiny_checkpoint import VOCAB_SIZE
 TOKENIZER_SIZE = 151_669  # Qwen3-VL's tokens, added ones included (below VOCAB_SIZE)
 END_IDS = (151645, 151643)  # the tiny checkpoint's generation_config eos_token_id
 
-# Nested objects, an enum, an array and required fields; strings and arrays are bounded so
-# that the tiny random model, whose free text is gibberish, completes the structure.
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 6},
-        "kind": {"enum": ["cat", "dog"]},
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 2},
-        "owner": {"type": "object", "properties": {"ok": {"type": "boolean"}},
-                  "required": ["ok"], "additionalProperties": False},
-    },
-    "required": ["name", "kind", "tags", "owner"],
-    "additionalProperties": False,
-}
 
 
 @pytest.mark.parametrize("guide_type, guide, words", [
@@ -137,6 +124,10 @@ def test_a_complete_grammar_admits_only_the_end_tokens(guided, info) -> None:
     assert set(np.flatnonzero(matcher.allowed()).tolist()) == set(END_IDS)
     assert not matcher.accept(info.encoded_vocab.index("8"))  # the grammar is complete
     assert matcher.accept(END_IDS[0]) and matcher.terminated
+    # Past an end token xgrammar refuses, and the executor's step fails with it.
+    with pytest.raises(GuideError, match=re.escape(FORWARD_ERROR) + ".*terminated after "
+                       "accepting the stop token"):
+        matcher.fill()
 
 
 def _mask(guided: GuidedDecoding, guide: Guide) -> np.ndarray:
@@ -146,7 +137,7 @@ def _mask(guided: GuidedDecoding, guide: Guide) -> np.ndarray:
 
 
 @pytest.mark.parametrize("guide, words", [
-    (Guide(GuideType.JSON_SCHEMA, '{"type": "object", "properties": 5}'),
+    (Guide(GuideType.JSON_SCHEMA, BAD_SCHEMA),
      "the json_schema guide does not compile: properties must be an object"),
     (Guide(GuideType.JSON_SCHEMA, "not json"), "Failed to parse JSON"),
     (Guide(GuideType.REGEX, "(ab"), "the regex guide does not compile: Regex parsing error"),
@@ -158,6 +149,12 @@ def test_a_guide_that_does_not_compile_fails_as_the_executor_fails_it(guided, gu
         guided.matcher(guide)
     assert str(raised.value).startswith(FORWARD_ERROR)
     assert "/project/cpp" not in str(raised.value)  # xgrammar's log prefix is cut
+    # What preprocessing checks first, with xgrammar's parsers alone.
+    with pytest.raises(GuideError, match=re.escape(words) + ".*the engine would fail every "
+                       "request of its step"):
+        guide.check()
+    Guide(GuideType.JSON_SCHEMA, json.dumps(SCHEMA)).check()
+    Guide(GuideType.JSON).check()
 
 
 def test_guided_decoding_must_match_the_engines_vocabulary(info) -> None:
@@ -284,9 +281,8 @@ def test_a_json_schema_guide_is_compiled_as_the_executor_compiles_it(triton_serv
 
 
 def test_a_regex_guide_is_matched(triton_server) -> None:
-    pattern = r"(yes|no), [0-9]{1,3} (cats|dogs)"
-    answer = _ask(triton_server, guide_type="regex", guide=pattern)
-    assert re.fullmatch(pattern, answer.text) and answer.finish_reason == "stop"
+    answer = _ask(triton_server, guide_type="regex", guide=PATTERN)
+    assert re.fullmatch(PATTERN, answer.text) and answer.finish_reason == "stop"
 
 
 @pytest.mark.parametrize("guide, words", [
@@ -295,12 +291,47 @@ def test_a_regex_guide_is_matched(triton_server) -> None:
     (dict(guide_type="structural_tag", guide="{}"), "structural_tag is not carried"),
     (dict(guide_type="regex"), "The guide string must be provided"),
     (dict(guide='{"type": "object"}'), "sent without guided_decoding_guide_type"),
-    # fails in tensorrt_llm's step, as in the executor
-    (dict(guide_type="json_schema", guide='{"type": "object", "properties": 5}'),
-     "Encountered an error in forwardAsync function: the json_schema guide does not compile"),
+    (dict(guide_type="json", fixed_length=True), "a guided answer needs its end token"),
+    # would fail the engine's whole step (the stand-in's own test: above)
+    (dict(guide_type="json_schema", guide=BAD_SCHEMA),
+     "the json_schema guide does not compile: properties must be an object; the engine would "
+     "fail every request of its step with it"),
+    (dict(guide_type="regex", guide="(ab"), "the regex guide does not compile"),
 ])
 def test_a_bad_guide_is_refused_through_the_ensemble(triton_server, guide, words) -> None:
     from qvl_trt.errors import RequestError
 
     with pytest.raises(RequestError, match=re.escape(words)):
         _ask(triton_server, **guide)
+
+
+def test_infer_sends_a_guide(triton_server, tmp_path) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    from cli_harness import run_cli
+
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(SCHEMA))
+    done = run_cli("infer", "--url", f"grpc://{triton_server.grpc_url}", "--prompt", "A pet?",
+                   "--max-tokens", "48", "--json-schema", str(schema), "--compact", "--json")
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    jsonschema.validate(json.loads(answer["text"]), SCHEMA)
+    assert answer["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("options, words", [
+    (dict(regex="a", any_json=True), "give at most one of --json-schema, --regex, --grammar"),
+    (dict(regex="a", compact=True), "--compact applies to --json-schema"),
+    (dict(json_schema="missing.json"), "cannot read missing.json"),
+    (dict(json_schema="not-json"), "is not JSON"),
+])
+def test_a_guide_option_that_cannot_be_sent_is_refused(tmp_path, monkeypatch, options,
+                                                       words) -> None:
+    from qvl_trt.client.generate import guide_of
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "not-json").write_text("{")
+    with pytest.raises(InputError, match=re.escape(words)):
+        guide_of(**options)
+    assert guide_of(regex="[0-9]") == {"guide_type": "regex", "guide": "[0-9]"}
+    assert guide_of(any_json=True) == {"guide_type": "json", "guide": None}

@@ -117,6 +117,15 @@ CALL_BREAKAGES = {
     "position ids retyped": (lambda r: edit_config(r / "preprocessing", _retype(
         c.MROPE_POSITION_IDS, outputs=True)), "tensorrt_llm_bls: mrope_position_ids: dtype "
         "INT32 is produced, INT64 expected"),
+    # the reference model reads the stock backend's guided decoding parameters
+    "guided decoding half off": (lambda r: _set_parameter("guided_decoding_backend", "")(r),
+                                 "tensorrt_llm: guided decoding is off: guided_decoding_backend "
+                                 "is '', xgrammar_tokenizer_info_path 'xgrammar_tokenizer_info"
+                                 ".json', and the backend needs both"),
+    "bls takes no guide": (lambda r: _drop_input("tensorrt_llm_bls",
+                                                 c.GUIDED_DECODING_GUIDE_TYPE)(r),
+                           "tensorrt_llm_bls -> tensorrt_llm: does not forward "
+                           "guided_decoding_guide_type"),
 }
 
 
@@ -286,6 +295,33 @@ def _replace_in(relative: str, old: str, new: str):
     return apply
 
 
+def _drop_input(model: str, name: str):
+    def edit(repo: Path) -> None:
+        def drop(config) -> None:
+            kept = [i for i in config.input if i.name != name]
+            del config.input[:]
+            config.input.extend(kept)
+
+        edit_config(repo / model, drop)
+
+    return edit
+
+
+def _edit_tokenizer_info(edit):
+    def apply(repo: Path) -> None:
+        path = repo / "tensorrt_llm" / "1" / "xgrammar_tokenizer_info.json"
+        info = json.loads(path.read_text())
+        edit(info)
+        path.write_text(json.dumps(info))
+
+    return apply
+
+
+def _unmap_guide(repo: Path) -> None:
+    edit_config(repo / "ensemble", lambda cfg: cfg.ensemble_scheduling.step[2].input_map.pop(
+        c.GUIDED_DECODING_GUIDE_TYPE))
+
+
 # breakage -> (how, a phrase of the reason validate must give)
 BREAKAGES = {
     "map dtype": (_retype_pixels,
@@ -387,24 +423,65 @@ BREAKAGES = {
 }
 
 
+
+
+# guided decoding: the guide's way to tensorrt_llm, its parameters, the tokenizer info (checked
+# in-process only: the CLI's report is the same code, run for every breakage above)
+GUIDED_BREAKAGES = {
+    "guide not forwarded": (_drop_input("postprocessing", c.GUIDED_DECODING_GUIDE),
+                            "postprocessing -> tensorrt_llm: does not forward "
+                            "guided_decoding_guide: a client's guide would be dropped"),
+    "llm takes no guide": (_drop_input("tensorrt_llm", c.GUIDED_DECODING_GUIDE_TYPE),
+                           "forwards guided_decoding_guide_type, which is not an input of "
+                           "tensorrt_llm"),
+    "ensemble drops the guide": (_unmap_guide, "ensemble -> postprocessing: does not map the "
+                                 "ensemble input guided_decoding_guide_type"),
+    "guided half off": (_set_parameter("xgrammar_tokenizer_info_path", ""),
+                        "guided decoding is off: guided_decoding_backend is 'xgrammar', "
+                        "xgrammar_tokenizer_info_path '', and the backend needs both"),
+    "info path elsewhere": (_set_parameter("xgrammar_tokenizer_info_path", "/models/info.json"),
+                            "xgrammar_tokenizer_info_path '/models/info.json' does not name "
+                            "this model's tensorrt_llm/1/xgrammar_tokenizer_info.json"),
+    "no tokenizer info": (lambda r: (r / "tensorrt_llm/1/xgrammar_tokenizer_info.json").unlink(),
+                          "tensorrt_llm/1/xgrammar_tokenizer_info.json is missing"),
+    "tokenizer info not json": (_replace_in("tensorrt_llm/1/xgrammar_tokenizer_info.json",
+                                            '"stop_token_ids"', '"stop_token_ids'),
+                                "xgrammar_tokenizer_info.json is not a readable JSON file"),
+    "tokenizer info lacks added tokens": (_edit_tokenizer_info(
+        lambda i: i.update(encoded_vocab=i["encoded_vocab"][:151650])),
+        "xgrammar_tokenizer_info.json does not match the tokenizer: 151650 tokens against "
+        "its 151669 (added tokens included), first difference at id 151650"),
+    "tokenizer info stop ids": (_edit_tokenizer_info(lambda i: i.update(stop_token_ids=[0])),
+                                "stop_token_ids [0] are not the end tokens preprocessing ends "
+                                "answers with [151645, 151643]"),
+    "engine vocab below the tokenizer": (_edit_engine_config(
+        lambda c: c["pretrained_config"].update(vocab_size=151000)),
+        "has 151669 tokens, the LLM's vocab_size is 151000"),
+}
+
+
 @needs_rtx
-@pytest.mark.parametrize("breakage", list(BREAKAGES))
+@pytest.mark.parametrize("breakage", list(BREAKAGES) + list(GUIDED_BREAKAGES))
 def test_broken_repository_fails_validate_with_the_reason(tmp_path, trt_repo, breakage) -> None:
     repo = Path(shutil.copytree(trt_repo, tmp_path / "repo"))
-    how, reason = BREAKAGES[breakage]
+    how, reason = {**BREAKAGES, **GUIDED_BREAKAGES}[breakage]
     how(repo)
     found = problems(repo)
     assert any(reason in p for p in found), found
-    done = run_cli("validate", str(repo))
-    assert done.returncode == 1 and "problem" in done.stdout
+    if breakage in BREAKAGES:
+        done = run_cli("validate", str(repo))
+        assert done.returncode == 1 and "problem" in done.stdout
 
 
 @needs_rtx
 def test_moved_repository_gets_its_engine_path_back(tmp_path, trt_repo) -> None:
     moved = Path(shutil.copytree(trt_repo, tmp_path / "elsewhere"))
     assert point_engine_paths(read_serve_plan(moved)) == ["tensorrt_llm"]
-    path = read_config(moved / "tensorrt_llm").parameters["gpt_model_path"].string_value
-    assert path == str(moved.resolve() / "tensorrt_llm" / "1" / "engine")
+    params = read_config(moved / "tensorrt_llm").parameters
+    assert params["gpt_model_path"].string_value == str(
+        moved.resolve() / "tensorrt_llm" / "1" / "engine")
+    assert params["xgrammar_tokenizer_info_path"].string_value == str(
+        moved.resolve() / "tensorrt_llm" / "1" / "xgrammar_tokenizer_info.json")
     assert point_engine_paths(read_serve_plan(moved)) == []
     assert problems(moved) == []
 

@@ -77,6 +77,9 @@ BROKEN = {
                            "'yaml' is not one of json, json_schema, regex, ebnf_grammar"),
     "guide without type": ({c.GUIDED_DECODING_GUIDE: np.array([b"[0-9]"], object)},
                            "sent without guided_decoding_guide_type"),
+    # stricter: past its complete grammar the executor would fail the whole step
+    "guide without end id": ({c.GUIDED_DECODING_GUIDE_TYPE: np.array([b"json"], object),
+                              c.END_ID: np.int32(-1)}, "a guided answer needs its end token"),
 }
 
 

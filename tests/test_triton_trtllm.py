@@ -2,16 +2,21 @@
 26.07-trtllm-python-py3) on a GPU: the tiny checkpoint built end to end (vision engine with
 full TensorRT, LLM engine with TensorRT-LLM), `qvl-trt repo` (trt flavor) passes validate,
 the stock tensorrtllm backend serves it, and a streamed greedy answer starts with the
-reference decoder's first token. Run: scripts/verify_gpu.sh.
+reference decoder's first token; guided requests (xgrammar in the executor, on the tokenizer
+info the repository ships) give JSON that validates and text the regex matches, and a guide
+that does not compile is refused. Run: scripts/verify_gpu.sh.
 """
 
 from __future__ import annotations
 
 import io
+import json
+import re
 
 import numpy as np
 import pytest
 from gpu_tiers import trtllm_gpu_marks
+from guided_cases import BAD_SCHEMA, PATTERN, SCHEMA
 from PIL import Image
 
 from qvl_trt.build import BuildOptions, run_build
@@ -54,6 +59,7 @@ def test_trt_flavor_builds_validates_and_serves(tmp_path, tiny_ckpt) -> None:
         client = GenerateClient(f"grpc://{server.grpc_url}")
         answer = client.generate(request)
         limits = client.request_limits()  # the deployment's, as `qvl-trt verify` reads them
+        _guided_requests(client)
         client.close()
         assert (limits.max_input_len, limits.max_seq_len) == (512, 640)
         assert answer.completion_tokens > 0 and len(answer.responses) > 1
@@ -64,3 +70,29 @@ def test_trt_flavor_builds_validates_and_serves(tmp_path, tiny_ckpt) -> None:
                                    llm_checkpoint=build / "llm_checkpoint", device="cuda")
     # fp16 rounding may flip near-ties later on in a random-weight model: the first token.
     assert tokens[:1] == reference(request)[:1]
+
+
+
+
+def _guided_requests(client) -> None:
+    """Guided decoding in the stock backend: the schema as its compact grammar (a
+    json_schema guide admits unbounded whitespace, which a random model pads with), a regex,
+    and a schema xgrammar rejects (preprocessing refuses it)."""
+    from qvl_trt.client.generate import GenerateRequest
+    from qvl_trt.errors import RequestError
+    from qvl_trt.llm.guided import compact_json_schema
+
+    def ask(**guide):
+        return client.generate(GenerateRequest("Describe a pet.", max_tokens=64, **guide))
+
+    answer = ask(guide_type="ebnf_grammar", guide=compact_json_schema(json.dumps(SCHEMA)))
+    value = json.loads(answer.text)  # validated by hand: the image has no jsonschema
+    assert list(value) == SCHEMA["required"] and value["kind"] in ("cat", "dog")
+    assert len(value["name"]) <= 6 and len(value["tags"]) <= 2
+    assert all(len(t) <= 3 for t in value["tags"]) and value["owner"] in ({"ok": True},
+                                                                           {"ok": False})
+    assert answer.finish_reason == "stop"
+    assert re.fullmatch(PATTERN, ask(guide_type="regex", guide=PATTERN).text)
+    # refused by preprocessing: in the executor it would fail every request of its step
+    with pytest.raises(RequestError, match="the json_schema guide does not compile"):
+        ask(guide_type="json_schema", guide=BAD_SCHEMA)

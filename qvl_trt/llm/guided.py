@@ -29,6 +29,10 @@ Upstream, in NVIDIA/TensorRT-LLM (release/1.2):
   applies to the logits before sampling. The compile runs inside the executor's forwardAsync:
   an invalid schema, regex or grammar throws there, and executorImpl.cpp terminates EVERY
   active request of that iteration with "Encountered an error in forwardAsync function: ...".
+- Once the grammar is complete the matcher admits only the tokenizer info's stop tokens. A
+  guided request that goes on past one (no end id: ignore_eos; an end token that is neither
+  its end id nor a stop word) makes the next FillNextTokenBitmask throw, which again fails
+  the whole step: such requests are refused up front here.
 - The bitmask work runs on the executor's own loop thread, on the host, right after the
   step's engine launch (trtGptModelInflightBatching.cpp forwardAsync: "XGrammar: build
   maskcache for context requests and perform maskgen for all requests. These need to be
@@ -39,8 +43,10 @@ Upstream, in NVIDIA/TensorRT-LLM (release/1.2):
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import re
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +78,10 @@ class GuideType(str, enum.Enum):
 
 # Known to the C++ executor, but not mapped by the 1.2 Triton backend: it would run unguided.
 STRUCTURAL_TAG = "structural_tag"
+GUIDE_WITHOUT_END = ("a guided answer needs its end token (it is sent without one: "
+                     "ignore_eos): once the structure is complete only end tokens are "
+                     "admitted, and generating past one fails the engine's whole step; send "
+                     "the guide without ignore_eos")
 
 
 class GuideError(InputError):
@@ -113,6 +123,27 @@ class Guide:
                              f"guided_decoding_guide_type {kind.value}")
         return cls(kind, guide)
 
+    def check(self) -> None:
+        """Refuse a guide xgrammar cannot compile before it reaches the engine: the executor
+        compiles it inside a step, and its failure ends every request of that step. xgrammar's
+        parsers alone, without the tokenizer (microseconds); a GuideError."""
+        grammar = _xgrammar().Grammar
+        parse = {
+            GuideType.JSON: lambda text: None,
+            GuideType.JSON_SCHEMA: lambda text: grammar.from_json_schema(
+                text, any_whitespace=True, strict_mode=True),
+            GuideType.REGEX: grammar.from_regex,
+            GuideType.EBNF_GRAMMAR: grammar.from_ebnf,
+        }[self.type]
+        try:
+            parse(self.text)
+        except Exception as exc:  # xgrammar raises RuntimeError/ValueError subclasses
+            raise GuideError(f"{self.does_not_compile(exc)}; the engine would fail every "
+                             "request of its step with it") from None
+
+    def does_not_compile(self, exc: Exception) -> str:
+        return f"the {self.type.value} guide does not compile: {_complaint(exc)}"
+
 
 def compact_json_schema(schema: str) -> str:
     """An EBNF grammar (for GuideType.EBNF_GRAMMAR) of the JSON that `schema` admits, laid
@@ -143,20 +174,23 @@ class TokenizerInfo:
 
     @classmethod
     def of_tokenizer(cls, tokenizer_json: Path, stop_token_ids: Sequence[int]) -> TokenizerInfo:
-        """From a tokenizer.json, as upstream's generate_xgrammar_tokenizer_info.py does
+        """From a tokenizer.json, as upstream's generate_xgrammar_tokenizer_info.py makes it
         (tensorrt_llm/llmapi/tokenizer.py _xgrammar_tokenizer_info: get_vocab() in id order,
-        backend_tokenizer.to_str()). `stop_token_ids`: every token that ends an answer (upstream
-        takes eos_token_id alone; the deployment ends at each of the checkpoint's end tokens,
-        so the grammar, once complete, must admit each)."""
-        tokenizers = require("tokenizers", extra="serve", why="read the tokenizer")
-        tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer_json))
-        vocab = tokenizer.get_vocab(with_added_tokens=True)
-        order = sorted(vocab, key=vocab.__getitem__)
-        if [vocab[t] for t in order] != list(range(len(order))):
+        added tokens included, and the tokenizer's JSON), read straight from the file.
+        `stop_token_ids`: every token that ends an answer (upstream takes eos_token_id alone;
+        the deployment ends at each of the checkpoint's end tokens, so the grammar, once
+        complete, must admit each)."""
+        text = Path(tokenizer_json).read_text(encoding="utf-8")
+        try:
+            order = _parsed(text, _vocab_in_id_order)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"{tokenizer_json} is not a tokenizers JSON file ({exc}); use "
+                              "the checkpoint's tokenizer.json") from None
+        if order is None:
             # The backend takes a token's place in the list as its id.
-            raise ConfigError(f"{tokenizer_json}: the token ids are not 0..{len(order) - 1} "
-                              "without gaps; xgrammar's tokenizer info cannot describe it")
-        info = cls(tuple(order), tokenizer.to_str(), tuple(int(t) for t in stop_token_ids))
+            raise ConfigError(f"{tokenizer_json}: the token ids are not 0..N-1 without gaps; "
+                              "xgrammar's tokenizer info cannot describe it")
+        info = cls(order, text, tuple(int(t) for t in stop_token_ids))
         info.check()
         return info
 
@@ -164,7 +198,7 @@ class TokenizerInfo:
     def read(cls, path: Path) -> TokenizerInfo:
         """The file as the backend parses it; a ConfigError names what is wrong."""
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            data = _parsed(Path(path).read_text(encoding="utf-8"), json.loads)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{path} is not a readable JSON file ({exc}); regenerate the "
                               "repository with `qvl-trt repo`") from None
@@ -198,29 +232,67 @@ class TokenizerInfo:
                                        "stop_token_ids": list(self.stop_token_ids)})
 
 
+def _vocab_in_id_order(text: str) -> tuple[str, ...] | None:
+    """A tokenizer.json's tokens in id order, added ones included (None: the ids have gaps)."""
+    data = json.loads(text)
+    vocab = data["model"]["vocab"]
+    # BPE and WordPiece map token -> id; Unigram lists [token, score] in id order.
+    ids = dict(vocab) if isinstance(vocab, dict) else {t: i for i, (t, _) in enumerate(vocab)}
+    ids |= {t["content"]: t["id"] for t in data.get("added_tokens", [])}
+    order = sorted(ids, key=ids.__getitem__)
+    return tuple(order) if [ids[t] for t in order] == list(range(len(order))) else None
+
+
+# Parsed files by content: the repository writer, `validate` and the tests read the same
+# 7-14 MB tokenizer files many times in one process (0.2-0.3 s a parse); a few entries.
+_PARSED: dict[tuple[Any, bytes], Any] = {}
+
+
+def _parsed(text: str, parse: Any) -> Any:
+    key = (parse, hashlib.blake2b(text.encode(), digest_size=16).digest())
+    if key not in _PARSED:
+        if len(_PARSED) >= 8:
+            _PARSED.clear()
+        _PARSED[key] = parse(text)
+    return _PARSED[key]
+
+
 # ---- matching -------------------------------------------------------------------------------
 
 class GuidedDecoding:
     """xgrammar over one tokenizer info, for an engine whose logits are `vocab_size` wide (the
     padded vocabulary; token ids past the tokenizer's never become admissible, nor do the fake
-    prompt ids, which lie past vocab_size)."""
+    prompt ids, which lie past vocab_size). xgrammar's tables are built at the first guide
+    (1-4 s on a CPU), not at model load."""
 
     def __init__(self, info: TokenizerInfo, vocab_size: int) -> None:
         if vocab_size < len(info.encoded_vocab):
             raise ConfigError(f"the engine's vocab_size {vocab_size} is below the tokenizer's "
                               f"{len(info.encoded_vocab)} tokens; the tokenizer info does not "
                               "belong to this checkpoint")
-        xgr = _xgrammar()
-        # guidedDecoder.cpp: TokenizerInfo::DetectMetadataFromHF(tokenizer_str), then the
-        # constructor with the padded vocab size (xgrammar's Python API reaches the detection
-        # only through this helper).
-        meta = xgr.TokenizerInfo._detect_metadata_from_hf(info.tokenizer_str)
-        self.tokenizer_info = xgr.TokenizerInfo(
-            list(info.encoded_vocab), meta["vocab_type"], vocab_size=vocab_size,
-            stop_token_ids=list(info.stop_token_ids), add_prefix_space=meta["add_prefix_space"])
-        self.compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=8,
-                                            cache_enabled=True)
+        self.info = info
         self.vocab_size = vocab_size
+        self._compiler: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def compiler(self) -> Any:
+        """xgrammar's GrammarCompiler, as guidedDecoder.cpp makes it."""
+        with self._lock:
+            if self._compiler is None:
+                xgr = _xgrammar()
+                info = self.info
+                # TokenizerInfo::DetectMetadataFromHF(tokenizer_str), then the constructor
+                # with the padded vocab size (xgrammar's Python API reaches the detection only
+                # through this helper).
+                meta = xgr.TokenizerInfo._detect_metadata_from_hf(info.tokenizer_str)
+                tokenizer_info = xgr.TokenizerInfo(
+                    list(info.encoded_vocab), meta["vocab_type"], vocab_size=self.vocab_size,
+                    stop_token_ids=list(info.stop_token_ids),
+                    add_prefix_space=meta["add_prefix_space"])
+                self._compiler = xgr.GrammarCompiler(tokenizer_info, max_threads=8,
+                                                     cache_enabled=True)
+            return self._compiler
 
     @classmethod
     def load(cls, path: Path, vocab_size: int) -> GuidedDecoding:
@@ -228,19 +300,19 @@ class GuidedDecoding:
 
     def matcher(self, guide: Guide) -> GuideMatcher:
         """A fresh matcher of `guide`; a GuideError carries xgrammar's complaint."""
+        compiler = self.compiler
         compile_guide = {
-            GuideType.JSON: lambda text: self.compiler.compile_builtin_json_grammar(),
+            GuideType.JSON: lambda text: compiler.compile_builtin_json_grammar(),
             # Upstream passes the schema alone: these are xgrammar's defaults, spelled out.
-            GuideType.JSON_SCHEMA: lambda text: self.compiler.compile_json_schema(
+            GuideType.JSON_SCHEMA: lambda text: compiler.compile_json_schema(
                 text, any_whitespace=True, strict_mode=True),
-            GuideType.REGEX: self.compiler.compile_regex,
-            GuideType.EBNF_GRAMMAR: self.compiler.compile_grammar,
+            GuideType.REGEX: compiler.compile_regex,
+            GuideType.EBNF_GRAMMAR: compiler.compile_grammar,
         }[guide.type]
         try:
             compiled = compile_guide(guide.text)
         except Exception as exc:  # xgrammar raises RuntimeError/ValueError subclasses
-            raise GuideError(f"{FORWARD_ERROR}the {guide.type.value} guide does not compile: "
-                             f"{_complaint(exc)}") from None
+            raise GuideError(f"{FORWARD_ERROR}{guide.does_not_compile(exc)}") from None
         return GuideMatcher(_xgrammar().GrammarMatcher(compiled), self.vocab_size)
 
 
@@ -257,8 +329,13 @@ class GuideMatcher:
         return bool(self._matcher.accept_token(int(token_id)))
 
     def fill(self) -> None:
-        """The bitmask of the tokens admissible next (one bit per id of vocab_size)."""
-        self._matcher.fill_next_token_bitmask(self.bitmask)
+        """The bitmask of the tokens admissible next (one bit per id of vocab_size). After an
+        end token was accepted xgrammar refuses ("GrammarMatcher has terminated after
+        accepting the stop token"): in the executor that fails the step (FORWARD_ERROR)."""
+        try:
+            self._matcher.fill_next_token_bitmask(self.bitmask)
+        except RuntimeError as exc:
+            raise GuideError(f"{FORWARD_ERROR}{_complaint(exc)}") from None
 
     def apply(self, logits: Any) -> None:
         """Set the logits of inadmissible tokens (one row, vocab_size wide, on the CPU) to

@@ -22,8 +22,11 @@ from typing import Any
 
 from ..checkpoint import PIXELS_PER_PATCH, PREPROCESSING_REQUIRED_FILES
 from ..dtypes import Dtype
-from ..errors import ConfigError
+from ..errors import ConfigError, QvlError
+from ..generation_config import GenerationConfig
 from ..llm.engine import FUSED_ATTENTION_DTYPES
+from ..llm.guided import BACKEND as GUIDED_DECODING_BACKEND
+from ..llm.guided import TOKENIZER_INFO_NAME, TokenizerInfo
 from ..mm.vision_index import PIXEL_VALUES
 from ..typed_config import to_jsonable
 from ..vision.spec import PIXEL_DTYPE
@@ -122,8 +125,25 @@ def validate_repo(repo: Path) -> ValidationReport:
                      "and KV cache (the plan holds one); write an instance count of 1")
     for name, config in configs.items():
         if config.platform == "ensemble":
+            _check_guide_mapped(name, config, callers, report)
             _check_artifacts(repo, name, configs, callers, report)
     return report
+
+
+def _check_guide_mapped(name: str, config: Any, callers: dict[str, c.PostprocessingParameters],
+                        report: ValidationReport) -> None:
+    """The ensemble takes the guide and hands it, as it came, to its step that calls
+    tensorrt_llm."""
+    inputs = _inputs(config)
+    for key in c.FROM_PUBLIC:
+        report.check(key in inputs, name, f"has no input {key}: clients cannot send a guide "
+                     "(guided decoding); regenerate with `qvl-trt repo`")
+    for step in config.ensemble_scheduling.step:
+        if step.model_name in callers:
+            for key in c.FROM_PUBLIC:
+                report.check(step.input_map.get(key) == key, f"{name} -> {step.model_name}",
+                             f"does not map the ensemble input {key} to {key}: a client's "
+                             "guide would be dropped; regenerate with `qvl-trt repo`")
 
 
 # ---- configs ------------------------------------------------------------------------------
@@ -269,6 +289,8 @@ def _llm_inputs_sent(name: str, caller: c.PostprocessingParameters, config: Any,
         outputs |= _outputs(target)
         sent = {}
     received = {s.name: outputs[s.name] for s in c.POSTPROCESSING_INPUTS if s.name in outputs}
+    own = _inputs(config)  # the guide goes from its own inputs (runtime/tensorrt_llm_bls.py)
+    received |= {key: own[key] for key in c.FROM_PUBLIC if key in own}
     return _built_before_call(name, received, report)
 
 
@@ -302,6 +324,11 @@ def _check_llm_call(name: str, ours: dict[str, _Tensor], llm: str, configs: dict
     for key, spec in theirs.items():
         report.check(key in ours or spec.optional, where,
                      f"required input {key} of {llm} is not forwarded")
+    # A guide a caller does not pass on is dropped: the client gets an unguided answer.
+    for spec in c.GUIDE_INPUTS:
+        report.check(spec.name in ours, where, f"does not forward {spec.name}: a client's "
+                     "guide would be dropped and the answer unguided; regenerate with "
+                     "`qvl-trt repo`")
     # Optional in the backend's config, but an engine with use_mrope refuses a request
     # without them (text-only ones too).
     for key in (c.MROPE_ROTARY_COS_SIN, c.MROPE_POSITION_DELTAS):
@@ -393,6 +420,8 @@ def _check_artifacts(repo: Path, ensemble: str, configs: dict[str, Any],
         present(models[key], repo / models[key] / VERSION, [TOKENIZER_JSON])
     vision = repo / models["vision_encoder"] / VERSION
     llm = repo / models["tensorrt_llm"] / VERSION
+    if models["tensorrt_llm"] in configs:
+        _check_guided_decoding(repo, models, configs[models["tensorrt_llm"]], flavor, report)
     if flavor is Flavor.REFERENCE:
         present(models["vision_encoder"], vision / CHECKPOINT_DIR,
                 ["config.json", "preprocessor_config.json", "model.safetensors"])
@@ -404,6 +433,87 @@ def _check_artifacts(repo: Path, ensemble: str, configs: dict[str, Any],
     if llm_name in configs:
         _check_llm_engine(llm_name, configs[llm_name], llm / ENGINE_DIR, info, report,
                           {n: p for n, p in callers.items() if p.tensorrt_llm_model == llm_name})
+
+
+def _check_guided_decoding(repo: Path, models: dict[str, str], config: Any, flavor: Flavor,
+                           report: ValidationReport) -> None:
+    """tensorrt_llm's guided decoding parameters (the stock backend's, or the reference
+    model's of the same names) and the tokenizer info file they name, against the tokenizer,
+    the end tokens and the engine's vocabulary."""
+    name = models["tensorrt_llm"]
+    version = repo / name / VERSION
+    params = parameters(config)
+    backend = params.get("guided_decoding_backend", "")
+    path = params.get("xgrammar_tokenizer_info_path", "")
+    if not backend and not path:
+        return  # off; a guided request is refused by the executor
+    if not report.check(bool(backend) and bool(path), name,
+                        f"guided decoding is off: guided_decoding_backend is {backend!r}, "
+                        f"xgrammar_tokenizer_info_path {path!r}, and the backend needs both "
+                        "(every guided request would fail); set both or neither"):
+        return
+    report.check(backend == GUIDED_DECODING_BACKEND, name,
+                 f"guided_decoding_backend is {backend!r}; the backend takes only "
+                 f"{GUIDED_DECODING_BACKEND}")
+    if flavor is Flavor.TRT:
+        # Absolute as the container sees it (the backend opens it as given); serve re-points
+        # it with gpt_model_path when the repository moved.
+        if not report.check(path.endswith(f"/{name}/{VERSION}/{TOKENIZER_INFO_NAME}")
+                            and path.startswith("/"), name,
+                            f"xgrammar_tokenizer_info_path {path!r} does not name this model's "
+                            f"{name}/{VERSION}/{TOKENIZER_INFO_NAME}; regenerate with "
+                            "`qvl-trt repo`"):
+            return
+        file = version / TOKENIZER_INFO_NAME
+        engine_config = version / ENGINE_DIR / "config.json"
+        vocab_source = (json.loads(engine_config.read_text()).get("pretrained_config", {})
+                        if engine_config.is_file() else None)
+    else:
+        file = version / path
+        checkpoint_config = version / CHECKPOINT_DIR / "config.json"
+        vocab_source = (json.loads(checkpoint_config.read_text())
+                        if checkpoint_config.is_file() else None)
+    if not report.check(file.is_file(), name, f"{file.relative_to(repo)} is missing (the "
+                        "backend fails to load without it); regenerate with `qvl-trt repo`"):
+        return
+    try:
+        info = TokenizerInfo.read(file)
+    except ConfigError as exc:
+        report.check(False, name, str(exc))
+        return
+    tokenizer = repo / models["postprocessing"] / VERSION / TOKENIZER_JSON
+    if tokenizer.is_file():
+        vocab = TokenizerInfo.of_tokenizer(tokenizer, info.stop_token_ids).encoded_vocab
+        differ = next((i for i, (a, b) in enumerate(zip(vocab, info.encoded_vocab, strict=False))
+                       if a != b), min(len(vocab), len(info.encoded_vocab)))
+        report.check(vocab == info.encoded_vocab, name,
+                     f"{TOKENIZER_INFO_NAME} does not match the tokenizer: "
+                     f"{len(info.encoded_vocab)} tokens against its {len(vocab)} (added tokens "
+                     "included), first "
+                     f"difference at id {differ}; regenerate with `qvl-trt repo`")
+    if vocab_source is not None:
+        vocab_size = vocab_source.get("vocab_size", 0)
+        report.check(len(info.encoded_vocab) <= vocab_size, name,
+                     f"{TOKENIZER_INFO_NAME} has {len(info.encoded_vocab)} tokens, the LLM's "
+                     f"vocab_size is {vocab_size}: the mask covers the engine's vocabulary")
+    end_ids = _end_ids(repo / models["preprocessing"] / VERSION / CHECKPOINT_DIR)
+    if end_ids is not None:
+        report.check(set(info.stop_token_ids) == set(end_ids), name,
+                     f"{TOKENIZER_INFO_NAME} stop_token_ids {list(info.stop_token_ids)} are not "
+                     f"the end tokens preprocessing ends answers with {list(end_ids)}: a "
+                     "complete guided answer could not end; regenerate with `qvl-trt repo`")
+
+
+def _end_ids(checkpoint: Path) -> tuple[int, ...] | None:
+    """The end tokens preprocessing sends (the checkpoint's generation config); None where
+    its files are missing (reported elsewhere)."""
+    try:
+        config = json.loads((checkpoint / "config.json").read_text())
+        generation = checkpoint / "generation_config.json"
+        data = json.loads(generation.read_text()) if generation.is_file() else None
+        return GenerationConfig.from_json(data, config).end_ids
+    except (OSError, ValueError, QvlError):
+        return None
 
 
 def _check_vision_engine(name: str, folder: Path, info: BuildInfo,

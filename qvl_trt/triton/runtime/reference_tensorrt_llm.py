@@ -27,7 +27,9 @@ Guided decoding (llm/guided.py) follows the backend and the executor: a guide ty
 its guide is refused at once; a guided request while the model's guided_decoding_backend is
 empty fails alone at admission; a guide that does not compile fails every request of the
 step that compiles it. Stricter than the backend, an unknown guide type (structural_tag
-included) or a guide without a type is refused instead of running unguided. A guided answer
+included) or a guide without a type is refused instead of running unguided, and a guided
+request without an end id is refused instead of failing its whole step once the grammar is
+complete. A guided answer
 ends when its grammar is complete (the matcher then admits only the end tokens) or at its
 output length.
 """
@@ -48,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import ConfigError, InputError
-from ...llm.guided import BACKEND, Guide, GuidedDecoding
+from ...llm.guided import BACKEND, GUIDE_WITHOUT_END, Guide, GuidedDecoding
 from .. import contract as c
 from .backend import (
     error_message,
@@ -143,6 +145,8 @@ class LlmRequest:
         _check_min_tokens(min_tokens, end_id)
         guide = Guide.from_inputs(*(None if x.get(s.name) is None else c.utf8(
             np.asarray(x[s.name]).reshape(-1)[0], s.name) for s in c.GUIDE_INPUTS))
+        if guide is not None and end_id is None:
+            raise InputError(GUIDE_WITHOUT_END)
         return cls(
             input_ids=tuple(int(t) for t in ids),
             max_tokens=max_tokens,

@@ -22,7 +22,7 @@ from typing import Any
 
 from ...errors import InputError
 from ...generation_config import SamplingDefaults
-from ...llm.guided import Guide
+from ...llm.guided import GUIDE_WITHOUT_END, Guide
 from ...mm.chat import (
     IMAGE_PART_TYPES,
     VIDEO_PART_TYPES,
@@ -83,8 +83,13 @@ def chat_request(inputs: Mapping[str, Any], *, urls: UrlPolicy, defaults: Sampli
     bounds = limits.bounds
     req = c.EnsembleRequest.from_row(inputs)
     # The guide goes to tensorrt_llm as sent: refused here where the stock backend would
-    # refuse it, or ignore it and answer unguided (llm/guided.py).
-    Guide.from_inputs(req.guided_decoding_guide_type, req.guided_decoding_guide)
+    # refuse it, ignore it and answer unguided, or fail every request of a step with it
+    # (llm/guided.py).
+    guide = Guide.from_inputs(req.guided_decoding_guide_type, req.guided_decoding_guide)
+    if guide is not None:
+        if req.ignore_eos:
+            raise InputError(GUIDE_WITHOUT_END)
+        guide.check()
     bounds.check(f"the request's size in bytes ({', '.join(c.ENSEMBLE_BYTES_INPUTS)})",
                  req.payload_bytes(), "max_request_bytes",
                  "send smaller or fewer images and videos")
