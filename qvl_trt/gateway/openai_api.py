@@ -165,14 +165,18 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
         raise bad_request(f"min_tokens = {min_tokens} is above max_tokens = {max_tokens}; "
                           "send min_tokens <= max_tokens", "min_tokens")
+    structure, ignore_eos = _structure(data), _optional(data, "ignore_eos", bool,
+                                                        "true or false") or False
+    if structure.schema is not None and ignore_eos:
+        raise bad_request("ignore_eos with a guided answer (response_format, tool_choice "
+                          "required or named): the answer ends with its end token once the "
+                          "structure is complete; leave ignore_eos out", "ignore_eos")
     return ChatCompletionRequest(
         model=model, messages=messages, max_tokens=max_tokens,
         temperature=_number(data, "temperature"), top_p=_number(data, "top_p"),
         top_k=_top_k(data), seed=_seed(data), stop=_stop(data), stream=stream,
         include_usage=include_usage, continuous_usage=continuous_usage,
-        min_tokens=min_tokens,
-        ignore_eos=_optional(data, "ignore_eos", bool, "true or false") or False,
-        structure=_structure(data))
+        min_tokens=min_tokens, ignore_eos=ignore_eos, structure=structure)
 
 
 # ---- structured output: response_format, tools, tool_choice ---------------------------------
