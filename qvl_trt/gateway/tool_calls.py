@@ -100,9 +100,8 @@ class TaggedCalls(AnswerReader):
             start = self.pending.find(OPEN)
             if start < 0:
                 # Keep back what may begin a tag, and trailing whitespace (it may precede one).
-                keep = _tag_prefix(self.pending)
-                head, tail = self.pending[:len(self.pending) - keep], self.pending[-keep:] \
-                    if keep else ""
+                cut = len(self.pending) - _tag_prefix(self.pending)
+                head, tail = self.pending[:cut], self.pending[cut:]
                 stripped = head.rstrip()
                 out += self._text(stripped)
                 self.pending = head[len(stripped):] + tail
