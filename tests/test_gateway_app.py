@@ -193,8 +193,8 @@ def test_64_concurrent_streams_each_get_their_solo_answer(gateway) -> None:
 @pytest.mark.parametrize("fields, error, status, param, words", [
     ({"model": "no-such-model"}, "NotFoundError", 404, "model", "does not exist"),
     ({"n": 2}, "BadRequestError", 400, "n", "n = 2 is not supported"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
-     "BadRequestError", 400, "tools", "is not supported"),
+    ({"tools": [{"type": "file_search"}]}, "BadRequestError", 400, "tools[0].type",
+     "is not supported"),
     ({"max_tokens": 0}, "BadRequestError", 400, "max_tokens", "from 1 to"),
     ({"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": data_uri(png(1)[:60])}},  # cut short

@@ -8,8 +8,11 @@ import json
 import pytest
 
 from qvl_trt.gateway.openai_api import (
+    ANY_OBJECT,
+    Answer,
     ApiError,
     ChunkWriter,
+    Structure,
     model_card,
     parse_chat_request,
 )
@@ -35,7 +38,8 @@ def test_a_full_request_is_read_field_by_field() -> None:
         messages=[{"role": "user", "content": parts}], max_completion_tokens=7, temperature=0,
         top_p=0.5, top_k=-1, seed=2**64 - 1, stop="END", stream=True,
         stream_options={"include_usage": True}, user="u1", n=1, logprobs=False,
-        presence_penalty=0, response_format={"type": "text"}, tools=None))
+        presence_penalty=0, response_format={"type": "text"}, tools=None,
+        tool_choice="none", parallel_tool_calls=True))
     assert req.messages[0]["content"] == parts  # forwarded as sent, video part included
     assert (req.max_tokens, req.temperature, req.top_p, req.top_k, req.seed) == \
         (7, 0.0, 0.5, 0, 2**64 - 1)
@@ -51,12 +55,9 @@ def test_a_full_request_is_read_field_by_field() -> None:
     (b'{"model": "m", "messages": [], "temperature": NaN}', None, "not valid JSON"),
     (body(n=2), "n", "n = 2 is not supported"),
     (body(n=True), "n", "not supported"),  # true is not 1
-    (body(tools=[{"type": "function", "function": {"name": "f"}}]), "tools", "not supported"),
-    (body(tool_choice="auto"), "tool_choice", "not supported"),
     (body(logprobs=True), "logprobs", "not supported"),
     (body(top_logprobs=2), "top_logprobs", "not supported"),
     (body(frequency_penalty=0.5), "frequency_penalty", "not supported"),
-    (body(response_format={"type": "json_object"}), "response_format", "not supported"),
     (body(audio={"voice": "x"}), "audio", "leave it out"),
     (body(best_of=2), "best_of", "unsupported parameter 'best_of'"),
     (body(max_tokens=0), "max_tokens", "from 1 to"),
@@ -141,3 +142,134 @@ def test_stream_chunks_carry_a_null_usage_only_when_usage_was_asked_for() -> Non
     continuous = ChunkWriter("m", include_usage=True, continuous_usage=True)
     assert decode(continuous.event({"content": "a"}, counts=counts))["usage"] == counts
     assert decode(writer.event({"content": "a"}, counts=counts))["usage"] is None
+
+
+# ---- structured output: response_format, tools, tool_choice ---------------------------------
+
+TOOL = {"type": "function", "function": {
+    "name": "weather", "description": "d", "strict": True,
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+CLOCK = {"type": "function", "function": {"name": "time"}}  # no parameters: none taken
+
+
+def structure(**fields) -> Structure:
+    return parse_chat_request(body(**fields)).structure
+
+
+def test_response_formats_become_the_schema_the_answer_is_guided_to() -> None:
+    assert structure() == structure(response_format={"type": "text"}) == Structure()
+    obj = structure(response_format={"type": "json_object"})
+    assert json.loads(obj.schema) == ANY_OBJECT and obj.answer is Answer.TEXT
+    schema = {"type": "object", "properties": {"a": {"enum": [1, 2]}}}
+    for strict in (True, False, None):  # enforced either way
+        got = structure(response_format={"type": "json_schema", "json_schema": {
+            "name": "a-b_1", "schema": schema, "strict": strict, "description": "x"}})
+        assert json.loads(got.schema) == schema
+        assert got.schema_param == "response_format.json_schema.schema"
+    # With tool_choice auto the format wins: a guided JSON answer calls no tool.
+    both = structure(response_format={"type": "json_object"}, tools=[TOOL])
+    assert both.answer is Answer.TEXT and both.tools == [TOOL]
+
+
+def test_tool_choices_become_the_templates_tools_a_guide_and_an_answer_reader() -> None:
+    auto = structure(tools=[TOOL, CLOCK])
+    assert (auto.tools, auto.schema, auto.answer) == ([TOOL, CLOCK], None, Answer.TAGGED_CALLS)
+    assert structure(tools=[TOOL], tool_choice="auto") == Structure(
+        [TOOL], answer=Answer.TAGGED_CALLS)
+    # none: the template still lists the tools (OpenAI's semantics); nothing is parsed.
+    none = structure(tools=[TOOL], tool_choice="none")
+    assert (none.tools, none.schema, none.answer) == ([TOOL], None, Answer.TEXT)
+    assert structure(tools=[], tool_choice="auto") == structure(tool_choice="none") == \
+        Structure()
+    named = structure(tools=[TOOL, CLOCK], tool_choice={"type": "function",
+                                                        "function": {"name": "time"}})
+    assert (named.answer, named.function, named.schema_param) == \
+        (Answer.NAMED_CALL, "time", "tools[1].function.parameters")
+    assert json.loads(named.schema) == {"type": "object", "properties": {}}
+    assert not structure(tools=[TOOL], parallel_tool_calls=False).parallel_tool_calls
+
+
+def test_tool_choice_required_guides_to_a_list_of_calls_of_the_tools() -> None:
+    """vLLM's schema for it: one or more {name, parameters}, each of one function; one
+    at most without parallel calls; $defs moved to the root where references point."""
+    defs_tool = {"type": "function", "function": {"name": "pet", "parameters": {
+        "$defs": {"Kind": {"enum": ["cat", "dog"]}},
+        "type": "object", "properties": {"kind": {"$ref": "#/$defs/Kind"}},
+        "required": ["kind"]}}}
+    got = structure(tools=[TOOL, CLOCK, defs_tool], tool_choice="required")
+    assert (got.answer, got.schema_param) == (Answer.CALL_LIST, "tools")
+    schema = json.loads(got.schema)
+    jsonschema = pytest.importorskip("jsonschema")
+    good = [{"name": "weather", "parameters": {"city": "Paris"}},
+            {"name": "time", "parameters": {}}, {"name": "pet", "parameters": {"kind": "cat"}}]
+    jsonschema.validate(good, schema)
+    for bad in ([], [{"name": "weather", "parameters": {}}],  # city is required
+                [{"name": "nope", "parameters": {}}],
+                [{"name": "pet", "parameters": {"kind": "owl"}}],  # through the $ref
+                [{"name": "time"}]):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+    assert defs_tool["function"]["parameters"]["$defs"]  # the request's own tools untouched
+    one = json.loads(structure(tools=[TOOL], tool_choice="required",
+                               parallel_tool_calls=False).schema)
+    jsonschema.validate(good[:1], one)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(good[:1] * 2, one)
+
+
+@pytest.mark.parametrize("fields, param, words", [
+    ({"tools": [{"type": "code_interpreter"}]}, "tools[0].type", "function tools only"),
+    ({"tools": [TOOL, {"type": "custom", "custom": {"name": "x"}}]}, "tools[1].type",
+     "function tools only"),
+    ({"tools": {"type": "function"}}, "tools", "must be a list"),
+    ({"tools": [{"type": "function"}]}, "tools[0]", "must be {type: function"),
+    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name",
+     "1 to 64 letters"),
+    ({"tools": [TOOL, TOOL]}, "tools[1].function.name", "names a second function"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]},
+     "tools[0].function.parameters", "must be a JSON schema object"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "returns": {}}}]},
+     "tools[0].function.returns", "is not supported"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}]},
+     "tools[0].function.strict", "true or false"),
+    ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice",
+     "needs tools"),
+    ({"tools": [TOOL], "tool_choice": "any"}, "tool_choice", "is not supported"),
+    ({"tools": [TOOL], "tool_choice": {"type": "allowed_tools", "allowed_tools": {}}},
+     "tool_choice", "is not supported"),
+    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "time"}}},
+     "tool_choice", "'time', which is not among tools (weather)"),
+    ({"tools": [TOOL], "tool_choice": "required", "response_format": {"type": "json_object"}},
+     "response_format", "send one of them"),
+    ({"tools": [TOOL], "parallel_tool_calls": "no"}, "parallel_tool_calls", "true or false"),
+    ({"response_format": {"type": "json_object"}, "ignore_eos": True}, "ignore_eos",
+     "leave ignore_eos out"),
+    ({"functions": [{"name": "f"}]}, "functions", "not supported"),
+    ({"response_format": {"type": "json_object", "schema": {}}}, "response_format",
+     "is not supported"),
+    ({"response_format": {"type": "regex", "regex": "a+"}}, "response_format",
+     "is not supported"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema",
+     "needs \"json_schema\""),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+     "response_format.json_schema.name", "1 to 64 letters"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     "response_format.json_schema.schema", "must be a JSON schema object, got null"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                                                                 "schema": "{}"}}},
+     "response_format.json_schema.schema", "must be a JSON schema object"),
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {}, "strict": 1}}},
+     "response_format.json_schema.strict", "true or false"),
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {}, "format": "y"}}},
+     "response_format.json_schema.format", "is not supported"),
+    ({"tools": [{"type": "function", "function": {"name": "a", "description": "\ud800"}}]},
+     "tools[0].function.description", "lone surrogate"),
+])
+def test_what_structured_output_cannot_take_is_refused_by_name(fields, param, words) -> None:
+    error = refused(body(**fields))
+    assert error.status == 400 and words in error.message, error.message
+    assert error.param == param

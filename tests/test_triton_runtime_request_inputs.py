@@ -67,11 +67,40 @@ def test_messages_with_data_uri_images_and_the_text_form_agree() -> None:
      "invalid base64"),
     ({"text_input": b"hi", "image_bytes": np.array([b"https://example.com/a.png"], object)},
      "remote image URL on host 'example.com' refused"),
+    ({"text_input": b"hi", "tools": b"[{"}, "tools is not valid JSON"),
+    ({"text_input": b"hi", "tools": b'{"type": "function"}'}, "tools must be a JSON list"),
+    ({"text_input": b"hi", "tools": b'[{"type": "retrieval"}]'},
+     "tool 1 is not {type: function, function: {name, ...}}"),
+    ({"text_input": b"hi", "tools": b'[{"type": "function", "function": {"name": ""}}]'},
+     "tool 1 has no function name"),
+    ({"text_input": b"hi",
+      "tools": b'[{"type": "function", "function": {"name": "f", "parameters": 3}}]'},
+     "tool 1 (f): parameters must be a JSON schema object"),
+    ({"messages": json.dumps([{"role": "assistant", "content": None,
+                               "tool_calls": [{"function": {"arguments": "{}"}}]}]).encode()},
+     "message 1: tool call"),
+    ({"messages": json.dumps([{"role": "assistant", "content": None,
+                               "tool_calls": {"function": {}}}]).encode()},
+     "message 1: tool_calls must be a list"),
+    ({"messages": json.dumps([{"role": "assistant", "content": None}]).encode()},
+     "message 1: content must be a string or a list of parts"),
 ])
 def test_bad_inputs_give_one_line_errors(inputs, message) -> None:
     with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")
                        .replace("[", r"\[").replace("]", r"\]")):
         _parse(**inputs)
+
+
+def test_tools_reach_the_request_as_the_template_lists_them() -> None:
+    """OpenAI's function tools, each reduced to Qwen's shape (type, name, description,
+    parameters: what its template lists; `strict` is OpenAI's, not the model's)."""
+    tool = {"type": "function", "function": {"name": "f", "description": "d", "strict": True,
+                                             "parameters": {"type": "object"}}}
+    req = _parse(messages=json.dumps([{"role": "user", "content": "hi"}]).encode(),
+                 tools=json.dumps([tool]).encode())
+    assert req.tools == [{"type": "function", "function": {
+        "name": "f", "description": "d", "parameters": {"type": "object"}}}]
+    assert _parse(text_input=b"hi").tools is None
 
 
 def test_remote_images_come_only_from_allowed_hosts(tmp_path) -> None:

@@ -39,6 +39,7 @@ from collections.abc import Callable
 
 from ..deps import require
 from ..errors import ConfigError
+from . import guides, tool_calls
 from .metrics import CLIENT_CLOSED, GatewayMetrics
 from .openai_api import (
     DONE,
@@ -270,8 +271,9 @@ class Gateway:
             labels[1] = "true" if req.stream else "false"
             model = self._model(req.model)
             labels[0] = model.name
+            guide = await guides.guide(req.structure)
             answer = self._stream if req.stream else self._complete
-            response, status = await answer(request, model, req, received)
+            response, status = await answer(request, model, req, guide, received)
             return response
         except ApiError as exc:
             status = exc.status
@@ -296,10 +298,10 @@ class Gateway:
         self.metrics.ttft.labels(model.name).observe(time.perf_counter() - received)
 
     async def _complete(self, request, model: ServedModel, req: ChatCompletionRequest,
-                        received: float):
+                        guide: tuple[str, str] | None, received: float):
         texts: list[str] = []
         last = None
-        pieces = self.upstream.generate(model, req)
+        pieces = self.upstream.generate(model, req, guide)
         async with contextlib.aclosing(pieces):
             async for piece in pieces:
                 if last is None:
@@ -307,16 +309,20 @@ class Gateway:
                 texts.append(piece.text)
                 last = piece
         self._answered(model, False, received, last)
-        body = completion(completion_id(), int(time.time()), model.name, "".join(texts),
-                          last.finish_reason, usage(last.prompt_tokens, last.completion_tokens))
+        answer = tool_calls.reader(req.structure)
+        deltas = answer.feed("".join(texts)) + answer.close()
+        body = completion(completion_id(), int(time.time()), model.name,
+                          tool_calls.message(deltas),
+                          tool_calls.finish_reason(last.finish_reason, answer.calls),
+                          usage(last.prompt_tokens, last.completion_tokens))
         return self._json(body), 200
 
     async def _stream(self, request, model: ServedModel, req: ChatCompletionRequest,
-                      received: float):
+                      guide: tuple[str, str] | None, received: float):
         """Server-sent events. The first piece is awaited before the headers go out, so a
         refused request (a bad image, a prompt too long) gets its HTTP status; an error after
         that comes as an error event before [DONE]."""
-        pieces = self.upstream.generate(model, req)
+        pieces = self.upstream.generate(model, req, guide)
         async with contextlib.aclosing(pieces):
             piece = await anext(pieces)
             self._first_token(model, received)
@@ -328,19 +334,21 @@ class Gateway:
                                  continuous_usage=req.continuous_usage)
             await response.write(writer.event({"role": "assistant", "content": ""},
                                               counts=usage(piece.prompt_tokens, 0)))
+            answer = tool_calls.reader(req.structure)
             try:
                 while piece is not None:
                     last = piece
-                    if piece.text:
-                        await response.write(writer.event(
-                            {"content": piece.text},
-                            counts=usage(piece.prompt_tokens, piece.completion_tokens)))
+                    counts = usage(piece.prompt_tokens, piece.completion_tokens)
+                    for delta in answer.feed(piece.text):
+                        await response.write(writer.event(delta.chunk(), counts=counts))
                     piece = await anext(pieces, None)
             except ApiError as exc:
                 await response.write(sse(exc.body()) + DONE)
                 return response, exc.status
-        tail = writer.event({}, last.finish_reason,
-                            counts=usage(last.prompt_tokens, last.completion_tokens))
+        counts = usage(last.prompt_tokens, last.completion_tokens)
+        tail = b"".join(writer.event(delta.chunk(), counts=counts) for delta in answer.close())
+        tail += writer.event({}, tool_calls.finish_reason(last.finish_reason, answer.calls),
+                             counts=counts)
         if req.include_usage:
             tail += writer.usage_event(usage(last.prompt_tokens, last.completion_tokens))
         await response.write(tail + DONE)

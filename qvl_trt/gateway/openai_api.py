@@ -5,18 +5,26 @@ deployment (postprocessing decides both, where the stop words are known).
 
 Pure functions over JSON-shaped values: no web server, no Triton.
 
-What is refused rather than ignored: every field the deployment cannot honour (n > 1, tools,
-logprobs, penalties, response formats other than text, ...) unless it carries the value that
-asks for the default behaviour (n = 1, logprobs false, penalties 0, ...), and any field this
-API does not know. `messages` travels to the ensemble as sent (its `messages` input):
-preprocessing checks the roles and content parts, resolves `image_url` and `video_url` data
-URIs and allow-listed hosts, and refuses other part types with a one-line reason.
+What is refused rather than ignored: every field the deployment cannot honour (n > 1,
+logprobs, penalties, ...) unless it carries the value that asks for the default behaviour
+(n = 1, logprobs false, penalties 0, ...), and any field this API does not know. `messages`
+travels to the ensemble as sent (its `messages` input): preprocessing checks the roles and
+content parts, resolves `image_url` and `video_url` data URIs and allow-listed hosts, and
+refuses other part types with a one-line reason.
+
+Structured output (`Structure`): `response_format` json_object / json_schema and
+`tool_choice` required / a named function become a guide for the deployment's guided
+decoding (the stock backend's guide types, compiled by xgrammar); function `tools` travel to
+the chat template (the ensemble's `tools` input), and the answer's text becomes tool calls
+(tool_calls.py reads it).
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import math
+import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -51,6 +59,30 @@ def bad_request(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
 
 
+class Answer(enum.Enum):
+    """How the generated text becomes the message: its content as it is, tool calls in Qwen's
+    `<tool_call>` tags among the content (tool_choice auto), a guided JSON list of calls
+    (required), or the guided arguments of the one named function."""
+
+    TEXT = "text"
+    TAGGED_CALLS = "tagged_calls"
+    CALL_LIST = "call_list"
+    NAMED_CALL = "named_call"
+
+
+@dataclass(frozen=True)
+class Structure:
+    """What response_format, tools and tool_choice ask for: the tools for the template, the
+    JSON schema the answer is guided to (guides.py makes the guide) and how the answer reads."""
+
+    tools: list[dict[str, Any]] | None = None  # for the template: as sent, checked
+    schema: str | None = None  # JSON text of the schema, None: unguided
+    schema_param: str | None = None  # the request's field that gave the schema
+    answer: Answer = Answer.TEXT
+    function: str | None = None  # the named function of NAMED_CALL
+    parallel_tool_calls: bool = True
+
+
 @dataclass(frozen=True)
 class ChatCompletionRequest:
     """A checked chat-completions body: what the ensemble's inputs are made of."""
@@ -70,6 +102,7 @@ class ChatCompletionRequest:
     # vLLM's: no end token before min_tokens tokens; ignore_eos: none ends the answer.
     min_tokens: int | None = None
     ignore_eos: bool = False
+    structure: Structure = Structure()  # response_format, tools, tool_choice
 
 
 # Fields the deployment cannot honour, with the values that ask for nothing more than what
@@ -84,12 +117,8 @@ _DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
     "frequency_penalty": (0, 0.0),
     "repetition_penalty": (1, 1.0),
     "logit_bias": ({},),
-    "tools": ([],),
-    "tool_choice": ("none",),
-    "parallel_tool_calls": (True, False),  # only means something with tools
-    "functions": ([],),
+    "functions": ([],),  # OpenAI's deprecated spelling of tools: send tools
     "function_call": ("none",),
-    "response_format": ({"type": "text"},),
     "modalities": (["text"],),
     "store": (False,),
     "audio": (),
@@ -101,7 +130,8 @@ _DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
 _IGNORED = ("user", "metadata", "service_tier")
 _KNOWN = ("model", "messages", "max_tokens", "max_completion_tokens", "min_tokens",
           "ignore_eos", "temperature", "top_p", "top_k", "seed", "stop", "stream",
-          "stream_options", *_IGNORED, *_DEFAULT_ONLY)
+          "stream_options", "response_format", "tools", "tool_choice", "parallel_tool_calls",
+          *_IGNORED, *_DEFAULT_ONLY)
 _STREAM_OPTIONS = ("include_usage", "continuous_usage_stats")
 
 
@@ -127,20 +157,201 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages must be a non-empty list of {role, content} objects",
                           "messages")
-    _check_texts(messages)
+    for name in ("messages", "tools", "response_format"):  # the texts that travel
+        _check_texts(data.get(name), name)
     stream = _optional(data, "stream", bool, "true or false") or False
     include_usage, continuous_usage = _stream_options(data, stream)
     max_tokens, min_tokens = _max_tokens(data), _integer(data, "min_tokens", 0, INT32_MAX)
     if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
         raise bad_request(f"min_tokens = {min_tokens} is above max_tokens = {max_tokens}; "
                           "send min_tokens <= max_tokens", "min_tokens")
+    structure, ignore_eos = _structure(data), _optional(data, "ignore_eos", bool,
+                                                        "true or false") or False
+    if structure.schema is not None and ignore_eos:
+        raise bad_request("ignore_eos with a guided answer (response_format, tool_choice "
+                          "required or named): the answer ends with its end token once the "
+                          "structure is complete; leave ignore_eos out", "ignore_eos")
     return ChatCompletionRequest(
         model=model, messages=messages, max_tokens=max_tokens,
         temperature=_number(data, "temperature"), top_p=_number(data, "top_p"),
         top_k=_top_k(data), seed=_seed(data), stop=_stop(data), stream=stream,
         include_usage=include_usage, continuous_usage=continuous_usage,
-        min_tokens=min_tokens,
-        ignore_eos=_optional(data, "ignore_eos", bool, "true or false") or False)
+        min_tokens=min_tokens, ignore_eos=ignore_eos, structure=structure)
+
+
+# ---- structured output: response_format, tools, tool_choice ---------------------------------
+
+# OpenAI's rule for function and response-format names.
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _structure(data: Mapping[str, Any]) -> Structure:
+    """response_format, tools, tool_choice and parallel_tool_calls, checked, and what they
+    ask of the deployment. One guide per request: a response format with a forced call is
+    refused; with tool_choice auto the format wins (a guided JSON answer calls no tool)."""
+    schema = _response_format(data.get("response_format"))
+    tools = _tools(data.get("tools"))
+    choice = data.get("tool_choice")
+    parallel = _optional(data, "parallel_tool_calls", bool, "true or false")
+    parallel = True if parallel is None else parallel
+    if choice is None:
+        choice = "auto" if tools else "none"
+    if choice in ("none", "auto"):
+        answer = Answer.TAGGED_CALLS if tools and choice == "auto" and schema is None \
+            else Answer.TEXT
+        return Structure(tools, *(schema or (None, None)), answer,
+                         parallel_tool_calls=parallel)
+    if choice != "required":
+        choice = {"name": _named_choice(choice)}
+    if not tools:
+        raise bad_request("tool_choice required or a named function needs tools: send the "
+                          "functions in tools", "tool_choice")
+    if schema is not None:
+        raise bad_request("response_format and a forced tool call (tool_choice required or "
+                          "a named function) both guide the answer; send one of them",
+                          "response_format")
+    functions = [t["function"] for t in tools]
+    if choice == "required":
+        return Structure(tools, _dumps(_call_list_schema(functions, parallel)), "tools",
+                         Answer.CALL_LIST, parallel_tool_calls=parallel)
+    names = [f["name"] for f in functions]
+    if choice["name"] not in names:
+        raise bad_request(f"tool_choice names the function {choice['name']!r}, which is not "
+                          f"among tools ({', '.join(names)}); name one of them", "tool_choice")
+    i = names.index(choice["name"])
+    return Structure(tools, _dumps(_parameters(functions[i])), f"tools[{i}].function.parameters",
+                     Answer.NAMED_CALL, choice["name"], parallel)
+
+
+# OpenAI's json_object: any JSON object (xgrammar keeps the additional properties a schema
+# allows explicitly, also in its strict mode).
+ANY_OBJECT = {"type": "object", "additionalProperties": True}
+
+
+def _response_format(value: Any) -> tuple[str, str] | None:
+    """None for text; else (the schema's JSON text, the field that gave it): json_object's
+    any object, or json_schema's schema (strict or not: it is enforced either way)."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, Mapping) else None
+    if kind == "text" and set(value) == {"type"}:
+        return None
+    if kind == "json_object" and set(value) == {"type"}:
+        return _dumps(ANY_OBJECT), "response_format"
+    if kind != "json_schema":
+        raise bad_request(f"response_format = {json.dumps(value)[:60]} is not supported; send "
+                          '{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
+                          '"json_schema": {"name": ..., "schema": {...}}}', "response_format")
+    spec = value.get("json_schema")
+    if set(value) != {"type", "json_schema"} or not isinstance(spec, Mapping):
+        raise bad_request('response_format json_schema needs "json_schema": {"name": ..., '
+                          '"schema": {...}} beside its type, and nothing else',
+                          "response_format.json_schema")
+    _named_spec(spec, "response_format.json_schema", "schema")
+    schema = spec.get("schema")
+    if not isinstance(schema, Mapping):
+        raise bad_request("response_format.json_schema.schema must be a JSON schema object, got "
+                          f"{json.dumps(schema)[:40]}; send e.g. {{\"type\": \"object\", "
+                          "\"properties\": {...}}", "response_format.json_schema.schema")
+    return _dumps(schema), "response_format.json_schema.schema"
+
+
+def _tools(value: Any) -> list[dict[str, Any]] | None:
+    """Function tools, checked; None for none."""
+    if value is None or value == []:
+        return None
+    if not isinstance(value, list):
+        raise bad_request("tools must be a list of {type: function, function: {name, "
+                          "description, parameters}} objects", "tools")
+    names = set()
+    for i, tool in enumerate(value):
+        where = f"tools[{i}]"
+        kind = tool.get("type") if isinstance(tool, Mapping) else None
+        if kind != "function":
+            raise bad_request(f"{where}.type = {json.dumps(kind)[:40]} is not supported: this "
+                              "server calls function tools only; send type function",
+                              f"{where}.type")
+        function = tool.get("function")
+        if set(tool) - {"type", "function"} or not isinstance(function, Mapping):
+            raise bad_request(f"{where} must be {{type: function, function: {{name, "
+                              "description, parameters, strict}}}", where)
+        name = _named_spec(function, f"{where}.function", "parameters")
+        if name in names:
+            raise bad_request(f"{where}.function.name {name!r} names a second function; give "
+                              "each function its own name", f"{where}.function.name")
+        names.add(name)
+        parameters = function.get("parameters")
+        if parameters is not None and not isinstance(parameters, Mapping):
+            raise bad_request(f"{where}.function.parameters must be a JSON schema object",
+                              f"{where}.function.parameters")
+    return value
+
+
+def _named_spec(spec: Mapping[str, Any], where: str, body: str) -> str:
+    """A json_schema's or a function's fields: name (OpenAI's rule), description, strict and
+    `body` (its schema), nothing else; its name."""
+    fields = ("name", "description", body, "strict")
+    unknown = sorted(set(spec) - set(fields))
+    if unknown:
+        raise bad_request(f"{where}.{unknown[0]} is not supported; send {', '.join(fields[:-1])} "
+                          f"and {fields[-1]} only", f"{where}.{unknown[0]}")
+    name = spec.get("name")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise bad_request(f"{where}.name must be 1 to 64 letters, digits, _ or -",
+                          f"{where}.name")
+    _optional(spec, "strict", bool, "true or false", f"{where}.strict")
+    _optional(spec, "description", str, "a string", f"{where}.description")
+    return name
+
+
+def _named_choice(choice: Any) -> str:
+    """The function name of {"type": "function", "function": {"name": ...}}."""
+    function = choice.get("function") if isinstance(choice, Mapping) else None
+    if isinstance(function, Mapping) and set(choice) == {"type", "function"} and \
+            choice["type"] == "function" and set(function) == {"name"} and \
+            isinstance(function["name"], str):
+        return function["name"]
+    raise bad_request(f"tool_choice = {json.dumps(choice)[:60]} is not supported; send none, "
+                      'auto, required or {"type": "function", "function": {"name": ...}}',
+                      "tool_choice")
+
+
+def _parameters(function: Mapping[str, Any]) -> dict[str, Any]:
+    """A function's parameters schema; none is an empty parameter list (OpenAI's rule)."""
+    return dict(function.get("parameters") or {"type": "object", "properties": {}})
+
+
+def _call_list_schema(functions: Sequence[Mapping[str, Any]],
+                      parallel: bool) -> dict[str, Any]:
+    """The schema of tool_choice required's answer: a list of one or more calls (one without
+    parallel calls), each {name, parameters} of one of the functions. vLLM's choice for the
+    same (vllm/entrypoints/openai/protocol.py ChatCompletionRequest._get_json_schema_from_tool:
+    an array anyOf {name: enum [the name], parameters: the schema}); the stock backend's
+    C++ guided decoder compiles json_schema with xgrammar in every version, while it does not
+    take structural tags in every one (TensorRT-LLM cpp/tensorrt_llm/batch_manager/
+    guidedDecoder.cpp, xgrammarFactory.cpp). Each function's $defs move to the root, where
+    their references (#/$defs/...) point."""
+    defs: dict[str, Any] = {}
+    calls = []
+    for function in functions:
+        parameters = _parameters(function)
+        for key, schema in parameters.pop("$defs", {}).items():
+            if defs.setdefault(key, schema) != schema:
+                raise bad_request(f"two functions define $defs {key!r} differently; give "
+                                  "their definitions distinct names", "tools")
+        calls.append({"type": "object", "properties": {
+            "name": {"type": "string", "enum": [function["name"]]}, "parameters": parameters},
+            "required": ["name", "parameters"]})
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    if not parallel:
+        schema["maxItems"] = 1
+    if defs:
+        schema["$defs"] = defs
+    return schema
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _stream_options(data: Mapping[str, Any], stream: bool) -> tuple[bool, bool]:
@@ -163,10 +374,10 @@ def _stream_options(data: Mapping[str, Any], stream: bool) -> tuple[bool, bool]:
     return include, continuous
 
 
-def _check_texts(messages: list[Any]) -> None:
-    """Every string of the messages (keys too) can travel as UTF-8; the refusal names the
-    field, e.g. messages[0].content. Walked without recursion: JSON may nest deeply."""
-    todo: list[tuple[str, Any]] = [("messages", messages)]
+def _check_texts(value: Any, name: str) -> None:
+    """Every string of a field (keys too) can travel as UTF-8; the refusal names the field,
+    e.g. messages[0].content. Walked without recursion: JSON may nest deeply."""
+    todo: list[tuple[str, Any]] = [(name, value)]
     while todo:
         path, value = todo.pop()
         if isinstance(value, str):
@@ -284,12 +495,13 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def completion(ident: str, created: int, model: str, text: str, finish: str,
+def completion(ident: str, created: int, model: str, message: dict[str, Any], finish: str,
                counts: dict[str, int]) -> dict[str, Any]:
-    """The `chat.completion` object of a non-streamed answer."""
+    """The `chat.completion` object of a non-streamed answer (`message`: the assistant's,
+    content and any tool calls)."""
     return {"id": ident, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": None, "finish_reason": finish}],
+            "choices": [{"index": 0, "message": message, "logprobs": None,
+                         "finish_reason": finish}],
             "usage": counts}
 
 
@@ -303,7 +515,7 @@ class ChunkWriter:
         self.include_usage = include_usage
         self.continuous_usage = continuous_usage
 
-    def event(self, delta: dict[str, str], finish: str | None = None,
+    def event(self, delta: dict[str, Any], finish: str | None = None,
               counts: dict[str, int] | None = None) -> bytes:
         """`counts`: the usage so far, which a chunk carries with continuous_usage."""
         chunk = {**self.head, "choices": [{"index": 0, "delta": delta, "logprobs": None,

@@ -92,14 +92,21 @@ def _string(raw: bytes) -> str:
     return raw[4:4 + size].decode("utf-8", "replace")
 
 
-def _ensemble_request(request: ChatCompletionRequest) -> c.EnsembleRequest:
+def _ensemble_request(request: ChatCompletionRequest,
+                      guide: tuple[str, str] | None = None) -> c.EnsembleRequest:
     """The ensemble's request for a chat request, always streamed (see the module doc);
-    absent settings are left to the deployment's defaults."""
+    absent settings are left to the deployment's defaults. `guide`: (type, guide) of guided
+    decoding (guides.py)."""
+    tools = request.structure.tools
+    guide_type, guide_text = guide or (None, None)
     return c.EnsembleRequest(
-        messages=json.dumps(request.messages, ensure_ascii=False), max_tokens=request.max_tokens,
+        messages=json.dumps(request.messages, ensure_ascii=False),
+        tools=None if tools is None else json.dumps(tools, ensure_ascii=False),
+        max_tokens=request.max_tokens,
         min_tokens=request.min_tokens, ignore_eos=request.ignore_eos or None,
         temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
-        seed=request.seed, stop=request.stop, stream=True)
+        seed=request.seed, stop=request.stop, stream=True,
+        guided_decoding_guide_type=guide_type, guided_decoding_guide=guide_text)
 
 
 class Upstream:
@@ -161,15 +168,16 @@ class Upstream:
             return False, self.unreachable(exc).message
         return True, "ready"
 
-    async def generate(self, model: ServedModel,
-                       request: ChatCompletionRequest) -> AsyncIterator[Piece]:
-        """The model's responses as they arrive, at least one. Raises ApiError for an error
+    async def generate(self, model: ServedModel, request: ChatCompletionRequest,
+                       guide: tuple[str, str] | None = None) -> AsyncIterator[Piece]:
+        """The model's responses as they arrive, at least one (`guide`: see
+        _ensemble_request). Raises ApiError for an error
         response or a lost connection. Leaving early (the caller stops iterating, or is
         cancelled) cancels the call: the model sees its request cancelled and stops
         generating."""
         closed = asyncio.Event()
         try:  # encoded here, not inside the call's request stream, which would cancel it
-            inputs = _ensemble_request(request).infer_inputs(self._grpc.InferInput)
+            inputs = _ensemble_request(request, guide).infer_inputs(self._grpc.InferInput)
         except InputError as exc:
             raise ApiError(400, str(exc)) from None
 

@@ -66,11 +66,14 @@ class PromptBuilder:
                                   "the checkpoint")
         return cls(tokenizer, token_ids)
 
-    def render(self, messages: Sequence[Mapping[str, Any]]) -> tuple[str, int, int]:
-        """The prompt text with the generation prompt appended, its image and video counts."""
+    def render(self, messages: Sequence[Mapping[str, Any]],
+               tools: Sequence[Mapping[str, Any]] | None = None) -> tuple[str, int, int]:
+        """The prompt text with the generation prompt appended, its image and video counts;
+        `tools` (OpenAI's function tools) are listed by the template for the model to call."""
         clean, images, videos = _template_messages(messages)
-        text = self.tokenizer.apply_chat_template(clean, tokenize=False,
-                                                  add_generation_prompt=True)
+        text = self.tokenizer.apply_chat_template(
+            clean, tools=template_tools(tools) if tools else None, tokenize=False,
+            add_generation_prompt=True)
         return text, images, videos
 
     def check_fits(self, text: str, max_tokens: int) -> None:
@@ -146,6 +149,30 @@ def validate_messages(messages: Sequence[Mapping[str, Any]]) -> None:
     _template_messages(messages)
 
 
+def template_tools(tools: Any) -> list[dict[str, Any]]:
+    """OpenAI's function tools reduced to what Qwen's template lists (`tool | tojson`, in the
+    shape Qwen was trained on: type, function name, description, parameters), validated."""
+    if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
+        raise InputError("tools must be a JSON list of {type: function, function: {name, "
+                         "description, parameters}} objects")
+    clean = []
+    for n, tool in enumerate(tools, 1):
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        if not isinstance(tool, Mapping) or tool.get("type") != "function" or \
+                not isinstance(function, Mapping):
+            raise InputError(f"tool {n} is not {{type: function, function: {{name, ...}}}}; "
+                             "only function tools are supported")
+        name, parameters = function.get("name"), function.get("parameters")
+        if not isinstance(name, str) or not name:
+            raise InputError(f"tool {n} has no function name; give each function a name")
+        if parameters is not None and not isinstance(parameters, Mapping):
+            raise InputError(f"tool {n} ({name}): parameters must be a JSON schema object")
+        kept = {key: function[key] for key in ("name", "description", "parameters")
+                if function.get(key) is not None}
+        clean.append({"type": "function", "function": kept})
+    return clean
+
+
 def _max_token_bytes(tokenizer: Any) -> int | None:
     """Bytes of text one token covers at most: the longest token of a byte-level BPE without
     an unknown token (each character of its vocabulary stands for one byte) or the longest
@@ -185,8 +212,11 @@ def _template_messages(messages: Sequence[Mapping[str, Any]]) \
         role, content = message.get("role"), message.get("content")
         if role not in ROLES:
             raise InputError(f"message {n} has role {role!r}; use one of {', '.join(ROLES)}")
+        calls = _tool_calls(message, n) if role == "assistant" else {}
+        if content is None and calls:  # an assistant turn that only called functions
+            content = ""
         if isinstance(content, str):
-            clean.append({"role": role, "content": content})
+            clean.append({"role": role, "content": content, **calls})
             continue
         if not isinstance(content, Sequence) or isinstance(content, bytes):
             raise InputError(f"message {n}: content must be a string or a list of parts")
@@ -209,5 +239,27 @@ def _template_messages(messages: Sequence[Mapping[str, Any]]) \
             else:
                 raise InputError(f"message {n}: content part {repr(part)[:60]} is neither "
                                  "{type: text, text: ...}, {type: image} nor {type: video}")
-        clean.append({"role": role, "content": parts})
+        clean.append({"role": role, "content": parts, **calls})
     return clean, images, videos
+
+
+def _tool_calls(message: Mapping[str, Any], n: int) -> dict[str, Any]:
+    """An assistant message's `tool_calls` as the template reads them ({} for none): each
+    rendered as Qwen's `<tool_call>{"name": ..., "arguments": ...}</tool_call>`, the
+    arguments as sent (OpenAI's JSON text, or an object)."""
+    calls = message.get("tool_calls")
+    if calls is None or calls == []:
+        return {}
+    if not isinstance(calls, list):
+        raise InputError(f"message {n}: tool_calls must be a list of {{id, type: function, "
+                         "function: {name, arguments}}}")
+    clean = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, Mapping) else None
+        name = function.get("name") if isinstance(function, Mapping) else None
+        arguments = function.get("arguments", "{}") if isinstance(function, Mapping) else None
+        if not isinstance(name, str) or not isinstance(arguments, (str, Mapping)):
+            raise InputError(f"message {n}: tool call {repr(call)[:60]} is not {{type: "
+                             "function, function: {name, arguments}}}")
+        clean.append({"function": {"name": name, "arguments": arguments}})
+    return {"tool_calls": clean}

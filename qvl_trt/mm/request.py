@@ -270,14 +270,15 @@ class RequestPreprocessor:
 
     def prepare(self, *, messages: Sequence[Mapping[str, Any]],
                 images: Sequence[ImageInput] = (),
-                videos: Sequence[VideoInput] = ()) -> PreparedRequest:
+                videos: Sequence[VideoInput] = (),
+                tools: Sequence[Mapping[str, Any]] | None = None) -> PreparedRequest:
         """Images and videos are the messages' image and video parts, each in order of
-        appearance."""
+        appearance; `tools`: the functions the chat template lists (OpenAI's)."""
         lim, ckpt = self.limits, self.checkpoint
         lim.check_messages(messages)
         lim.check_image_count(len(images))
         lim.video.check_video_count(len(videos))
-        text, image_parts, video_parts = self.prompts.render(messages)
+        text, image_parts, video_parts = self.prompts.render(messages, tools)
         if image_parts != len(images):
             raise InputError(f"messages hold {image_parts} image parts but {len(images)} images "
                              "were sent; send one image per image part")

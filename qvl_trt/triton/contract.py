@@ -232,6 +232,9 @@ def _scalar(name: str, data_type: str, *, optional: bool = False,
 # ---- the ensemble's public I/O ------------------------------------------------------------
 
 MESSAGES = "messages"  # JSON chat (OpenAI-style content parts, video parts too), UTF-8
+# With messages: the functions the chat template lists for the model to call, as JSON (OpenAI's
+# `tools`: [{"type": "function", "function": {"name", "description", "parameters"}}, ...]).
+TOOLS = "tools"
 TEXT_INPUT = "text_input"  # a plain question (with image_bytes and videos: one user turn)
 IMAGE_BYTES = "image_bytes"  # encoded images (JPEG/PNG/WebP/...) or data: URIs, one per element
 # With text_input. Video files (MP4, WebM, MKV, ...) or their data: URIs, one per element.
@@ -277,6 +280,7 @@ GUIDE_INPUTS: tuple[TensorSpec, ...] = (
 )
 ENSEMBLE_INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec(MESSAGES, "BYTES", (1,), optional=True),
+    TensorSpec(TOOLS, "BYTES", (1,), optional=True),
     TensorSpec(TEXT_INPUT, "BYTES", (1,), optional=True),
     TensorSpec(IMAGE_BYTES, "BYTES", (-1,), optional=True),
     TensorSpec(VIDEO_BYTES, "BYTES", (-1,), optional=True),
@@ -310,6 +314,7 @@ class EnsembleRequest:
     and () are absent inputs: the deployment's defaults apply."""
 
     messages: str | None = None  # the chat as JSON
+    tools: str | None = None  # the functions offered, as JSON
     text_input: str | None = None
     image_bytes: tuple[bytes, ...] = ()
     video_bytes: tuple[bytes, ...] = ()
@@ -422,7 +427,8 @@ _FROM_WIRE: Mapping[str, Callable[[Any], Any]] = {
     "BOOL": bool, "INT32": int, "UINT64": int, "FP32": float, "BYTES": bytes}
 _ENSEMBLE_TYPES = {s.name: s.data_type for s in ENSEMBLE_INPUTS}
 # BYTES inputs that hold UTF-8 text
-_TEXTS = frozenset((MESSAGES, TEXT_INPUT, STOP, GUIDED_DECODING_GUIDE_TYPE, GUIDED_DECODING_GUIDE))
+_TEXTS = frozenset((MESSAGES, TOOLS, TEXT_INPUT, STOP, GUIDED_DECODING_GUIDE_TYPE,
+                    GUIDED_DECODING_GUIDE))
 ENSEMBLE_BYTES_INPUTS = tuple(s.name for s in ENSEMBLE_INPUTS if s.data_type == "BYTES")
 
 

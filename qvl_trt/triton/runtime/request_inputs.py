@@ -23,7 +23,13 @@ from typing import Any
 from ...errors import InputError
 from ...generation_config import SamplingDefaults
 from ...llm.guided import GUIDE_WITHOUT_END, Guide
-from ...mm.chat import IMAGE_PART_TYPES, VIDEO_PART_TYPES, user_message, validate_messages
+from ...mm.chat import (
+    IMAGE_PART_TYPES,
+    VIDEO_PART_TYPES,
+    template_tools,
+    user_message,
+    validate_messages,
+)
 from ...mm.request import RequestBounds, RequestLimits
 from ...mm.video import check_fps
 from ...mm.video_input import VideoFile, VideoFrames, VideoInput
@@ -64,6 +70,7 @@ class ChatRequest:
     images: tuple[bytes, ...]  # in order of the image parts
     settings: GenerationSettings
     videos: tuple[VideoInput, ...] = ()  # in order of the video parts
+    tools: list[dict[str, Any]] | None = None  # the functions the template lists
 
 
 def chat_request(inputs: Mapping[str, Any], *, urls: UrlPolicy, defaults: SamplingDefaults,
@@ -86,6 +93,7 @@ def chat_request(inputs: Mapping[str, Any], *, urls: UrlPolicy, defaults: Sampli
     bounds.check(f"the request's size in bytes ({', '.join(c.ENSEMBLE_BYTES_INPUTS)})",
                  req.payload_bytes(), "max_request_bytes",
                  "send smaller or fewer images and videos")
+    tools = None if req.tools is None else template_tools(_parse_json(req.tools, c.TOOLS))
     if req.messages is not None:
         if req.text_input is not None or req.image_bytes or req.video_bytes or req.video_frames:
             raise InputError(f"send either {c.MESSAGES}, or {c.TEXT_INPUT} with "
@@ -114,15 +122,19 @@ def chat_request(inputs: Mapping[str, Any], *, urls: UrlPolicy, defaults: Sampli
     else:
         raise InputError(f"the request has neither {c.MESSAGES} nor {c.TEXT_INPUT}; send one "
                          "of them")
-    return ChatRequest(messages, images, _settings(req, defaults, bounds), videos)
+    return ChatRequest(messages, images, _settings(req, defaults, bounds), videos, tools)
+
+
+def _parse_json(text: str, name: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{name} is not valid JSON ({exc.msg} at line {exc.lineno} column "
+                         f"{exc.colno}); send a JSON list of objects") from None
 
 
 def _parse_messages(text: str) -> list[dict[str, Any]]:
-    try:
-        messages = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"messages is not valid JSON ({exc.msg} at line {exc.lineno} column "
-                         f"{exc.colno}); send a JSON list of {{role, content}} objects") from None
+    messages = _parse_json(text, c.MESSAGES)
     if isinstance(messages, Mapping) and "messages" in messages:
         messages = messages["messages"]  # a whole chat-completions body is accepted too
     if not isinstance(messages, list) or not messages:
