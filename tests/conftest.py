@@ -21,6 +21,13 @@ if "NUMBA_CACHE_DIR" not in os.environ:
     os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="qvl-trt-numba-")
     atexit.register(shutil.rmtree, os.environ["NUMBA_CACHE_DIR"], ignore_errors=True)
 
+# One torch (and OpenMP) thread per process: every model here is tiny, so an op takes
+# microseconds and a second thread only adds the wait for it to be scheduled, which on a busy
+# machine (the test process, a server's stubs and other work share the cores) costs
+# milliseconds per op: the tiny decoder made tokens several times slower with two threads
+# than with one. Set before torch is imported; tritonservers' stubs inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 from qvl_trt.testing.small_profile import small_profile_toml  # noqa: E402
 
 
