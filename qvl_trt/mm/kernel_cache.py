@@ -2,9 +2,10 @@
 compiles them once per machine rather than in every preprocessing instance at every start
 (about 3 s each, also after a crashed stub's restart).
 
-numba's own `cache=True` keys its cache by source-file path: the python models import qvl_trt
-from a zip inside each repository, so every repository (and every copy of one) would compile
-again, and numba before 0.62 finds no locator for a zipped module at all. Here the cache lives
+numba's own `cache=True` keys its cache by source-file path (numba/core/caching.py locators;
+a zipped module, where a numba version has a locator for it at all, always goes to the user
+folder): the python models import qvl_trt from a zip inside each repository, so every
+repository (and every copy of one) would compile again. Here the cache lives
 in one folder per kernels source and numba version, `<root>/qvl_trt_kernels/<numba>-<sha256 of
 kernels.py>`: a changed kernels.py uses a new folder (no stale code is ever loaded), and numba
 still checks its version and the CPU of each entry. The root is `NUMBA_CACHE_DIR` where set,
