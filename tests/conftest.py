@@ -13,9 +13,9 @@ import pytest
 # Set before any test imports huggingface_hub, which reads these once at import time.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-# The pixel kernels compile once per test run, and every process of the run
-# (tritonservers' preprocessing instances included) loads them (qvl_trt/mm/kernel_cache.py),
-# rather than once per process in the user's cache; a NUMBA_CACHE_DIR already set is kept.
+# The pixel kernels compile once per test run, into a folder of the run's own rather than the
+# user's numba cache, and every process of the run (tritonservers' preprocessing instances
+# included) loads them (qvl_trt/mm/kernel_cache.py); a NUMBA_CACHE_DIR already set is kept.
 # Set before numba is imported, which reads it then.
 if "NUMBA_CACHE_DIR" not in os.environ:
     os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="qvl-trt-numba-")
