@@ -2,16 +2,33 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from qvl_trt.testing.small_profile import small_profile_toml
-
 # Set before any test imports huggingface_hub, which reads these once at import time.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# The pixel kernels compile once per test run, into a folder of the run's own rather than the
+# user's numba cache, and every process of the run (tritonservers' preprocessing instances
+# included) loads them (qvl_trt/mm/kernel_cache.py); a NUMBA_CACHE_DIR already set is kept.
+# Set before numba is imported, which reads it then.
+if "NUMBA_CACHE_DIR" not in os.environ:
+    os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="qvl-trt-numba-")
+    atexit.register(shutil.rmtree, os.environ["NUMBA_CACHE_DIR"], ignore_errors=True)
+
+# One torch (and OpenMP) thread per process: every model here is tiny, so an op takes
+# microseconds and a second thread only adds the wait for it to be scheduled, which on a busy
+# machine (the test process, a server's stubs and other work share the cores) costs
+# milliseconds per op: the tiny decoder made tokens several times slower with two threads
+# than with one. Set before torch is imported; tritonservers' stubs inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from qvl_trt.testing.small_profile import small_profile_toml  # noqa: E402
 
 
 @pytest.fixture(scope="session")

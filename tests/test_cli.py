@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from cli_harness import HEAVY, modules_loaded_by, run_cli
 
@@ -15,11 +18,14 @@ def _command_names() -> list[str]:
 
 
 def test_every_help_works_without_heavy_packages():
-    top = run_cli("--help", block=HEAVY)
+    names = _command_names()
+    # independent interpreters: one per core at a time
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        top, *subs = pool.map(lambda args: run_cli(*args, "--help", block=HEAVY),
+                              [(), *((name,) for name in names)])
     assert top.returncode == 0, top.stderr
-    for name in _command_names():
+    for name, sub in zip(names, subs, strict=True):
         assert name in top.stdout
-        sub = run_cli(name, "--help", block=HEAVY)
         assert sub.returncode == 0, f"{name} --help failed: {sub.stderr}"
         assert "Usage: qvl-trt " + name in " ".join(sub.stdout.split())
 

@@ -104,11 +104,14 @@ def test_the_finish_reason_is_decided_where_the_stop_words_are_known(triton_serv
 @pytest.fixture(scope="module")
 def long_story(pipeline) -> int:
     """max_tokens for LONG_STORY, nearly all the room the tiny profile's max_seq_len (1024)
-    leaves its prompt: the greedy answer uses every one, so a request not stopped makes them."""
+    leaves its prompt. The test allows a cancelled request fewer than half of them, so what
+    it needs is that a request not stopped makes at least half: the greedy answer has no end
+    token among its first max_tokens // 2 (greedy decoding makes the same first tokens
+    whatever max_tokens is, so checking those half costs a quarter of the attention)."""
     from qvl_trt.llm.sampling import FinishReason
 
     max_tokens = 1000
-    assert expected(pipeline, LONG_STORY, max_tokens=max_tokens).finish_reason is \
+    assert expected(pipeline, LONG_STORY, max_tokens=max_tokens // 2).finish_reason is \
         FinishReason.LENGTH
     return max_tokens
 

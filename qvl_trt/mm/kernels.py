@@ -26,6 +26,8 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
+from . import kernel_cache
+
 
 class Taps(NamedTuple):
     """One side's taps: bounds [out, 2] int32 (first source index, count) and weights
@@ -170,3 +172,8 @@ def pixel_pool() -> ThreadPoolExecutor:
         _POOLS[pid] = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
                                          thread_name_prefix="qvl-pixels")
     return _POOLS[pid]
+
+
+# Compiled once per machine, not in every process (kernel_cache.py); keyed by this file's bytes.
+kernel_cache.enable(__loader__.get_data(__file__), vertical_pass, horizontal_pass, write_patches,
+                    _copy_patch_rows)
