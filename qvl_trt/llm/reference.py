@@ -420,7 +420,7 @@ class DecodeBatch:
         rows = self._rows = self._rows + joining
         logits = torch.cat(logits) if rows else None
         events = []
-        self._guide(joining, logits)
+        self._guide(logits)
         for row, s in enumerate(rows):
             sampling = s.request.sampling
             token = choose_token(logits[row], sampling, s.generator, len(s.tokens))
@@ -437,14 +437,14 @@ class DecodeBatch:
             self._keep([s for s in rows if s.finish is None])
         return events
 
-    def _guide(self, joining: list[_Sequence], logits) -> None:
-        """Mask the guided rows' logits: a joining request's matcher is made (its guide
-        compiled), a running one's accepts its last token; then each fills its bitmask."""
+    def _guide(self, logits) -> None:
+        """Mask the guided rows' logits: a request at its first step gets its matcher (its
+        guide compiled), a running one's accepts its last token; then each fills its bitmask."""
         for row, s in enumerate(self._rows):
             guide = s.request.guide
             if guide is None:
                 continue
-            if s in joining:
+            if s.matcher is None:
                 s.matcher = self.guided.matcher(guide)
             else:
                 s.matcher.accept(s.tokens[-1])

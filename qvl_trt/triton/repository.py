@@ -312,7 +312,7 @@ def _build_info(build: _Build, options: RepoOptions, names: c.ModelNames,
         kv_cache_tokens=kv_tokens,
         prompt_table_rows=build.plan.prompt_table_rows,
         shm_bytes=build.plan.shm_bytes,
-        weights=WeightOnly(build.manifest.options.get("weights", WeightOnly.NONE.value)),
+        weights=build.plan.weights,
     )
 
 
