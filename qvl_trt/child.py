@@ -16,6 +16,7 @@ nothing writes into a staging folder after the build that owned it has ended.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
@@ -24,8 +25,9 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,12 +80,14 @@ def run_child(cmd: Sequence[str], *, cwd: Path | None, log_path: Path, what: str
     code StageUnavailable.exit_code) with the child's reason, or BuildError naming `what`,
     the reason (or the log tail after a crash), the log and `reproduce`."""
     tail: deque[str] = deque(maxlen=_TAIL_LINES)
+    proc = None
     with Path(log_path).open("w", encoding="utf-8") as log_file:
-        proc = subprocess.Popen(list(cmd), cwd=cwd, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, errors="replace",
-                                start_new_session=True,
-                                preexec_fn=functools.partial(die_with_parent, os.getpid()))
         try:
+            with signals_held():
+                proc = subprocess.Popen(
+                    list(cmd), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    text=True, errors="replace", start_new_session=True,
+                    preexec_fn=functools.partial(die_with_parent, os.getpid()))
             assert proc.stdout is not None
             for line in proc.stdout:
                 log_file.write(line)
@@ -91,8 +95,9 @@ def run_child(cmd: Sequence[str], *, cwd: Path | None, log_path: Path, what: str
                     tail.append(_relay(line.rstrip()))
             code = proc.wait()
         except BaseException:
-            kill_group(proc.pid)
-            proc.wait()
+            if proc is not None:
+                kill_group(proc.pid)
+                proc.wait()
             raise
     if code == UNAVAILABLE_EXIT:
         raise StageUnavailable(tail[-1] if tail else f"{what} is unavailable here")
@@ -119,6 +124,29 @@ def die_with_parent(parent: int) -> None:
             os._exit(126)
     if os.getppid() != parent:
         os._exit(126)
+
+
+@contextlib.contextmanager
+def signals_held(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """Hold SIGINT and SIGTERM for the block, then deliver them to their handlers: around
+    starting a child and keeping its handle. A handler that raises (Ctrl-C's KeyboardInterrupt,
+    serve's stop before ready) could otherwise fire between fork and the assignment, e.g. in
+    Popen waiting for exec, and the child would run on with no one to stop it. Handlers run in
+    the main thread only, so elsewhere there is nothing to hold."""
+    if threading.current_thread() is not threading.main_thread() or \
+            any(signal.getsignal(s) is None for s in signums):  # None: not set from Python
+        yield
+        return
+    caught: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum))
+                for s in signums}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(caught):
+            signal.raise_signal(s)
 
 
 def kill_group(pgid: int) -> None:

@@ -190,3 +190,60 @@ def test_without_run_child_the_child_survives(tmp_path):
         assert not wait_until(lambda: not _alive(pid), 1)
     finally:
         os.kill(pid, signal.SIGKILL)
+
+
+def _stop_before_exec() -> None:
+    """A preexec_fn: SIGTERM the parent while it waits in Popen for the exec."""
+    os.kill(os.getppid(), signal.SIGTERM)
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _running(marker: str, wait_s: float = 30.0) -> list[int]:
+    """The pids whose command line holds `marker`, once there is one (an orphaned child may
+    not have reached its exec yet) or after `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = []
+        for entry in Path("/proc").glob("[0-9]*"):
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+def test_a_stop_signal_while_a_child_starts_waits_until_its_handle_is_kept():
+    """serve turns SIGTERM into KeyboardInterrupt before it is ready. Arriving while Popen
+    waits for the exec, it leaves Popen with the child running and no handle to stop it
+    (shown below, unguarded); signals_held delivers it once the handle is kept."""
+    from qvl_trt.child import signals_held
+
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        for guarded in (True, False):
+            marker = f"qvl-trt-held-{os.getpid()}-{guarded}"
+            cmd = [sys.executable, "-c", f"import time; time.sleep(60)  # {marker}"]
+            proc = None
+            with pytest.raises(KeyboardInterrupt):
+                if guarded:
+                    with signals_held():
+                        proc = subprocess.Popen(cmd, preexec_fn=_stop_before_exec)
+                else:
+                    proc = subprocess.Popen(cmd, preexec_fn=_stop_before_exec)
+            running = _running(marker)
+            for pid in running:
+                os.kill(pid, signal.SIGKILL)
+            if guarded:
+                assert proc is not None and running == [proc.pid]
+                proc.wait()
+            else:
+                assert proc is None and len(running) == 1, "the unguarded start kept a handle"
+        assert signal.getsignal(signal.SIGTERM) is _raise_interrupt
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..child import die_with_parent, kill_group
+from ..child import die_with_parent, kill_group, signals_held
 from ..errors import ServerError
 from ..gateway.options import API_KEY_ENV, GatewayOptions
 from ..gateway.readiness import READY_PATH, ask_ready
@@ -59,10 +59,11 @@ class GatewayProcess:
         if self.opts.api_key is not None:
             env[API_KEY_ENV] = self.opts.api_key
         try:
-            self.process = subprocess.Popen(
-                gateway_command(self.opts), env=env, stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT if out else None, start_new_session=True,
-                preexec_fn=functools.partial(die_with_parent, os.getpid()))
+            with signals_held():  # a stop signal now is delivered once stop() can end it
+                self.process = subprocess.Popen(
+                    gateway_command(self.opts), env=env, stdin=subprocess.DEVNULL, stdout=out,
+                    stderr=subprocess.STDOUT if out else None, start_new_session=True,
+                    preexec_fn=functools.partial(die_with_parent, os.getpid()))
         finally:
             if out is not None:
                 out.close()

@@ -28,7 +28,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..child import die_with_parent, kill_group
+from ..child import die_with_parent, kill_group, signals_held
 from ..errors import ConfigError, DependencyError, ServerError
 from ..machine import PYTRITON_STUBS, TritonInstall, find_tritonserver
 
@@ -279,14 +279,16 @@ class TritonServer:
         # group (the python backend stubs are the server's children; they exit by
         # themselves within a few seconds of the server's death). The log comes through a
         # pipe so stop() sees the drain finish.
-        self.process = subprocess.Popen(cmd, env=server_env(self.install),
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True,
-                                        preexec_fn=functools.partial(die_with_parent, os.getpid()))
-        self._pump = threading.Thread(target=self._copy_log, args=(self.process.stdout,),
-                                      name="tritonserver-log", daemon=True)
-        self._pump.start()
         try:
+            with signals_held():  # a stop signal now is delivered once stop() can end it
+                self.process = subprocess.Popen(
+                    cmd, env=server_env(self.install), stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                    preexec_fn=functools.partial(die_with_parent, os.getpid()))
+                self._pump = threading.Thread(target=self._copy_log,
+                                              args=(self.process.stdout,),
+                                              name="tritonserver-log", daemon=True)
+                self._pump.start()
             self._wait_ready()
         except BaseException:
             self.stop()
@@ -356,14 +358,16 @@ class TritonServer:
         kill()). Then this run's shared-memory files are removed. Returns the exit code."""
         code = None
         if self.process is not None:
-            if self.process.poll() is None and not force:
-                self.process.send_signal(signal.SIGTERM)
-                code = self._wait_drained()
-            kill_group(self.process.pid)
-            waited = self.process.wait()
+            try:
+                if self.process.poll() is None and not force:
+                    self.process.send_signal(signal.SIGTERM)
+                    code = self._wait_drained()
+            finally:  # also when a second Ctrl-C interrupts the drain
+                kill_group(self.process.pid)
+                waited = self.process.wait()
+                self._pump.join(timeout=5)
+                self.process = None
             code = (1 if waited < 0 else waited) if code is None else code
-            self._pump.join(timeout=5)
-            self.process = None
         self.close_log()
         remove_shm(self.opts.shm_prefix)
         return code

@@ -171,22 +171,17 @@ class Supervisor:
         signal kills it). Returns the server's exit code."""
         previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
         for s in previous:
-            signal.signal(s, _raise_interrupt)  # before ready: start() stops what it began
+            signal.signal(s, _raise_interrupt)  # before ready: the finally stops what began
         try:
             self._start_health()
             self._start()
             # Before the companions: a gateway forwards this readiness, which a probe makes.
             threading.Thread(target=self._probe_loop, name="probe", daemon=True).start()
-            try:
-                for companion in self.companions:
-                    companion.start()
-                self._companions_started.set()
-                if self.on_ready is not None:
-                    self.on_ready()
-            except BaseException:
-                self._stop_companions()
-                self.server.stop()
-                raise
+            for companion in self.companions:
+                companion.start()
+            self._companions_started.set()
+            if self.on_ready is not None:
+                self.on_ready()
             for s in previous:
                 signal.signal(s, self._on_signal)
             while not self._stopping.is_set():
@@ -204,6 +199,7 @@ class Supervisor:
             self._stopping.set()
             self._probe_now.set()
             self._stop_companions()
+            self.server.stop()  # a no-op after the stop above; else an error or a signal
             if self._health is not None:
                 self._health.shutdown()
                 self._health.server_close()
