@@ -246,6 +246,8 @@ def test_tool_choice_required_guides_to_a_list_of_calls_of_the_tools() -> None:
     ({"tools": [TOOL], "parallel_tool_calls": "no"}, "parallel_tool_calls", "true or false"),
     ({"response_format": {"type": "json_object"}, "ignore_eos": True}, "ignore_eos",
      "leave ignore_eos out"),
+    ({"tools": [TOOL], "tool_choice": "required", "min_tokens": 4}, "min_tokens",
+     "leave min_tokens out"),
     ({"functions": [{"name": "f"}]}, "functions", "not supported"),
     ({"response_format": {"type": "json_object", "schema": {}}}, "response_format",
      "is not supported"),

@@ -80,6 +80,9 @@ BROKEN = {
     # stricter: past its complete grammar the executor would fail the whole step
     "guide without end id": ({c.GUIDED_DECODING_GUIDE_TYPE: np.array([b"json"], object),
                               c.END_ID: np.int32(-1)}, "a guided answer needs its end token"),
+    # stricter: the stock engine would end the answer before min_tokens, or fail the step
+    "guide with min_tokens": ({c.GUIDED_DECODING_GUIDE_TYPE: np.array([b"json"], object),
+                               c.MIN_TOKENS: np.int32(1)}, "min_tokens with a guided answer"),
 }
 
 

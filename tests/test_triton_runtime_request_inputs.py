@@ -84,6 +84,10 @@ def test_messages_with_data_uri_images_and_the_text_form_agree() -> None:
      "message 1: tool_calls must be a list"),
     ({"messages": json.dumps([{"role": "assistant", "content": None}]).encode()},
      "message 1: content must be a string or a list of parts"),
+    ({"text_input": b"hi", "guided_decoding_guide_type": b"json", "ignore_eos": np.bool_(True)},
+     "a guided answer needs its end token"),
+    ({"text_input": b"hi", "guided_decoding_guide_type": b"json", "min_tokens": np.int32(2)},
+     "min_tokens with a guided answer"),
 ])
 def test_bad_inputs_give_one_line_errors(inputs, message) -> None:
     with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")

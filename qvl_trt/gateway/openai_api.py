@@ -171,6 +171,10 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
         raise bad_request("ignore_eos with a guided answer (response_format, tool_choice "
                           "required or named): the answer ends with its end token once the "
                           "structure is complete; leave ignore_eos out", "ignore_eos")
+    if structure.schema is not None and min_tokens:
+        raise bad_request("min_tokens with a guided answer (response_format, tool_choice "
+                          "required or named): once the structure is complete only its end "
+                          "token is admitted; leave min_tokens out", "min_tokens")
     return ChatCompletionRequest(
         model=model, messages=messages, max_tokens=max_tokens,
         temperature=_number(data, "temperature"), top_p=_number(data, "top_p"),

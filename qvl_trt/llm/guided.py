@@ -33,7 +33,11 @@ and after the structural_tag and cache-limit changes of guidedDecoder.cpp, agree
 - Once the grammar is complete the matcher admits only the tokenizer info's stop tokens. A
   guided request that goes on past one (no end id: ignore_eos; an end token that is neither
   its end id nor a stop word) makes the next FillNextTokenBitmask throw, which again fails
-  the whole step: such requests are refused up front here.
+  the whole step: such requests are refused up front here. min_tokens cannot hold the end id
+  back from a complete grammar either: the penalty kernel (kernels/penaltyKernels.cu
+  batchApplyPenalty) gives the held end id the finite -FLT_MAX while the mask gave every other
+  token -inf, so the end id is still picked (or another admitted stop token, past which the
+  step fails): guided requests with min_tokens are refused up front too.
 - The bitmask work runs on the executor's own loop thread, on the host, right after the
   step's engine launch (trtGptModelInflightBatching.cpp forwardAsync: "XGrammar: build
   maskcache for context requests and perform maskgen for all requests. These need to be
@@ -83,6 +87,9 @@ GUIDE_WITHOUT_END = ("a guided answer needs its end token (it is sent without on
                      "ignore_eos): once the structure is complete only end tokens are "
                      "admitted, and generating past one fails the engine's whole step; send "
                      "the guide without ignore_eos")
+GUIDE_WITH_MIN_TOKENS = ("min_tokens with a guided answer: once the structure is complete only "
+                         "end tokens are admitted, so the engine would end the answer before "
+                         "min_tokens or fail its whole step; send the guide with min_tokens 0")
 
 
 class GuideError(InputError):

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import ConfigError, InputError
-from ...llm.guided import BACKEND, GUIDE_WITHOUT_END, Guide, GuidedDecoding
+from ...llm.guided import BACKEND, GUIDE_WITH_MIN_TOKENS, GUIDE_WITHOUT_END, Guide, GuidedDecoding
 from .. import contract as c
 from .backend import (
     error_message,
@@ -147,6 +147,8 @@ class LlmRequest:
             np.asarray(x[s.name]).reshape(-1)[0], s.name) for s in c.GUIDE_INPUTS))
         if guide is not None and end_id is None:
             raise InputError(GUIDE_WITHOUT_END)
+        if guide is not None and min_tokens:
+            raise InputError(GUIDE_WITH_MIN_TOKENS)
         return cls(
             input_ids=tuple(int(t) for t in ids),
             max_tokens=max_tokens,
