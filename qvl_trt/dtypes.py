@@ -94,6 +94,26 @@ class WeightOnly(str, enum.Enum):
     def __str__(self) -> str:
         return self.value
 
+    @classmethod
+    def parse(cls, value: Any) -> WeightOnly:
+        """`value` (a name or a member) as a member; otherwise ConfigError naming the choices."""
+        if value not in tuple(cls):
+            raise ConfigError(f"--weights {value}: one of {', '.join(w.value for w in cls)}")
+        return cls(value)
+
+    @classmethod
+    def parse_list(cls, text: str) -> tuple[WeightOnly, ...]:
+        """`--weights none,int8` -> (NONE, INT8), each once, in the order given."""
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        if not names:
+            raise ConfigError(f"--weights {text!r} names no precision; pass one or more of "
+                              f"{', '.join(w.value for w in cls)}, comma-separated")
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ConfigError(f"--weights {text}: {', '.join(twice)} given more than once; "
+                              "name each precision once")
+        return tuple(cls.parse(n) for n in names)
+
     @property
     def quant_algo(self) -> str | None:
         """The checkpoint config's `quantization.quant_algo` (TensorRT-LLM QuantAlgo name)."""

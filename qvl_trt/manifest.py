@@ -17,6 +17,7 @@ from typing import Any
 from . import __version__
 from .atomic import write_json_atomic
 from .child import write_reproduce
+from .dtypes import WeightOnly
 from .errors import BuildError, ConfigError
 from .hashing import fingerprint
 from .llm.engine import ENGINE_CONFIG_NAME, ENGINE_DIR
@@ -208,12 +209,23 @@ class Manifest:
         write_json_atomic(build_dir / MANIFEST_NAME, data)
 
 
+def build_name(profile: str, weights: WeightOnly) -> str:
+    """A build's profile and weight precision in one name: `4090d` in the engine dtype (the
+    name builds had before the option, so their cache keys and folders stay), `4090d.int8`
+    quantized. Cache keys start with it and build folders are named after it. A '.', not a
+    '-': the restore prefix of one name (`qvl-trt-4090d-`) must match no key of another
+    (`qvl-trt-4090d.int8-...`)."""
+    return profile if weights is WeightOnly.NONE else f"{profile}.{weights.value}"
+
+
 def cache_key(build_inputs: dict[str, Any]) -> str:
-    """`qvl-trt-<profile>-<hash>`: the hash covers the build's inputs and the qvl-trt
-    version; the prefix lets a CI cache restore the newest build of the same profile, whose
-    unchanged stages are then skipped."""
+    """`qvl-trt-<build name>-<hash>`: the hash covers the build's inputs and the qvl-trt
+    version; the prefix lets a CI cache restore the newest build of the same profile and
+    weights, whose unchanged stages are then skipped."""
     digest = fingerprint({"inputs": build_inputs, "qvl_trt": __version__})
-    return f"qvl-trt-{build_inputs['profile']['name']}-{digest[:32]}"
+    # The options hold `weights` only when quantized (BuildOptions.to_json).
+    weights = WeightOnly(build_inputs["options"].get("weights", WeightOnly.NONE))
+    return f"qvl-trt-{build_name(build_inputs['profile']['name'], weights)}-{digest[:32]}"
 
 
 def tool_versions() -> dict[str, Any]:

@@ -174,8 +174,13 @@ def make_plan(ckpt: Checkpoint, profile: GpuProfile,
 def planned_profile(ckpt: Checkpoint, profile: GpuProfile,
                     weights: WeightOnly = WeightOnly.NONE) -> GpuProfile:
     """`profile` with the limits make_plan derives for the checkpoint and weights: the
-    profile a build uses (its own limits when none fit; the build's plan stage refuses it)."""
-    plan = make_plan(ckpt, profile, weights)
+    profile a build uses."""
+    return profile_for_plan(profile, make_plan(ckpt, profile, weights))
+
+
+def profile_for_plan(profile: GpuProfile, plan: Plan) -> GpuProfile:
+    """`profile` with the limits `plan` derived for it; its own limits when the plan does not
+    fit (the build's plan stage refuses it)."""
     return replace(profile, limits=plan.limits) if plan.fits else profile
 
 

@@ -47,10 +47,7 @@ class BuildOptions:
             raise ConfigError(f"--vision-dtype {self.vision_dtype}: the engine takes "
                               f"{' or '.join(ENGINE_DTYPES)}")
         object.__setattr__(self, "vision_dtype", Dtype(self.vision_dtype))
-        if self.weights not in tuple(WeightOnly):
-            raise ConfigError(f"--weights {self.weights}: one of "
-                              f"{', '.join(w.value for w in WeightOnly)}")
-        object.__setattr__(self, "weights", WeightOnly(self.weights))
+        object.__setattr__(self, "weights", WeightOnly.parse(self.weights))
 
     def to_json(self) -> dict[str, Any]:
         data = to_jsonable(asdict(self))

@@ -1,4 +1,5 @@
-"""`qvl-trt matrix`: one CI job per GPU profile, as JSON a CI system fans out.
+"""`qvl-trt matrix`: one CI job per (GPU profile, weight precision), as JSON a CI system
+fans out.
 
 GitHub Actions takes the result as `strategy.matrix: ${{ fromJSON(...) }}` (the `include`
 list); `.github/workflows/engines.yml` is the worked example. Each job carries the runner
@@ -8,6 +9,7 @@ build's manifest will have, computed from the same inputs without building.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,10 +17,11 @@ from typing import Any
 from .. import __version__
 from ..checkpoint import open_checkpoint
 from ..deploy.container import TRTLLM_CONTAINER
-from ..errors import ConfigError
+from ..dtypes import WeightOnly
+from ..errors import ConfigError, PlanError
 from ..hashing import FileHasher
-from ..manifest import cache_key
-from ..plan import planned_profile
+from ..manifest import build_name, cache_key
+from ..plan import check_fits, make_plan, profile_for_plan
 from ..profiles import GpuProfile, TrtEdition, load_profile, profile_names, sm_digits
 from ..typed_config import to_jsonable
 from .context import BuildOptions
@@ -31,15 +34,28 @@ from .runner import build_inputs
 @dataclass(frozen=True)
 class MatrixJob:
     gpu: str  # profile name, the value of `qvl-trt build --gpu`
+    weights: str  # the value of `qvl-trt build --weights`
     description: str
     compute_capability: str
     runner: tuple[str, ...]  # runs-on labels: a self-hosted runner with such a GPU
     container: str
     trt_edition: str
     extras: str  # `pip install "qvl-trt[<extras>]"` inside the container
-    build_dir: str
+    build_dir: str  # <build root>/<manifest.build_name>: 4090d, 4090d.int8
     cache_key: str  # equals the `cache_key` in the finished build's manifest.json
-    cache_prefix: str  # restores the newest older build of this profile (stages skip)
+    cache_prefix: str  # restores the newest older build of this profile and weights
+
+
+@dataclass(frozen=True)
+class CiMatrix:
+    model: str
+    jobs: tuple[MatrixJob, ...]
+    # One line per (profile, weights) pair left out because the checkpoint does not fit the
+    # card in that precision: the planner's reason and fix.
+    left_out: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"qvl_trt": __version__, "model": self.model, "include": to_jsonable(self.jobs)}
 
 
 def runner_labels(compute_capability: str) -> tuple[str, ...]:
@@ -57,27 +73,48 @@ def select_profiles(gpus: str) -> list[tuple[str, GpuProfile]]:
     return [(n, load_profile(n)) for n in names]
 
 
-def ci_matrix(model: Path, gpus: str = "all", *, build_root: str = "build") -> dict[str, Any]:
-    """The matrix for building `model` on each selected profile (hashes the checkpoint once)."""
+def ci_matrix(model: Path, gpus: str = "all",
+              weights: Sequence[WeightOnly] = (WeightOnly.NONE,), *,
+              build_root: str = "build") -> CiMatrix:
+    """The matrix for building `model` on each selected profile in each weight precision
+    (hashes the checkpoint once).
+
+    A pair the planner does not fit (what `qvl-trt plan --gpu all` shows as `-`) is left out
+    with its reason in `left_out` rather than refused: `--gpus all --weights none,int8,int4`
+    asks for every variant the cards can take, as the plan table shows them, and an 8B fits
+    no 16 GB card in fp16. A job for it would only fail at the build's plan stage on the GPU
+    runner. PlanError when no pair fits: a matrix without jobs is no CI run."""
     ckpt = open_checkpoint(model)
     hasher = FileHasher()
-    jobs = []
+    jobs, left_out = [], []
     for gpu, profile in select_profiles(gpus):
-        options = BuildOptions(model=str(Path(model).resolve()), gpu=gpu)
-        key = cache_key(build_inputs(options, ckpt, planned_profile(ckpt, profile), hasher))
-        rtx = profile.gpu.trt_edition is TrtEdition.TENSORRT_RTX
-        jobs.append(
-            MatrixJob(
-                gpu=gpu,
-                description=profile.gpu.description,
-                compute_capability=profile.gpu.compute_capability,
-                runner=runner_labels(profile.gpu.compute_capability),
-                container=TRTLLM_CONTAINER,
-                trt_edition=profile.gpu.trt_edition.value,
-                extras="export,serve,rtx" if rtx else "export,serve",
-                build_dir=f"{build_root}/{profile.name}",
-                cache_key=key,
-                cache_prefix=key.rsplit("-", 1)[0] + "-",
+        for w in weights:
+            plan = make_plan(ckpt, profile, w)
+            try:
+                check_fits(plan)
+            except PlanError as exc:
+                left_out.append(str(exc))
+                continue
+            options = BuildOptions(model=str(Path(model).resolve()), gpu=gpu, weights=w)
+            key = cache_key(build_inputs(options, ckpt, profile_for_plan(profile, plan), hasher))
+            rtx = profile.gpu.trt_edition is TrtEdition.TENSORRT_RTX
+            jobs.append(
+                MatrixJob(
+                    gpu=gpu,
+                    weights=w.value,
+                    description=profile.gpu.description,
+                    compute_capability=profile.gpu.compute_capability,
+                    runner=runner_labels(profile.gpu.compute_capability),
+                    container=TRTLLM_CONTAINER,
+                    trt_edition=profile.gpu.trt_edition.value,
+                    extras="export,serve,rtx" if rtx else "export,serve",
+                    build_dir=f"{build_root}/{build_name(profile.name, w)}",
+                    cache_key=key,
+                    cache_prefix=key.rsplit("-", 1)[0] + "-",
+                )
             )
-        )
-    return {"qvl_trt": __version__, "model": str(model), "include": to_jsonable(jobs)}
+    if not jobs:
+        more = f" (and {len(left_out) - 1} more pairs)" if len(left_out) > 1 else ""
+        raise PlanError(f"the matrix has no job, no (GPU, weights) pair asked for fits"
+                        f"{more}: {left_out[0]}")
+    return CiMatrix(str(model), tuple(jobs), tuple(left_out))

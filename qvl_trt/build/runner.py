@@ -27,7 +27,8 @@ from typing import Any
 
 from ..atomic import leftovers, staged_dir
 from ..checkpoint import Checkpoint, open_checkpoint
-from ..errors import BuildError, StageUnavailable
+from ..dtypes import WeightOnly
+from ..errors import BuildError, ConfigError, StageUnavailable
 from ..gateway.options import DEFAULT_PORT
 from ..hashing import FileHasher, fingerprint
 from ..manifest import Manifest, cache_key, varying_outputs
@@ -192,16 +193,21 @@ def build_inputs(
 
 
 def resume_build(out: Path, *, only: tuple[Stage, ...] | None = None,
-                 force: bool = False) -> BuildResult:
+                 force: bool = False, weights: WeightOnly | None = None) -> BuildResult:
     """Continue the build recorded in `out/manifest.json` with its own options (`only` as
-    in `run_build`)."""
+    in `run_build`); `weights`, when given, must be the build's (a CI job resuming a
+    folder restored from a cache checks it holds the variant it is for)."""
     manifest = Manifest.load(Path(out))
     if manifest is None or not manifest.options:
         raise BuildError(
             f"{out} holds no build manifest; start with `qvl-trt build --model M --gpu G --out DIR`"
         )
-    return run_build(BuildOptions.from_json(manifest.options), Path(out), only=only,
-                     force=force)
+    options = BuildOptions.from_json(manifest.options)
+    if weights is not None and WeightOnly.parse(weights) is not options.weights:
+        raise ConfigError(f"{out} holds a build with --weights {options.weights}, not "
+                          f"{weights}; drop --weights to resume it, or build {weights} into "
+                          "its own --out folder")
+    return run_build(options, Path(out), only=only, force=force)
 
 
 def _run_stage(spec: StageSpec, ctx: BuildContext, force: bool) -> StageResult:

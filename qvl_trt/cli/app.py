@@ -56,9 +56,10 @@ GpuOpt = Annotated[
 
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-WeightsOpt = Annotated[WeightOnly, typer.Option(
-    "--weights", help="Language-model linear weights: none (the engine dtype), or int8/int4 "
-    "weight-only (per-channel scales, no calibration; embedding and lm_head stay fp16).")]
+WEIGHTS_HELP = ("Language-model linear weights: none (the engine dtype), or int8/int4 "
+                "weight-only (per-channel scales, no calibration; embedding and lm_head stay "
+                "fp16).")
+WeightsOpt = Annotated[WeightOnly, typer.Option("--weights", help=WEIGHTS_HELP)]
 
 
 def _user_errors(fn: F) -> F:

@@ -14,6 +14,7 @@ from ..errors import ConfigError
 from ..profiles import TrtEdition
 from ..triton.options import BuildInput, Flavor, RepoOptions
 from .app import (
+    WEIGHTS_HELP,
     JsonOpt,
     ModelOpt,
     WeightsOpt,
@@ -148,7 +149,8 @@ def build(
     out: Annotated[
         Path | None,
         typer.Option(
-            "--out", "-o", help="Build folder [default: build/GPU]."
+            "--out", "-o", help="Build folder [default: build/GPU, build/GPU.WEIGHTS with "
+            "int8 or int4 weights]."
         ),
     ] = None,
     only: Annotated[
@@ -178,7 +180,9 @@ def build(
         ),
     ] = Dtype.FLOAT16,
     tp_size: Annotated[int, typer.Option(help="Tensor-parallel size of the LLM engine.")] = 1,
-    weights: WeightsOpt = WeightOnly.NONE,
+    weights: Annotated[WeightOnly | None, typer.Option(
+        help=f"{WEIGHTS_HELP} With --resume: checked against the build's [default: none].",
+        show_default=False)] = None,
     force: Annotated[
         bool, typer.Option(help="Rebuild stages whose inputs did not change.")
     ] = False,
@@ -187,6 +191,7 @@ def build(
     llm -> repo -> manifest. Unchanged stages are skipped; exit code 3 means a stage needs
     another machine (the message says which command finishes it)."""
     from ..build import BuildOptions, Stage, resume_build, run_build
+    from ..manifest import build_name
     from ..profiles import profile_argument
     from .console import build_line
     from .console import out as console
@@ -198,7 +203,7 @@ def build(
             raise ConfigError(
                 "--resume takes its options from the manifest; drop --model and --gpu"
             )
-        result = resume_build(resume, only=stages, force=force)
+        result = resume_build(resume, only=stages, force=force, weights=weights)
     else:
         if model is None or gpu is None:
             raise ConfigError("build needs --model and --gpu (or --resume DIR)")
@@ -208,9 +213,10 @@ def build(
             trt_edition=trt_edition,
             vision_dtype=vision_dtype,
             tp_size=tp_size,
-            weights=weights,
+            weights=weights or WeightOnly.NONE,
         )
-        result = run_build(options, out or Path("build") / Path(gpu).stem, only=stages, force=force)
+        default_out = Path("build") / build_name(Path(gpu).stem, options.weights)
+        result = run_build(options, out or default_out, only=stages, force=force)
     console.print(build_line(result, time.perf_counter() - started))
 
 
@@ -256,17 +262,27 @@ def matrix(
     model: ModelOpt,
     gpus: Annotated[str, typer.Option(help="`all`, or comma-separated profile names or "
                                       ".toml paths.")] = "all",
+    weights: Annotated[str, typer.Option(help="Comma-separated language-model weights, as "
+                                         "`build --weights` takes them: none, int8, int4; a "
+                                         "job per profile and precision.")] = "none",
     build_root: Annotated[str, typer.Option(help="Folder holding one build folder per "
-                                            "profile.")] = "build",
+                                            "profile and precision.")] = "build",
 ) -> None:
-    """Print a CI job matrix as JSON: one job per GPU profile with runner labels by compute
-    capability, container image and the build's cache key (computed without building).
-    GitHub Actions: `strategy.matrix: ${{ fromJSON(...) }}`; see .github/workflows/engines.yml."""
+    """Print a CI job matrix as JSON: one job per GPU profile and weight precision with runner
+    labels by compute capability, container image and the build's cache key (computed
+    without building). A pair whose checkpoint does not fit the card is left out, with the
+    reason on stderr. GitHub Actions: `strategy.matrix: ${{ fromJSON(...) }}`; see
+    .github/workflows/engines.yml."""
     import json
 
     from ..build.matrix import ci_matrix
+    from .console import err
 
-    typer.echo(json.dumps(ci_matrix(model, gpus, build_root=build_root), indent=2))
+    result = ci_matrix(model, gpus, WeightOnly.parse_list(weights), build_root=build_root)
+    for line in result.left_out:
+        err.print(f"left out of the matrix: {line}", markup=False, highlight=False,
+                  soft_wrap=True)
+    typer.echo(json.dumps(result.to_json(), indent=2))
 
 
 @command("export-vision", panel="Build")
