@@ -70,7 +70,14 @@ def select_profiles(gpus: str) -> list[tuple[str, GpuProfile]]:
     names = [n for n in names if n]
     if not names:
         raise ConfigError("--gpus is empty; pass `all` or profile names such as 4090d,h100")
-    return [(n, load_profile(n)) for n in names]
+    selected = [(n, load_profile(n)) for n in names]
+    # Jobs are named after the profile (build_dir, cache key): a name twice is one folder.
+    loaded = [p.name for _, p in selected]
+    twice = sorted({n for n in loaded if loaded.count(n) > 1})
+    if twice:
+        raise ConfigError(f"--gpus {gpus}: {', '.join(twice)} given more than once; name each "
+                          "profile once")
+    return selected
 
 
 def ci_matrix(model: Path, gpus: str = "all",
