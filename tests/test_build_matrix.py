@@ -126,6 +126,15 @@ def test_a_quantized_job_is_what_a_build_with_its_options_makes(tiny_ckpt, tmp_p
     resume_build(out, only=(Stage.PLAN,), weights=WeightOnly.INT8)
 
 
+def test_a_build_without_out_writes_into_the_jobs_build_dir(tiny_ckpt, tmp_path):
+    (job,) = ci_matrix(tiny_ckpt, "a10g", (WeightOnly.INT4,)).jobs
+    done = run_cli("build", "-m", str(tiny_ckpt), "-g", "a10g", "--weights", "int4", "--only",
+                   "manifest", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((tmp_path / job.build_dir / "manifest.json").read_text())
+    assert manifest["cache_key"] == job.cache_key
+
+
 def test_cache_key_follows_the_limits_planned_for_the_checkpoint(tmp_path):
     # The 8B on an A10G builds with a lower max_batch_size than the profile's, and with INT8
     # weights on a 4060 Ti with a shorter context: the matrix derives the same limits, hence
