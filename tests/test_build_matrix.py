@@ -161,18 +161,18 @@ def test_pairs_the_planner_does_not_fit_are_left_out_with_the_reason(tmp_path):
     assert [(j["gpu"], j["weights"]) for j in json.loads(done.stdout)["include"]] == [
         ("4060ti", "int8"), ("a10g", "none"), ("a10g", "int8")]
     (note,) = done.stderr.strip().splitlines()
-    assert note.startswith("left out of the matrix: 8b checkpoint does not fit profile "
-                           "4060ti: weights and buffers need")
+    assert note.startswith("left out of the matrix: 4060ti with --weights none: 8b checkpoint "
+                           "does not fit profile 4060ti: weights and buffers need")
     assert "build with --weights int8 or int4" in note
     done = run_cli("matrix", "--model", str(model), "--gpus", "4060ti")
     assert done.returncode == 1 and done.stdout == ""
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("error: the matrix has no job, no (GPU, weights) pair asked for "
-                           "fits: 8b checkpoint does not fit profile 4060ti")
+                           "fits: 4060ti with --weights none: 8b checkpoint does not fit")
     small_card = tmp_path / "small-card.toml"
     small_card.write_text(small_profile_toml().replace("memory_mib = 24564", "memory_mib = 8192"))
-    with pytest.raises(PlanError, match=r"\(and 1 more pairs\): 8b checkpoint does not fit "
-                       "profile 4060ti"):
+    with pytest.raises(PlanError, match=r"\(and 1 more pairs\): 4060ti with --weights none: "
+                       "8b checkpoint does not fit profile 4060ti"):
         ci_matrix(model, f"4060ti,{small_card}", (WeightOnly.NONE,))
 
 

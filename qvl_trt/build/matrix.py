@@ -100,7 +100,7 @@ def ci_matrix(model: Path, gpus: str = "all",
             try:
                 check_fits(plan)
             except PlanError as exc:
-                left_out.append(str(exc))
+                left_out.append(f"{gpu} with --weights {w}: {exc}")
                 continue
             options = BuildOptions(model=str(Path(model).resolve()), gpu=gpu, weights=w)
             key = cache_key(build_inputs(options, ckpt, profile_for_plan(profile, plan), hasher))
