@@ -217,7 +217,7 @@ def test_workflow_uses_only_fields_the_matrix_has():
     assert "qvl-trt matrix" in " ".join(s.get("run", "") for s in jobs["matrix"]["steps"])
     used = set(re.findall(r"\$\{\{\s*matrix\.(\w+)", text))
     assert used <= set(SCHEMA["$defs"]["job"]["properties"]), used
-    assert {"runner", "container", "cache_key", "cache_prefix", "build_dir"} <= used
+    assert {"runner", "container", "cache_key", "cache_prefix", "build_dir", "weights"} <= used
     for name in ("prepare", "engines"):
         assert "fromJSON(needs.matrix.outputs.matrix)" in jobs[name]["strategy"]["matrix"]
     engines = " ".join(s.get("run", "") for s in jobs["engines"]["steps"])
