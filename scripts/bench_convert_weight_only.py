@@ -6,8 +6,10 @@ random bf16 safetensors shards of the real shapes (scripts/measure_convert_memor
 writer) into a temporary folder, then converts it round after round in the order fp16,
 int8, int4 (a child process each, the output removed before the next; one untimed fp16
 conversion first so that every timed one reads the shards from the page cache). Each child
-reports convert_checkpoint's own seconds (not the interpreter's start-up); the script
-prints every round and the median of each mode over the median of fp16.
+reports convert_checkpoint's own seconds (not the interpreter's start-up nor torch's
+import); the script prints every round and the median of each mode over the median of fp16.
+The writes go through the page cache to the disk of --tmp-dir: on a tmpfs (/dev/shm) the
+figures are the conversion's CPU time without the disk's.
 
 python scripts/bench_convert_weight_only.py [--variant 2b] [--layers 6] [--rounds 3]
                                             [--weights int8,int4] [--tmp-dir DIR]
@@ -31,8 +33,11 @@ from measure_convert_memory import write_random_shards
 from qvl_trt.checkpoint import open_checkpoint
 from qvl_trt.testing.tiny_checkpoint import write_config_only
 
+# torch and safetensors are imported before convert_checkpoint's clock starts: their import
+# time is the same in every mode and would only pull the ratios towards 1.
 CHILD = """
 import sys
+import safetensors.torch, torch
 from qvl_trt.llm.convert import convert_checkpoint
 done = convert_checkpoint(sys.argv[1], sys.argv[2], max_seq_len=8192, dtype="float16",
                           weights=sys.argv[3])

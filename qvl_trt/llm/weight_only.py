@@ -95,8 +95,9 @@ def quantize(weight, mode: WeightOnly, dtype: Dtype) -> tuple:
             part.div_(scale.masked_fill_(scale == 0, 1.0)[:, None])
             # C round: for |x| <= 128 (and far beyond), x + copysign(0.5 - 2^-25, x) rounds in
             # float32 up to the next whole number exactly when |x|'s fraction is at least 0.5
-            # (checked for every float32 in [-256, 256]), so trunc gives round(x).
-            part.add_(torch.copysign(below_half, part, out=aux)).trunc_().clamp_(low, high)
+            # (checked for every float32 in [-256, 256]), so truncating it gives round(x); the
+            # conversion to int8 truncates, and clamping to whole bounds first changes nothing.
+            part.add_(torch.copysign(below_half, part, out=aux)).clamp_(low, high)
             ints[start:stop] = part
         if bits == 4:
             ints = (ints[0::2] & 0x0F).bitwise_or_(ints[1::2] << 4)
