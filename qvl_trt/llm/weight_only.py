@@ -80,9 +80,9 @@ def quantize(weight, mode: WeightOnly, dtype: Dtype) -> tuple:
     ints = torch.empty((out_features, in_features), dtype=torch.int8)
     scales = torch.empty(out_features, dtype=dtype.torch())
     rows = max(1, _BLOCK_ELEMENTS // max(in_features, 1))
-    values = torch.empty(rows * in_features)
-    scratch = torch.empty(rows * in_features)
-    below_half = torch.tensor(_BELOW_HALF)
+    values = torch.empty(rows * in_features, dtype=torch.float32)
+    scratch = torch.empty(rows * in_features, dtype=torch.float32)
+    below_half = torch.tensor(_BELOW_HALF, dtype=torch.float32)
     with _one_thread(torch):
         for start in range(0, out_features, rows):
             stop = min(start + rows, out_features)
@@ -95,8 +95,9 @@ def quantize(weight, mode: WeightOnly, dtype: Dtype) -> tuple:
             part.div_(scale.masked_fill_(scale == 0, 1.0)[:, None])
             # C round: for |x| <= 128 (and far beyond), x + copysign(0.5 - 2^-25, x) rounds in
             # float32 up to the next whole number exactly when |x|'s fraction is at least 0.5
-            # (checked for every float32 in [-256, 256]), so truncating it gives round(x); the
-            # conversion to int8 truncates, and clamping to whole bounds first changes nothing.
+            # (every float32 in [-256, 256] checked; the tests put each half and its float32
+            # neighbours through it), so truncating it gives round(x). The conversion to int8
+            # truncates, and clamping to whole bounds first changes nothing.
             part.add_(torch.copysign(below_half, part, out=aux)).clamp_(low, high)
             ints[start:stop] = part
         if bits == 4:
