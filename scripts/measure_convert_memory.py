@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                   "pass --tmp-dir on a larger disk", file=sys.stderr)
             return 2
         started = time.perf_counter()
-        shards = _write_random_shards(src, shapes)
+        shards = write_random_shards(src, shapes)
         print(f"wrote {len(shards)} random bf16 shards in {time.perf_counter() - started:.0f} s: "
               + ", ".join(f"{b / 2**30:.2f}" for b in shards) + " GiB")
 
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok else 1
 
 
-def _write_random_shards(root: Path, shapes: dict[str, tuple[int, ...]]) -> list[int]:
+def write_random_shards(root: Path, shapes: dict[str, tuple[int, ...]]) -> list[int]:
     """Random bf16 tensors of these shapes in <= SHARD_BYTES files plus the index json."""
     block = torch.randn(BLOCK, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     groups: list[list[str]] = [[]]

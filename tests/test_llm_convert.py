@@ -225,11 +225,12 @@ def test_wrong_shape(tiny_ckpt: Path, tmp_path) -> None:
     assert _nothing_written(tmp_path)
 
 
-def test_values_overflowing_fp16(tiny_ckpt: Path, tmp_path) -> None:
+@pytest.mark.parametrize("value", [1e6, float("nan")], ids=["overflow", "nan"])
+def test_values_not_finite_in_fp16(tiny_ckpt: Path, tmp_path, value) -> None:
     name = LM + "layers.1.mlp.down_proj.weight"
 
     def blow_up(tensors):
-        tensors[name][3, 5] = 1e6
+        tensors[name][3, 5] = value
 
     bad = _modified_copy(tiny_ckpt, tmp_path / "bad", blow_up)
     with pytest.raises(CheckpointError, match="not finite in float16; convert with --dtype "

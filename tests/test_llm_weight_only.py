@@ -98,6 +98,26 @@ def test_ties_round_away_from_zero_and_the_range_is_asymmetric():
     assert low[0] == -8  # column 2: the negative max
 
 
+def test_rounding_is_exact_one_float32_step_either_side_of_every_half():
+    """A float32 weight whose channel max is 1.0 has the INT8 scale 1/128, so w / scale is
+    exactly 128 w: these rows put every k + 0.5 and its float32 neighbours (and the same
+    below zero) into the rounding, where a float32 x + 0.5 goes wrong (0.49999997 + 0.5
+    rounds to 1.0) and round-to-even differs."""
+    halves = np.arange(128, dtype=np.float32) + np.float32(0.5)
+    near = np.concatenate([np.nextafter(halves, np.float32(0)), halves,
+                           np.nextafter(halves, np.float32(200))])
+    values = np.concatenate([near, -near]) / np.float32(128)
+    rows = np.zeros((2, values.size + 1), dtype=np.float32)
+    rows[:, 0] = 1.0
+    rows[0, 1:] = values
+    rows[1, 1:] = values[::-1]
+    ints, scales = quantize(torch.from_numpy(rows), WeightOnly.INT8, Dtype.FLOAT16)
+    expected_ints, expected_scales = numpy_quantize(rows, 8)
+    assert float(scales[0]) == 1 / 128 and np.array_equal(scales.numpy(), expected_scales)
+    assert np.array_equal(ints.numpy(), expected_ints)
+    assert ints[1, 0] == 0 and ints[129, 0] == 1 and ints[257, 0] == 1  # 0.5 -/+ one step
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_dequantize_is_q_times_scale_in_the_model_dtype(mode):
     weight = _weight(128, 64, seed=2)

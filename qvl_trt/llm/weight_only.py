@@ -30,6 +30,8 @@ reference decoder runs.
 
 from __future__ import annotations
 
+import contextlib
+
 from ..deps import require
 from ..dtypes import Dtype, WeightOnly
 
@@ -43,8 +45,11 @@ SCALE_SUFFIX = "per_channel_scale"
 # WeightOnlyQuantLinear pads in/out features that are not multiples of 64 x TP size
 # (tensorrt_llm/quantization/layers.py); the checkpoint holds unpadded weights.
 FEATURE_MULTIPLE = 64
-# Elements converted to float32 at a time: bounds the quantizer's extra memory.
-_CHUNK_ELEMENTS = 1 << 24
+# Elements quantized at a time: the block's two float32 buffers (512 KiB) stay in a core's L2
+# cache through the quantizer's passes over them, and torch's per-call cost stays small.
+_BLOCK_ELEMENTS = 1 << 16
+# The largest float32 below one half (0.5 - 2^-25): trunc(x + copysign(it, x)) is C `round`.
+_BELOW_HALF = 0.49999997
 
 
 def is_quantized(name: str) -> bool:
@@ -62,25 +67,42 @@ def packed_shape(out_features: int, in_features: int, mode: WeightOnly) -> tuple
 
 
 def quantize(weight, mode: WeightOnly, dtype: Dtype) -> tuple:
-    """(integers [in, out * bits/8] int8, scales [out] in `dtype`) of an [out, in] weight."""
+    """(integers [in, out * bits/8] int8, scales [out] in `dtype`) of an [out, in] weight.
+
+    Row blocks of the weight go through two reused float32 buffers on one thread: on a
+    loaded machine every multi-threaded call waits for its slowest thread, and the blocks are
+    too small for threads to gain anything. The integers are built [out, in] (contiguous
+    writes), packed along out, and transposed once at the end."""
     torch = _torch()
     bits = mode.bits
     out_features, in_features = weight.shape
     low, high = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-    ints = torch.empty((in_features, out_features), dtype=torch.int8)
+    ints = torch.empty((out_features, in_features), dtype=torch.int8)
     scales = torch.empty(out_features, dtype=dtype.torch())
-    rows = max(1, _CHUNK_ELEMENTS // max(in_features, 1))
-    for start in range(0, out_features, rows):
-        part = weight[start:start + rows].float()
-        scale = part.abs().amax(dim=1) * (1.0 / (1 << (bits - 1)))
-        # A zero scale means a zero row: divided by 1 it stays 0, as the op writes.
-        values = _round_half_away(part.div_(torch.where(scale == 0, 1.0, scale)[:, None]))
-        ints[:, start:start + rows] = values.clamp_(low, high).to(torch.int8).T
-        scales[start:start + rows] = scale.to(scales.dtype)
-        del part, values
-    if bits == 4:
-        ints = (ints[:, 0::2] & 0x0F) | (ints[:, 1::2] << 4)
-    return ints.contiguous(), scales
+    rows = max(1, _BLOCK_ELEMENTS // max(in_features, 1))
+    values = torch.empty(rows * in_features, dtype=torch.float32)
+    scratch = torch.empty(rows * in_features, dtype=torch.float32)
+    below_half = torch.tensor(_BELOW_HALF, dtype=torch.float32)
+    with _one_thread(torch):
+        for start in range(0, out_features, rows):
+            stop = min(start + rows, out_features)
+            part = values[:(stop - start) * in_features].view(stop - start, in_features)
+            aux = scratch[:part.numel()].view_as(part)
+            part.copy_(weight[start:stop])
+            scale = torch.abs(part, out=aux).amax(dim=1).mul_(1.0 / (1 << (bits - 1)))
+            scales[start:stop] = scale
+            # A zero scale means a zero row: divided by 1 it stays 0, as the op writes.
+            part.div_(scale.masked_fill_(scale == 0, 1.0)[:, None])
+            # C round: for |x| <= 128 (and far beyond), x + copysign(0.5 - 2^-25, x) rounds in
+            # float32 up to the next whole number exactly when |x|'s fraction is at least 0.5
+            # (every float32 in [-256, 256] checked; the tests put each half and its float32
+            # neighbours through it), so truncating it gives round(x). The conversion to int8
+            # truncates, and clamping to whole bounds first changes nothing.
+            part.add_(torch.copysign(below_half, part, out=aux)).clamp_(low, high)
+            ints[start:stop] = part
+        if bits == 4:
+            ints = (ints[0::2] & 0x0F).bitwise_or_(ints[1::2] << 4)
+        return ints.T.contiguous(), scales
 
 
 def dequantize(ints, scales, mode: WeightOnly, dtype: Dtype):
@@ -94,14 +116,14 @@ def dequantize(ints, scales, mode: WeightOnly, dtype: Dtype):
     return (ints.to(torch_dtype) * scales.to(torch_dtype)[None, :]).T.contiguous()
 
 
-def _round_half_away(x):
-    """C `round` of float32 `x` (halves away from zero; torch.round rounds them to even);
-    overwrites `x`. x - trunc(x) is exact in float, so the comparison with 0.5 is too, and
-    the fraction has x's sign wherever it reaches 0.5."""
-    torch = _torch()
-    whole = torch.trunc(x)
-    fraction = x.sub_(whole)
-    return whole.add_(fraction.ge(0.5).float()).sub_(fraction.le(-0.5).float())
+@contextlib.contextmanager
+def _one_thread(torch):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _torch():
