@@ -225,16 +225,20 @@ def test_wrong_shape(tiny_ckpt: Path, tmp_path) -> None:
     assert _nothing_written(tmp_path)
 
 
-@pytest.mark.parametrize("value", [1e6, float("nan")], ids=["overflow", "nan"])
-def test_values_not_finite_in_fp16(tiny_ckpt: Path, tmp_path, value) -> None:
+@pytest.mark.parametrize("value, message", [
+    (1e6, "holds values that are not finite in float16; convert with --dtype bfloat16"),
+    (float("nan"), "holds NaN or infinite values in the checkpoint itself; the checkpoint is "
+                   "damaged"),
+    (float("-inf"), "in the checkpoint itself"),
+], ids=["overflow", "nan", "inf"])
+def test_values_not_finite_in_fp16(tiny_ckpt: Path, tmp_path, value, message) -> None:
     name = LM + "layers.1.mlp.down_proj.weight"
 
     def blow_up(tensors):
         tensors[name][3, 5] = value
 
     bad = _modified_copy(tiny_ckpt, tmp_path / "bad", blow_up)
-    with pytest.raises(CheckpointError, match="not finite in float16; convert with --dtype "
-                       "bfloat16"):
+    with pytest.raises(CheckpointError, match=message):
         convert_checkpoint(bad, tmp_path / "out", max_seq_len=64, dtype="float16")
     assert _nothing_written(tmp_path)
 

@@ -207,6 +207,15 @@ def _cast(tensor, dtype: Dtype, name: str):
     # A NaN or an infinity reaches aminmax's result: one pass, no mask of the tensor's size
     # (isfinite(...).all() takes about 25 times as long).
     if cast.numel() and not all(bool(torch.isfinite(end)) for end in torch.aminmax(cast)):
-        hint = "; convert with --dtype bfloat16" if dtype is Dtype.FLOAT16 else ""
-        raise CheckpointError(f"tensor {name} holds values that are not finite in {dtype}{hint}")
+        raise CheckpointError(_not_finite(torch, tensor, dtype, name))
     return cast
+
+
+def _not_finite(torch, tensor, dtype: Dtype, name: str) -> str:
+    """Why `tensor` is not finite in `dtype`: already in the checkpoint (a broken file: no
+    dtype helps), or out of `dtype`'s range (a wider one holds it)."""
+    if not all(bool(torch.isfinite(end)) for end in torch.aminmax(tensor)):
+        return (f"tensor {name} holds NaN or infinite values in the checkpoint itself; the "
+                "checkpoint is damaged: download or export it again")
+    hint = "; convert with --dtype bfloat16" if dtype is Dtype.FLOAT16 else ""
+    return f"tensor {name} holds values that are not finite in {dtype}{hint}"
