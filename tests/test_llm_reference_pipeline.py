@@ -46,7 +46,10 @@ def hf_run(tiny_ckpt: Path, tiny_hf_model):
     import transformers
 
     model = tiny_hf_model
-    processor = transformers.AutoImageProcessor.from_pretrained(str(tiny_ckpt))
+    # The PIL backend, which qvl_trt.mm reproduces (tests/test_mm_pixels.py): where torchvision
+    # is installed transformers picks its torchvision backend, whose resize differs slightly
+    # (prompt logits 1e-3 apart on the tiny model, against the 1e-4 below).
+    processor = transformers.AutoImageProcessor.from_pretrained(str(tiny_ckpt), backend="pil")
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(tiny_ckpt))
     images = [Image.open(io.BytesIO(b)).convert("RGB") for b in IMAGES]
     pixels = processor(images=images, return_tensors="pt")
