@@ -132,3 +132,20 @@ def test_the_build_plans_its_tp_size(eight_b, tmp_path):
     assert plan["tp_size"] == 2 and plan["kv_capacity_tokens"] == 63_680
     with pytest.raises(PlanError, match="does not fit profile 4060ti"):
         run_build(BuildOptions(str(eight_b), "4060ti"), tmp_path / "one", only=(Stage.PLAN,))
+
+
+def test_a_tp_builds_repository_gets_rank_0s_kv_budget(tiny_ckpt, tmp_path):
+    from qvl_trt.manifest import BuildFolder
+    from qvl_trt.triton.options import BuildInput, Flavor, RepoOptions
+    from qvl_trt.triton.repository import write_repo
+
+    build = tmp_path / "build"
+    run_build(BuildOptions(str(tiny_ckpt), "4090d", tp_size=2), build,
+              only=(Stage.LLM_CHECKPOINT,))
+    write_repo([BuildInput(build)], tmp_path / "repo", RepoOptions(flavor=Flavor.REFERENCE))
+    info = json.loads((tmp_path / "repo" / "ensemble" / "1" / "build.json").read_text())
+    ckpt, profile = open_checkpoint(tiny_ckpt), BuildFolder(build).profile()
+    assert info["tp_size"] == 2
+    assert info["kv_cache_tokens"] == make_plan(ckpt, profile, tp_size=2).kv_capacity_tokens
+    # Break on purpose: the TP-1 plan of the same card holds fewer tokens a rank.
+    assert info["kv_cache_tokens"] > make_plan(ckpt, profile).kv_capacity_tokens
