@@ -5,6 +5,15 @@ Figures are for the engines this tool builds: FP16, the language model's linear 
 optionally weight-only INT8/INT4. Weights and the KV cache are exact from the config;
 activation workspaces are estimates (stated as such) from the limits.
 
+With tensor parallelism (TP N) each rank runs on its own card of the profile, and the plan is
+for the most loaded one: rank 0's, which holds its share of the language model, its KV cache
+and buffers, and the whole vision model. The repository's vision_encoder is a KIND_CPU python
+model on the process's current CUDA device, device 0 (qvl_trt/vision/runner.py), which is
+also TensorRT-LLM rank 0's: ranks take devices in order unless gpu_device_ids says otherwise.
+Every rank sizes its KV cache from its own card, and the ranks then take the smallest of their
+token counts (cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp, calculateMaxNumBlocks:
+an allreduce MIN of maxTokens), so rank 0's budget is the one that binds.
+
 A profile's limits are upper bounds: when a checkpoint does not fit them, the planner lowers
 them in one documented order (LOWERED_LIMITS, docs/build.md "Per-variant limits") to the
 largest that fit, and the build uses what the plan derived.
@@ -31,7 +40,16 @@ from .checkpoint import (
 from .dtypes import WeightOnly
 from .errors import PlanError
 from .llm.engine import ENGINE_DTYPE, prompt_table_rows
-from .llm.layout import llm_config, rank_shape, weight_sources
+from .llm.layout import (
+    LlmConfig,
+    Split,
+    check_tp_size,
+    llm_config,
+    qkv_rows,
+    rank_shape,
+    split_of,
+    weight_sources,
+)
 from .llm.weight_only import FEATURE_MULTIPLE, is_quantized
 from .mm.geometry import image_token_count, video_token_count
 from .profiles import BuildLimits, GpuProfile, load_profile, profile_names, profile_toml
@@ -41,8 +59,11 @@ FP16 = 2
 # CUDA context, cuBLAS workspaces and the TensorRT-LLM runtime's own buffers: a measured
 # rule of thumb, not derived from the model.
 RUNTIME_OVERHEAD_BYTES = 1 * GIB
+# Every TensorRT-LLM rank has this on its card; a rule of thumb that also stands for TP's
+# all-reduce workspaces, which are not counted apart.
 # The vision engine runs in its own python-backend process: a second CUDA context and the
-# TensorRT runtime (its activations are vision_activation_bytes). A rule of thumb as well.
+# TensorRT runtime (its activations are vision_activation_bytes), on rank 0's card. A rule
+# of thumb as well.
 VISION_PROCESS_OVERHEAD_BYTES = GIB // 2
 # A gather input above 2^31 elements is unverified in TensorRT (STOCK_BACKEND.md).
 MAX_TABLE_ELEMENTS = 2**31
@@ -140,6 +161,9 @@ class Plan:
     # Limits lowered below the profile's, and what made the next larger value fail.
     lowered: tuple[LoweredLimit, ...] = ()
     lowered_because: str = ""
+    # Tensor-parallel ranks, one a card: the figures (weights, KV bytes per token,
+    # activations) are rank 0's card's, the most loaded (module docstring).
+    tp_size: int = 1
 
     @property
     def fits(self) -> bool:
@@ -165,17 +189,20 @@ class Plan:
 
 
 def make_plan(ckpt: Checkpoint, profile: GpuProfile,
-              weights: WeightOnly = WeightOnly.NONE) -> Plan:
+              weights: WeightOnly = WeightOnly.NONE, tp_size: int = 1) -> Plan:
     """The plan at the largest limits up to the profile's that fit (LOWERED_LIMITS); when none
-    do, `problems` says why at the smallest, with the fix."""
-    return _fit([(ckpt, weights)], profile)[0][0]
+    do, `problems` says why at the smallest, with the fix. With `tp_size` ranks, one a card of
+    the profile, for the most loaded card; raises ConfigError for a TP size the conversion
+    refuses."""
+    check_tp_size(ckpt.text, tp_size)
+    return _fit([(ckpt, weights)], profile, tp_size)[0][0]
 
 
 def planned_profile(ckpt: Checkpoint, profile: GpuProfile,
-                    weights: WeightOnly = WeightOnly.NONE) -> GpuProfile:
-    """`profile` with the limits make_plan derives for the checkpoint and weights: the
-    profile a build uses."""
-    return profile_for_plan(profile, make_plan(ckpt, profile, weights))
+                    weights: WeightOnly = WeightOnly.NONE, tp_size: int = 1) -> GpuProfile:
+    """`profile` with the limits make_plan derives for the checkpoint, weights and TP size:
+    the profile a build uses."""
+    return profile_for_plan(profile, make_plan(ckpt, profile, weights, tp_size))
 
 
 def profile_for_plan(profile: GpuProfile, plan: Plan) -> GpuProfile:
@@ -184,18 +211,19 @@ def profile_for_plan(profile: GpuProfile, plan: Plan) -> GpuProfile:
     return replace(profile, limits=plan.limits) if plan.fits else profile
 
 
-def plan_every_profile(ckpt: Checkpoint, weights: WeightOnly = WeightOnly.NONE) \
-        -> list[tuple[GpuProfile, Plan]]:
+def plan_every_profile(ckpt: Checkpoint, weights: WeightOnly = WeightOnly.NONE,
+                       tp_size: int = 1) -> list[tuple[GpuProfile, Plan]]:
     """The checkpoint against every shipped profile, in profile_names() order: the table a
     platform engineer picks a card from."""
     profiles = [load_profile(name) for name in profile_names()]
-    return [(p, make_plan(ckpt, p, weights)) for p in profiles]
+    return [(p, make_plan(ckpt, p, weights, tp_size)) for p in profiles]
 
 
-def plan_every_precision(ckpt: Checkpoint) -> list[tuple[GpuProfile, dict[WeightOnly, Plan]]]:
+def plan_every_precision(ckpt: Checkpoint, tp_size: int = 1) \
+        -> list[tuple[GpuProfile, dict[WeightOnly, Plan]]]:
     """plan_every_profile for each weight precision: which card takes the checkpoint in
     which precision, and with what KV budget."""
-    return [(p, {w: make_plan(ckpt, p, w) for w in WeightOnly})
+    return [(p, {w: make_plan(ckpt, p, w, tp_size) for w in WeightOnly})
             for p in (load_profile(name) for name in profile_names())]
 
 
@@ -275,7 +303,7 @@ def check_fits(plan: Plan) -> None:
     if plan.problems:
         raise PlanError(
             f"{plan.variant} checkpoint does not fit profile {plan.profile}"
-            f"{_weights_words(plan.weights)}: {plan.problems[0]}"
+            f"{_weights_words(plan.weights)}{_tp_words(plan.tp_size)}: {plan.problems[0]}"
         )
 
 
@@ -291,16 +319,16 @@ class _Problem:
     build: int | None = None  # the build whose own batch relieves it; None: any
 
 
-def _fit(models: Sequence[tuple[Checkpoint, WeightOnly]], profile: GpuProfile) \
-        -> tuple[list[Plan], tuple[str, ...]]:
+def _fit(models: Sequence[tuple[Checkpoint, WeightOnly]], profile: GpuProfile,
+         tp_size: int = 1) -> tuple[list[Plan], tuple[str, ...]]:
     """Plans for builds sharing the card at the largest limits (LOWERED_LIMITS) where no
     build has a problem; with the problems at the smallest limits tried when there are none.
-    One build is the single-card plan."""
+    One build is the single-card plan (with `tp_size` ranks, rank 0's card)."""
     before: _Problem | None = None
     for level in _context_levels(profile.limits):
         limits: list[BuildLimits] | None = [level] * len(models)
         while limits is not None:
-            plans = [_figures(ckpt, replace(profile, limits=lim), weights)
+            plans = [_figures(ckpt, replace(profile, limits=lim), weights, tp_size)
                      for (ckpt, weights), lim in zip(models, limits, strict=True)]
             problem = _problem(plans)
             if problem is None:
@@ -351,6 +379,10 @@ def _with_lowered(plan: Plan, profile: BuildLimits, because: _Problem | None) ->
 
 def _weights_words(weights: WeightOnly) -> str:
     return "" if weights is WeightOnly.NONE else f" with {weights.value.upper()} weights"
+
+
+def _tp_words(tp_size: int) -> str:
+    return "" if tp_size == 1 else f" at tensor-parallel size {tp_size} (one card a rank)"
 
 
 def _smallest(plans: Sequence[Plan]) -> str:
@@ -412,28 +444,42 @@ def _of(plan: Plan, plans: Sequence[Plan]) -> str:
 
 
 @functools.cache
-def llm_weight_bytes(text: TextDims, vision: VisionDims, weights: WeightOnly) -> int:
-    """Bytes of the language-model weights as the engine holds them (one rank: the planner
-    plans TP 1): every weight of the converted checkpoint at its shape (llm/layout.py), the
+def _rank_config(text: TextDims, vision: VisionDims, tp_size: int) -> LlmConfig:
+    return llm_config(text, len(vision.deepstack_visual_indexes), dtype=ENGINE_DTYPE,
+                      tp_size=tp_size, max_position_embeddings=text.max_position_embeddings)
+
+
+@functools.cache
+def llm_weight_bytes(text: TextDims, vision: VisionDims, weights: WeightOnly,
+                     tp_size: int = 1) -> int:
+    """Bytes of the language-model weights one rank's engine holds: every weight of the
+    converted checkpoint at its rank shape (llm/layout.py: split or replicated), the
     decoder's linear layers (llm/weight_only.py) through WeightOnly.linear_bytes (packed
     integers and one scale per output channel, feature counts padded as the engine's layer
     pads them), the embedding, lm_head (kept apart from the embedding even when HF ties them)
     and the norms in the engine dtype."""
-    config = llm_config(text, len(vision.deepstack_visual_indexes), dtype=ENGINE_DTYPE,
-                        tp_size=1, max_position_embeddings=text.max_position_embeddings)
+    config = _rank_config(text, vision, tp_size)
     shapes = expected_shapes(text, vision)
     total = 0
     for name, sources in weight_sources(text).items():
         shape = rank_shape(name, [shapes[s] for s in sources], config)
         if is_quantized(name) and weights is not WeightOnly.NONE:
-            # WeightOnlyQuantLinear pads both feature counts to a multiple of 64 x TP size
-            # (tensorrt_llm/quantization/layers.py).
-            out_features, in_features = (-(-n // FEATURE_MULTIPLE) * FEATURE_MULTIPLE
-                                         for n in shape)
+            out_features, in_features = _padded_features(name, shape, tp_size)
             total += weights.linear_bytes(in_features, out_features, ENGINE_DTYPE)
         else:
             total += math.prod(shape) * ENGINE_DTYPE.itemsize
     return total
+
+
+def _padded_features(name: str, shape: tuple[int, ...], tp_size: int) -> tuple[int, ...]:
+    """A rank's (out, in) features of a weight-only linear as the engine holds them.
+    WeightOnlyQuantLinear pads both full feature counts to a multiple of 64 x TP size before
+    the split (tensorrt_llm/quantization/layers.py): the split one is then a multiple of 64 a
+    rank, the other stays whole. Conversion refuses sizes that would be padded at all."""
+    split = 1 if split_of(name) is Split.COLS else 0
+    return tuple(-(-n // m) * m for n, m in (
+        (n, FEATURE_MULTIPLE if d == split else FEATURE_MULTIPLE * tp_size)
+        for d, n in enumerate(shape)))
 
 
 @functools.cache
@@ -442,13 +488,21 @@ def _vision_parameters(text: TextDims, vision: VisionDims) -> int:
                if name.startswith(VISION_PREFIX))
 
 
-def _figures(ckpt: Checkpoint, profile: GpuProfile, weights: WeightOnly) -> Plan:
+def _figures(ckpt: Checkpoint, profile: GpuProfile, weights: WeightOnly,
+             tp_size: int = 1) -> Plan:
+    """Rank 0's card (module docstring): its share of the language model, the whole vision
+    model, and the buffers every rank holds whole (the prompt table: the embedding is not
+    split; the MRoPE tables)."""
     t, v, lim = ckpt.text, ckpt.vision, profile.limits
+    config = _rank_config(t, v, tp_size)
     max_patches = lim.vision_max_pixels // (v.patch_size**2)
     vision_act = max_patches * (6 * v.hidden_size + 2 * v.intermediate_size) * FP16
-    qkv = (t.num_heads + 2 * t.num_kv_heads) * t.head_dim
+    # A rank computes its heads' q, k, v and its share of the MLP; the hidden states and
+    # the logits (lm_head gathers its output) are whole on every rank.
+    qkv = sum(qkv_rows(config))
     llm_act = (
-        lim.max_num_tokens * (qkv + 3 * t.hidden_size + 2 * t.intermediate_size) * FP16
+        lim.max_num_tokens
+        * (qkv + 3 * t.hidden_size + 2 * t.intermediate_size // tp_size) * FP16
         + lim.max_batch_size * t.vocab_size * 4
     )  # fp32 logits of the last tokens
     rows = prompt_table_rows(lim, v.deepstack_count)
@@ -463,7 +517,7 @@ def _figures(ckpt: Checkpoint, profile: GpuProfile, weights: WeightOnly) -> Plan
         weights=weights,
         gpu_memory_bytes=profile.memory_bytes,
         vision_weight_bytes=_vision_parameters(t, v) * FP16,
-        llm_weight_bytes=llm_weight_bytes(t, v, weights),
+        llm_weight_bytes=llm_weight_bytes(t, v, weights, tp_size),
         vision_activation_bytes=vision_act,
         llm_activation_bytes=llm_act,
         runtime_overhead_bytes=RUNTIME_OVERHEAD_BYTES + VISION_PROCESS_OVERHEAD_BYTES,
@@ -479,7 +533,10 @@ def _figures(ckpt: Checkpoint, profile: GpuProfile, weights: WeightOnly) -> Plan
             2 * lim.max_visual_tokens_per_request * v.spatial_merge_size**2 * v.patch_dim
             + 2 * 3 * lim.max_input_len * 8
             + mrope_per_request + 3 * (rows // lim.max_batch_size) * row_bytes),
-        kv_bytes_per_token=t.kv_bytes_per_token_fp16,
+        # K and V of this rank's KV heads in every layer, fp16. TensorRT-LLM gives a rank
+        # ceil(KV heads / TP) heads (tensorrt_llm/_torch/pyexecutor/resource_manager.py,
+        # KVCacheManager num_kv_heads_per_layer); check_tp_size keeps that exact.
+        kv_bytes_per_token=2 * t.num_layers * qkv_rows(config)[1] * FP16,
         kv_cache_bytes=0,
         kv_capacity_tokens=0,
         typical_request=_typical_request(profile),
@@ -487,6 +544,7 @@ def _figures(ckpt: Checkpoint, profile: GpuProfile, weights: WeightOnly) -> Plan
         typical_video=_typical_video(profile),
         concurrent_typical_videos=0,
         problems=(),
+        tp_size=tp_size,
     )
     kv_bytes = _kv_shares([plan])[0]
     capacity = _whole_blocks(kv_bytes, plan)

@@ -72,7 +72,8 @@ class BuildOptions:
 @dataclass
 class BuildContext:
     """What stage functions receive. `profile` is the one the build uses: `--gpu`'s with the
-    limits the planner derives for the checkpoint and weights (plan.planned_profile)."""
+    limits the planner derives for the checkpoint, weights and TP size
+    (plan.planned_profile)."""
 
     options: BuildOptions
     out: Path
@@ -113,7 +114,8 @@ class BuildContext:
                                     rtx=self.trt_edition is TrtEdition.TENSORRT_RTX)
         run = container_command(self.out, inputs, image=recipe.tag,
                                 shm_bytes=make_plan(self.checkpoint, self.profile,
-                                                    self.options.weights).shm_bytes)
+                                                    self.options.weights,
+                                                    self.options.tp_size).shm_bytes)
         return f"{recipe.build_command} && {run}"
 
     @cached_property

@@ -34,17 +34,23 @@ def _run_inspect(ctx: BuildContext, work: Path) -> dict[str, Any]:
 
 
 def _plan_inputs(ctx: BuildContext) -> dict[str, Any]:
-    return {
+    inputs = {
         "config": ctx.hasher.hash(ctx.checkpoint.path / "config.json"),
         "profile": to_jsonable(ctx.profile),
         "weights": ctx.options.weights.value,
     }
+    # Absent at TP 1, so the plan stages of builds made before the planner planned TP keep
+    # their fingerprint.
+    if ctx.options.tp_size != 1:
+        inputs["tp_size"] = ctx.options.tp_size
+    return inputs
 
 
 def _run_plan(ctx: BuildContext, work: Path) -> dict[str, Any]:
     # Planned against the profile as shipped, so that plan.json names what was lowered;
     # its limits are ctx.profile's, which profile.json records and every later stage uses.
-    plan = make_plan(ctx.checkpoint, load_profile(ctx.options.gpu), ctx.options.weights)
+    plan = make_plan(ctx.checkpoint, load_profile(ctx.options.gpu), ctx.options.weights,
+                     ctx.options.tp_size)
     check_fits(plan)
     write_json_atomic(work / "plan.json", to_jsonable(plan))
     write_json_atomic(work / PROFILE_NAME, to_jsonable(ctx.profile))

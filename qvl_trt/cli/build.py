@@ -39,6 +39,10 @@ def plan(
         help="Folder to write each model's profile with the limits of this plan into "
         "(GPU-NAME.toml, NAME: the model's name or folder), for `qvl-trt build --gpu`: how "
         "models planned onto one card are built for it.", show_default=False)] = None,
+    tp_size: Annotated[int, typer.Option(
+        help="Tensor-parallel size, as `build --tp-size`: each rank on its own card of the "
+        "profile; the figures are for the most loaded card, rank 0's, which also runs the "
+        "vision model. One --model only.")] = 1,
     json_out: JsonOpt = False,
 ) -> None:
     """Check that checkpoints fit a GPU profile: weights, KV cache, prompt table, capacity,
@@ -63,13 +67,16 @@ def plan(
                           "all of them, or one per --model in the same order")
     given = weights or [WeightOnly.NONE]
     precisions = given * len(named) if len(given) == 1 else given
+    if tp_size != 1 and len(named) > 1:
+        raise ConfigError("--tp-size plans one --model across its own cards; plan models "
+                          "that share a card with --tp-size 1")
     ckpts = [open_checkpoint(m.path) for m in named]
     if gpu.strip().lower() == "all":
         if save_profiles or len(ckpts) > 1:
             raise ConfigError("--gpu all plans one --model on every card; to plan several "
                               "models onto one card or save profiles, name the card: --gpu "
                               "4090d")
-        _plan_every_card(ckpts[0], weights[0] if weights else None, json_out)
+        _plan_every_card(ckpts[0], weights[0] if weights else None, tp_size, json_out)
         return
     profile = load_profile(gpu)
     names = [m.name or m.path.resolve().name for m in named]
@@ -85,7 +92,7 @@ def plan(
         check_fits_together(shared)
         plans = list(shared.plans)
     else:
-        plans = [make_plan(ckpts[0], profile, precisions[0])]
+        plans = [make_plan(ckpts[0], profile, precisions[0], tp_size)]
         if json_out:
             print_json(plan_json(plans[0]))
         else:
@@ -98,13 +105,15 @@ def plan(
 
         written = save_planned_profiles(save_profiles, profile,
                                         list(zip(names, plans, strict=True)))
+        tp = f" --tp-size {tp_size}" if tp_size != 1 else ""
         for m, p, path in zip(named, plans, written, strict=True):
             (err if json_out else out).print(
                 f"wrote {path}; build with: qvl-trt build --model {m.path} --gpu {path} "
-                f"--weights {p.weights.value}", markup=False, highlight=False, soft_wrap=True)
+                f"--weights {p.weights.value}{tp}", markup=False, highlight=False,
+                soft_wrap=True)
 
 
-def _plan_every_card(ckpt, weights: WeightOnly | None, json_out: bool) -> None:
+def _plan_every_card(ckpt, weights: WeightOnly | None, tp_size: int, json_out: bool) -> None:
     """`plan --gpu all`: every precision side by side, or one in detail."""
     from ..plan import plan_every_precision, plan_every_profile
     from .console import (
@@ -117,13 +126,13 @@ def _plan_every_card(ckpt, weights: WeightOnly | None, json_out: bool) -> None:
     )
 
     if weights is None:
-        table = plan_every_precision(ckpt)
+        table = plan_every_precision(ckpt, tp_size)
         if json_out:
             print_json([plan_json(p) for _, plans in table for p in plans.values()])
         else:
             out.print(plan_precision_table(table))
         return
-    rows = plan_every_profile(ckpt, weights)
+    rows = plan_every_profile(ckpt, weights, tp_size)
     if json_out:
         print_json([plan_json(p) for _, p in rows])
         return

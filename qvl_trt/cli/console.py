@@ -80,11 +80,18 @@ def _llm_weights_basis(weights: WeightOnly) -> str:
             "embedding, lm_head (apart) and norms fp16")
 
 
+def _tp_title(plan: Plan) -> str:
+    return "" if plan.tp_size == 1 else (
+        f", tensor-parallel size {plan.tp_size}: rank 0's card, which also runs the vision "
+        "model")
+
+
 def plan_table(plan: Plan, profile: GpuProfile) -> Table:
     lim = plan.limits
     t = Table(
         title=f"plan: {plan.variant} checkpoint, {_precision(plan.weights)} weights, on "
         f"{profile.name} ({profile.gpu.description}, {profile.gpu.memory_mib} MiB)"
+        f"{_tp_title(plan)}"
     )
     t.add_column("item")
     t.add_column("value", justify="right")
@@ -139,7 +146,8 @@ def plan_table(plan: Plan, profile: GpuProfile) -> Table:
         (
             "KV bytes per token",
             f"{plan.kv_bytes_per_token:,}",
-            "2 x layers x kv_heads x head_dim x 2 bytes",
+            "2 x layers x kv_heads x head_dim x 2 bytes"
+            + ("" if plan.tp_size == 1 else f", kv_heads / {plan.tp_size} a rank"),
         ),
         (
             "KV cache",
@@ -190,7 +198,7 @@ def plan_all_table(rows: list[tuple[GpuProfile, Plan]]) -> Table:
     variant = rows[0][1].variant if rows else "?"
     weights = _precision(rows[0][1].weights) if rows else "?"
     t = Table(title=f"plan: {variant} checkpoint, {weights} weights, on every shipped GPU "
-              "profile")
+              f"profile{_tp_title(rows[0][1]) if rows else ''}")
     t.caption = ("images, videos: typical requests (a 1920x1080 image, a 30-frame 1280x720 "
                  "clip) the KV cache holds at once; clip: its visual tokens as the profile "
                  "admits it (- refused)")
@@ -228,9 +236,10 @@ def precision_cell(plan: Plan) -> str:
 def plan_precision_table(rows: list[tuple[GpuProfile, dict[WeightOnly, Plan]]]) -> Table:
     """One row per profile, a column per weight precision: which card takes the checkpoint
     in which precision."""
-    variant = next(iter(rows[0][1].values())).variant if rows else "?"
+    first = next(iter(rows[0][1].values())) if rows else None
+    variant = first.variant if first else "?"
     t = Table(title=f"plan: {variant} checkpoint on every shipped GPU profile, by weight "
-              "precision")
+              f"precision{_tp_title(first) if first else ''}")
     t.caption = ("each cell: max_batch_size / KV budget in tokens (max_tokens_in_paged_kv_cache);"
                  " - does not fit; * limits lowered below the profile's (`qvl-trt plan --gpu "
                  "NAME --weights W` says which)")

@@ -25,6 +25,7 @@ from .layout import (
     CONFIG_NAME,
     DTYPES,
     LlmConfig,
+    check_tp_size,
     llm_config,
     shard,
     stored_shapes,
@@ -113,15 +114,7 @@ def llm_config_for(ckpt: Checkpoint, *, dtype: Dtype | str, tp_size: int,
     except ValueError:
         raise ConfigError(f"weights {weights!r} is not one of "
                           f"{', '.join(w.value for w in WeightOnly)}") from None
-    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
-        raise ConfigError(f"tensor-parallel size must be a positive integer, got {tp_size!r}")
-    for what, count in (("attention heads", text.num_heads), ("KV heads", text.num_kv_heads),
-                        ("intermediate size", text.intermediate_size)):
-        if count % tp_size:
-            fits = [n for n in (1, 2, 4, 8) if text.num_heads % n == 0
-                    and text.num_kv_heads % n == 0 and text.intermediate_size % n == 0]
-            raise ConfigError(f"tensor-parallel size {tp_size} does not divide the model's "
-                              f"{count} {what}; use one of {fits}")
+    check_tp_size(text, tp_size)
     if not 0 < max_seq_len <= text.max_position_embeddings:
         raise ConfigError(f"max_seq_len {max_seq_len} must be between 1 and the model's "
                           f"max_position_embeddings ({text.max_position_embeddings})")

@@ -13,7 +13,7 @@ from pathlib import Path
 from ..checkpoint import TEXT_PREFIX, TextDims
 from ..deps import require
 from ..dtypes import Dtype, WeightOnly
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 from ..mm.prompt_table import rows_per_visual_token
 from ..typed_config import load_dataclass, to_jsonable
 from .weight_only import is_quantized, packed_shape, scale_name
@@ -128,6 +128,21 @@ def llm_config(text: TextDims, deepstack_layers: int, *, dtype: Dtype, tp_size: 
         mapping=MappingConfig(world_size=tp_size, tp_size=tp_size),
         quantization=QuantizationConfig(quant_algo=WeightOnly(weights).quant_algo),
     )
+
+
+def check_tp_size(text: TextDims, tp_size: int) -> None:
+    """Refuse a tensor-parallel size the split below cannot take: each rank gets whole
+    attention heads, whole KV heads (no replication, though TensorRT-LLM would replicate KV
+    heads when TP exceeds them) and an equal share of the MLP."""
+    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
+        raise ConfigError(f"tensor-parallel size must be a positive integer, got {tp_size!r}")
+    for what, count in (("attention heads", text.num_heads), ("KV heads", text.num_kv_heads),
+                        ("intermediate size", text.intermediate_size)):
+        if count % tp_size:
+            fits = [n for n in (1, 2, 4, 8) if text.num_heads % n == 0
+                    and text.num_kv_heads % n == 0 and text.intermediate_size % n == 0]
+            raise ConfigError(f"tensor-parallel size {tp_size} does not divide the model's "
+                              f"{count} {what}; use one of {fits}")
 
 
 def read_llm_config(path: Path) -> LlmConfig:

@@ -190,7 +190,8 @@ def _open_build(path: Path) -> _Build:
     checkpoint = open_checkpoint(manifest.options["model"], validate=False)
     # profile.json holds the limits the build planned and used: planning again keeps them.
     weights = WeightOnly(manifest.options.get("weights", WeightOnly.NONE.value))
-    return _Build(folder, manifest, checkpoint, profile, make_plan(checkpoint, profile, weights))
+    return _Build(folder, manifest, checkpoint, profile,
+                  make_plan(checkpoint, profile, weights, manifest.options.get("tp_size", 1)))
 
 
 def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOptions,
