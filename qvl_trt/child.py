@@ -84,10 +84,8 @@ def run_child(cmd: Sequence[str], *, cwd: Path | None, log_path: Path, what: str
     with Path(log_path).open("w", encoding="utf-8") as log_file:
         try:
             with signals_held():
-                proc = subprocess.Popen(
-                    list(cmd), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                    text=True, errors="replace", start_new_session=True,
-                    preexec_fn=functools.partial(die_with_parent, os.getpid()))
+                proc = popen_owned(cmd, cwd=cwd, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, errors="replace")
             assert proc.stdout is not None
             for line in proc.stdout:
                 log_file.write(line)
@@ -147,6 +145,15 @@ def signals_held(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> It
             signal.signal(s, handler)
         for s in dict.fromkeys(caught):
             signal.raise_signal(s)
+
+
+def popen_owned(cmd: Sequence[str], **popen: Any) -> subprocess.Popen:
+    """Start `cmd` as a child that never outlives this process: its own process group (so
+    kill_group ends it and whatever it starts, and a terminal's Ctrl-C reaches only us) and
+    SIGKILL when the starting thread ends (die_with_parent). Call it inside signals_held()
+    and keep the handle there."""
+    return subprocess.Popen(list(cmd), start_new_session=True,
+                            preexec_fn=functools.partial(die_with_parent, os.getpid()), **popen)
 
 
 def kill_group(pgid: int) -> None:

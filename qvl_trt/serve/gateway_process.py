@@ -5,7 +5,6 @@ finish, up to the shutdown timeout) and kills the group if it does not end in ti
 
 from __future__ import annotations
 
-import functools
 import os
 import signal
 import subprocess
@@ -13,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..child import die_with_parent, kill_group, signals_held
+from ..child import kill_group, popen_owned, signals_held
 from ..errors import ServerError
 from ..gateway.options import API_KEY_ENV, GatewayOptions
 from ..gateway.readiness import READY_PATH, ask_ready
@@ -60,10 +59,9 @@ class GatewayProcess:
             env[API_KEY_ENV] = self.opts.api_key
         try:
             with signals_held():  # a stop signal now is delivered once stop() can end it
-                self.process = subprocess.Popen(
+                self.process = popen_owned(
                     gateway_command(self.opts), env=env, stdin=subprocess.DEVNULL, stdout=out,
-                    stderr=subprocess.STDOUT if out else None, start_new_session=True,
-                    preexec_fn=functools.partial(die_with_parent, os.getpid()))
+                    stderr=subprocess.STDOUT if out else None)
         finally:
             if out is not None:
                 out.close()

@@ -9,7 +9,6 @@ control) and join rank 0 through MPI. Each rank gets its own shm prefix.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
@@ -28,7 +27,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..child import die_with_parent, kill_group, signals_held
+from ..child import kill_group, popen_owned, signals_held
 from ..errors import ConfigError, DependencyError, ServerError
 from ..machine import PYTRITON_STUBS, TritonInstall, find_tritonserver
 
@@ -281,10 +280,9 @@ class TritonServer:
         # pipe so stop() sees the drain finish.
         try:
             with signals_held():  # a stop signal now is delivered once stop() can end it
-                self.process = subprocess.Popen(
+                self.process = popen_owned(
                     cmd, env=server_env(self.install), stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                    preexec_fn=functools.partial(die_with_parent, os.getpid()))
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
                 self._pump = threading.Thread(target=self._copy_log,
                                               args=(self.process.stdout,),
                                               name="tritonserver-log", daemon=True)
