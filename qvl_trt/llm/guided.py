@@ -83,13 +83,22 @@ class GuideType(str, enum.Enum):
 
 # Known to the C++ executor, but not mapped by the 1.2 Triton backend: it would run unguided.
 STRUCTURAL_TAG = "structural_tag"
-GUIDE_WITHOUT_END = ("a guided answer needs its end token (it is sent without one: "
-                     "ignore_eos): once the structure is complete only end tokens are "
-                     "admitted, and generating past one fails the engine's whole step; send "
-                     "the guide without ignore_eos")
-GUIDE_WITH_MIN_TOKENS = ("min_tokens with a guided answer: once the structure is complete only "
-                         "end tokens are admitted, so the engine would end the answer before "
-                         "min_tokens or fail its whole step; send the guide with min_tokens 0")
+
+
+def check_guided_ending(has_end_id: bool, min_tokens: int) -> None:
+    """Refuse a guided request that cannot end where its structure does (module docstring:
+    past a complete grammar only end tokens are admitted): one without an end id (sent with
+    ignore_eos), or one with min_tokens."""
+    if not has_end_id:
+        raise InputError("a guided answer needs its end token (it is sent without one: "
+                         "ignore_eos): once the structure is complete only end tokens are "
+                         "admitted, and generating past one fails the engine's whole step; "
+                         "send the guide without ignore_eos")
+    if min_tokens:
+        raise InputError("min_tokens with a guided answer: once the structure is complete "
+                         "only end tokens are admitted, so the engine would end the answer "
+                         "before min_tokens or fail its whole step; send the guide with "
+                         "min_tokens 0")
 
 
 class GuideError(InputError):

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import ConfigError, InputError
-from ...llm.guided import BACKEND, GUIDE_WITH_MIN_TOKENS, GUIDE_WITHOUT_END, Guide, GuidedDecoding
+from ...llm.guided import BACKEND, Guide, GuidedDecoding, check_guided_ending
 from .. import contract as c
 from .backend import (
     error_message,
@@ -145,10 +145,8 @@ class LlmRequest:
         _check_min_tokens(min_tokens, end_id)
         guide = Guide.from_inputs(*(None if x.get(s.name) is None else c.utf8(
             np.asarray(x[s.name]).reshape(-1)[0], s.name) for s in c.GUIDE_INPUTS))
-        if guide is not None and end_id is None:
-            raise InputError(GUIDE_WITHOUT_END)
-        if guide is not None and min_tokens:
-            raise InputError(GUIDE_WITH_MIN_TOKENS)
+        if guide is not None:
+            check_guided_ending(end_id is not None, min_tokens)
         return cls(
             input_ids=tuple(int(t) for t in ids),
             max_tokens=max_tokens,

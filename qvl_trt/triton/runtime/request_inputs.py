@@ -22,7 +22,7 @@ from typing import Any
 
 from ...errors import InputError
 from ...generation_config import SamplingDefaults
-from ...llm.guided import GUIDE_WITH_MIN_TOKENS, GUIDE_WITHOUT_END, Guide
+from ...llm.guided import Guide, check_guided_ending
 from ...mm.chat import (
     IMAGE_PART_TYPES,
     VIDEO_PART_TYPES,
@@ -87,10 +87,7 @@ def chat_request(inputs: Mapping[str, Any], *, urls: UrlPolicy, defaults: Sampli
     # (llm/guided.py).
     guide = Guide.from_inputs(req.guided_decoding_guide_type, req.guided_decoding_guide)
     if guide is not None:
-        if req.ignore_eos:
-            raise InputError(GUIDE_WITHOUT_END)
-        if req.min_tokens:
-            raise InputError(GUIDE_WITH_MIN_TOKENS)
+        check_guided_ending(not req.ignore_eos, req.min_tokens or 0)
         guide.check()
     bounds.check(f"the request's size in bytes ({', '.join(c.ENSEMBLE_BYTES_INPUTS)})",
                  req.payload_bytes(), "max_request_bytes",
