@@ -1,7 +1,8 @@
 """Measure the reference tensorrt_llm model's scheduling on a real tritonserver: the latency of
 an 8-token request alone, then right after a streamed 1,200-token request was cancelled
-(the bound: at most twice the solo time), and the tokens the decoder made after
-the cancel (qvl_reference_llm_tokens_total): a cancelled stream must stop generating.
+(the bound: at most twice the solo time), and the iterations the decoder made after the
+cancel (the stock backend's iteration counter, which the reference publishes): a cancelled
+stream must stop generating.
 
 It builds what tests/conftest.py builds (the tiny checkpoint, its converted LLM, the
 reference-flavor repository) with the tests' small profile widened to 2,048 positions, so
@@ -13,14 +14,13 @@ Usage: python scripts/bench_reference_scheduling.py [--work-dir DIR] [--runs N]
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from qvl_trt.client.generate import GenerateClient, GenerateRequest
+from qvl_trt.serve.progress import iterations, read_metrics
 from qvl_trt.serve.server import ServerOptions, TritonServer, free_ports
 from qvl_trt.testing.tiny_repository import build_tiny_reference_repo
 from qvl_trt.triton import contract as c
@@ -53,11 +53,10 @@ def cancelled_long_stream(url: str) -> None:
     client.close()
 
 
-def tokens_made(server: TritonServer) -> float:
-    with urllib.request.urlopen(server.metrics_url, timeout=10) as page:
-        text = page.read().decode()
-    return sum(float(v) for v in re.findall(
-        r"^qvl_reference_llm_tokens_total\{[^}]*\} (\S+)$", text, re.M))
+def iterations_made(server: TritonServer) -> float:
+    samples = read_metrics(server.metrics_url, timeout_s=10)
+    assert samples is not None, "the metrics page does not answer"
+    return iterations(samples)
 
 
 def main() -> None:
@@ -78,15 +77,15 @@ def main() -> None:
             for _ in range(args.runs):
                 cancelled_long_stream(url)
                 after.append(short_latency(url))
-                before = tokens_made(server)
+                before = iterations_made(server)
                 time.sleep(1.0)  # a decoder still running the cancelled stream shows here
-                leaked.append(tokens_made(server) - before)
+                leaked.append(iterations_made(server) - before)
             worst = max(after)
             print(f"8-token request alone: {solo:.3f} s (median of {args.runs})")
             print(f"8-token request after a cancelled {LONG_TOKENS}-token stream: "
                   f"{', '.join(f'{t:.3f}' for t in after)} s")
             print(f"ratio (worst / solo): {worst / solo:.2f} (bound: <= 2)")
-            print(f"tokens made in the second after each 8-token request: "
+            print(f"iterations made in the second after each 8-token request: "
                   f"{', '.join(f'{n:.0f}' for n in leaked)} (the cancelled stream stopped: 0)")
 
 

@@ -192,6 +192,17 @@ def metric(server, name: str) -> float:
     return sum(values)
 
 
+def iterations(server) -> float:
+    """tensorrt_llm's iteration counter, the stock backend's metric the reference publishes
+    too: while one request generates, one iteration per token."""
+    from qvl_trt.serve.progress import iterations as count
+    from qvl_trt.serve.progress import read_metrics
+
+    samples = read_metrics(server.metrics_url, timeout_s=10)
+    assert samples is not None, "the metrics page does not answer"
+    return count(samples)
+
+
 # ---- answers --------------------------------------------------------------------------------
 
 def test_grpc_stream_equals_the_reference_pipeline(triton_server, pipeline) -> None:
@@ -577,12 +588,12 @@ def test_an_internal_model_answers_a_client_directly(triton_server) -> None:
 def test_an_oversized_stop_list_is_refused_before_generation(triton_server) -> None:
     """100,000 stop strings: refused by preprocessing, naming the bound, before
     the decoder makes a token; the server keeps serving."""
-    tokens = metric(triton_server, "qvl_reference_llm_tokens_total")
+    steps = iterations(triton_server)
     with pytest.raises(RequestFailed) as refused:
         grpc_ask(triton_server, prompt="Hi", max_tokens=64, stop=["x"] * 100_000)
     assert "the number of stop strings is 100000, above the limit of 16" in str(refused.value)
     assert "max_stop_words" in str(refused.value)
-    assert metric(triton_server, "qvl_reference_llm_tokens_total") == tokens
+    assert iterations(triton_server) == steps
     assert grpc_ask(triton_server, prompt="Still there?", max_tokens=2).completion_tokens == 2
 
 
@@ -623,3 +634,31 @@ def test_tensorrt_llm_applies_the_executors_rules(triton_server) -> None:
                    **{c.STOP_WORDS_LIST: np.array([[[5, 6, 7], [2, 1, -1]]], np.int32)})
     assert len(llm_answer(triton_server, [100] * (positions - 3), 10)) == 3
     assert len(llm_answer(triton_server, [100, 101], 2)) == 2
+
+
+def test_tensorrt_llm_publishes_the_stock_backends_metrics_and_no_others(triton_server) -> None:
+    """The reference tensorrt_llm's metrics are the stock backend's (names, labels, meaning:
+    triton/tensorrtllm_backend.py), so that what serve reads as progress holds on the trt
+    flavor too; a metric the stock backend lacks would let a check pass here only."""
+    from qvl_trt.serve.progress import read_metrics
+    from qvl_trt.triton import tensorrtllm_backend as tb
+
+    before = iterations(triton_server)
+    grpc_ask(triton_server, prompt="Count.", max_tokens=3)
+    samples = read_metrics(triton_server.metrics_url, timeout_s=10)
+    ours = {(name, labels) for name, labels in samples
+            if dict(labels).get("model") == c.TENSORRT_LLM
+            and not name.startswith("nv_inference_")}  # Triton's own, for every model
+    stock = {g.family: g for g in (tb.REQUEST_METRICS, tb.INFLIGHT_BATCHER_METRICS,
+                                   tb.GENERAL_METRICS, tb.OUTPUT_TOKEN_LEN, tb.INPUT_TOKEN_LEN)}
+    families = {name.removesuffix("_bucket").removesuffix("_count").removesuffix("_sum")
+                for name, _ in ours}
+    assert families <= stock.keys(), families - stock.keys()
+    for group in (tb.REQUEST_METRICS, tb.INFLIGHT_BATCHER_METRICS, tb.GENERAL_METRICS):
+        for series in group.series:
+            labels = frozenset({"model": c.TENSORRT_LLM, "version": "1",
+                                group.category: series}.items())
+            assert (group.family, labels) in ours, (group.family, series)
+    assert iterations(triton_server) >= before + 3  # one iteration a token
+    assert samples["nv_trt_llm_request_metrics", frozenset(
+        {"model": c.TENSORRT_LLM, "version": "1", "request_type": "max"}.items())] == 8

@@ -19,6 +19,7 @@ from qvl_trt.triton.runtime.reference_tensorrt_llm import (
     LlmLimits,
     LlmRequest,
     ReferenceLlm,
+    StepStats,
     check_requested_outputs,
 )
 
@@ -460,3 +461,27 @@ def test_a_decoder_bug_answers_every_request_of_its_batch_with_its_type_only(cap
     assert errors == ["internal error in b4_tensorrt_llm: KeyError"]
     (record,) = [r for r in caplog.records if r.exc_info]
     assert "b4_tensorrt_llm" in record.getMessage() and record.exc_info[0] is KeyError
+
+
+def test_each_iteration_and_each_end_are_reported_as_the_executor_counts_them(
+        no_stop_words) -> None:
+    """The stock backend's metrics come from these (ExecutorMetrics): per iteration its
+    number, the requests in the batch and those in their context step with their prompt
+    tokens; per request its prompt and output tokens, at its final response."""
+    decoder = FakeDecoder()
+    steps: list[StepStats] = []
+    ends: list[tuple[int, int]] = []
+    llm = ReferenceLlm(decoder, max_batch_size=2, on_step=steps.append,
+                       on_finish=lambda prompt, out: ends.append((prompt, out)))
+    finals = threading.Semaphore(0)
+    for tokens in (2, 3):
+        request = LlmRequest.from_inputs({**good_inputs(), c.REQUEST_OUTPUT_LEN:
+                                          np.int32(tokens), c.END_ID: np.int32(c.NO_END_ID)},
+                                         LIMITS)
+        llm.submit(request, lambda t, final: final and finals.release(), pytest.fail)
+    decoder.go.set()
+    for _ in range(2):
+        assert finals.acquire(timeout=60)
+    llm.close()
+    assert steps == [StepStats(1, 2, 2, 10), StepStats(2, 2, 0, 0), StepStats(3, 1, 0, 0)]
+    assert sorted(ends) == [(5, 2), (5, 3)]

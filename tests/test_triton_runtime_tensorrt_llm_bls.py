@@ -16,7 +16,7 @@ from test_serve_server import (
     RequestFailed,
     expected,
     grpc_ask,
-    metric,
+    iterations,
     pipeline,
     png,
 )
@@ -27,10 +27,9 @@ grpcclient = pytest.importorskip("tritonclient.grpc", reason="needs tritonclient
                                  "'qvl-trt[serve]'")
 __all__ = ["pipeline"]  # the fixture, imported for pytest
 
-TOKENS = "qvl_reference_llm_tokens_total"
 LONG_STORY = "Tell me a long story."
-STARTED = 10  # tokens made before the client cancels
-SETTLE_S = 0.5  # the token counter unchanged this long: nothing is generating
+STARTED = 10  # tokens (iterations of tensorrt_llm) made before the client cancels
+SETTLE_S = 0.5  # the iteration counter unchanged this long: nothing is generating
 WAIT_S = 120  # only reached when something is broken
 
 
@@ -116,14 +115,14 @@ def long_story(pipeline) -> int:
     return max_tokens
 
 
-def settled_tokens(server) -> float:
-    """The reference tensorrt_llm's token counter once it stops growing (no request is
-    generating), polled for at most WAIT_S."""
+def settled_iterations(server) -> float:
+    """tensorrt_llm's iteration counter once it stops growing (no request is generating),
+    polled for at most WAIT_S."""
     deadline = time.monotonic() + WAIT_S
-    last = metric(server, TOKENS)
+    last = iterations(server)
     while time.monotonic() < deadline:
         time.sleep(SETTLE_S)
-        now = metric(server, TOKENS)
+        now = iterations(server)
         if now == last:
             return now
         last = now
@@ -140,19 +139,19 @@ def test_a_cancelled_bls_request_stops_the_generation(triton_server, pipeline, l
               c.MAX_TOKENS: np.array([[long_story]], np.int32),
               c.TEMPERATURE: np.array([[0.0]], np.float32), c.STREAM: np.array([[stream]])}
     inputs = [infer_input(k, v, ENSEMBLE_TYPES[k]) for k, v in values.items()]
-    before = settled_tokens(triton_server)
+    before = settled_iterations(triton_server)
     client = grpcclient.InferenceServerClient(triton_server.grpc_url)
     client.start_stream(callback=lambda result, error: None)
     try:
         client.async_stream_infer(c.TENSORRT_LLM_BLS, inputs)
         deadline = time.monotonic() + WAIT_S
-        while metric(triton_server, TOKENS) - before < STARTED:
+        while iterations(triton_server) - before < STARTED:
             assert time.monotonic() < deadline, "the generation did not start"
             time.sleep(0.02)
     finally:
         client.stop_stream(cancel_requests=True)  # the client's cancel
         client.close()
-    made = settled_tokens(triton_server) - before
+    made = settled_iterations(triton_server) - before
     print(f"cancelled after {STARTED}+ tokens; the reference tensorrt_llm made {made:.0f} "
           f"(of max_tokens {long_story})")
     assert made < long_story // 2, "the generation was not stopped"

@@ -190,3 +190,40 @@ def _guided_decoding_problems(params: Mapping[str, str]) -> list[str]:
         return [f"parameter guided_decoding_backend is {backend!r}: the backend supports only "
                 "xgrammar (or empty: off)"]
     return []
+
+
+# ---- the backend's metrics ---------------------------------------------------------------
+# What the backend publishes on Triton's /metrics (TensorRT-LLM 1.2 triton_backend
+# inflight_batcher_llm/src/custom_metrics_reporter/custom_metrics_reporter.cc
+# InitializeReporter): families of gauges, each series labelled model, version and the
+# family's category label. model_instance_state.cc WaitForStats sets them every
+# stats_check_period_ms from the executor's latest iteration stats (so after the last
+# iteration they keep its values): active = numActiveRequests (the requests in the batch,
+# at most max_batch_size: executorImpl.cpp), max = maxNumActiveRequests, scheduled and
+# context from the inflight batching stats, waiting = active - scheduled (not the executor's
+# queue, which no metric shows), iteration_counter = the iteration's number. At each
+# request's final response (reportCustomMetrics) its input and output token counts go into
+# two histograms with the buckets below. The reference tensorrt_llm publishes the same
+# (runtime/reference_tensorrt_llm.py); serve reads iteration_counter as the engine's
+# progress (serve/progress.py).
+
+@dataclass(frozen=True)
+class MetricGroup:
+    family: str
+    category: str  # the label naming the series within the family
+    series: tuple[str, ...]
+
+
+REQUEST_METRICS = MetricGroup("nv_trt_llm_request_metrics", "request_type",
+                              ("active", "max", "scheduled", "context", "waiting"))
+INFLIGHT_BATCHER_METRICS = MetricGroup(
+    "nv_trt_llm_inflight_batcher_metrics", "inflight_batcher_specific_metric",
+    ("total_context_tokens", "generation_requests", "micro_batch_id", "paused_requests"))
+GENERAL_METRICS = MetricGroup("nv_trt_llm_general_metrics", "general_type",
+                              ("timestamp", "iteration_counter"))
+OUTPUT_TOKEN_LEN = MetricGroup("nv_llm_output_token_len", "response_metric_type",
+                               ("total_output_tokens",))
+INPUT_TOKEN_LEN = MetricGroup("nv_llm_input_token_len", "response_metric_type",
+                              ("total_input_tokens",))
+TOKEN_LEN_BUCKETS = (10.0, 50.0, 100.0, 500.0, 1000.0)
+ITERATION_COUNTER = "iteration_counter"

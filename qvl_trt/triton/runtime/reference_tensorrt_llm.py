@@ -52,6 +52,7 @@ import numpy as np
 from ...errors import ConfigError, InputError
 from ...llm.guided import BACKEND, Guide, GuidedDecoding, check_guided_ending
 from .. import contract as c
+from .. import tensorrtllm_backend as tb
 from .backend import (
     error_message,
     error_response,
@@ -237,22 +238,37 @@ class _Job:
         return self.is_cancelled()
 
 
+@dataclass(frozen=True)
+class StepStats:
+    """One iteration, as the executor's IterationStats count it (the stock backend's metrics,
+    tensorrtllm_backend.REQUEST_METRICS): its number, the requests in its batch, and those
+    among them in their context (prefill) phase and their prompt tokens."""
+
+    iteration: int
+    active: int
+    context_requests: int
+    context_tokens: int
+
+
 class ReferenceLlm:
     def __init__(self, decoder: Any, *, max_batch_size: int,
-                 count_tokens: Callable[[int], None] = lambda n: None,
+                 on_step: Callable[[StepStats], None] = lambda stats: None,
+                 on_finish: Callable[[int, int], None] = lambda prompt, output: None,
                  model_name: str = c.TENSORRT_LLM, cancel_check_s: float = 0.0,
                  guided: GuidedDecoding | None = None) -> None:
         """`decoder.batch()`: an empty in-flight batch (llm.reference.DecodeBatch);
         `decoder.batch(guided)` with guided decoding on (`guided`, else off).
-        `count_tokens(n)`: after each step, the tokens the decoder made in it.
-        `model_name`: the model it serves, for errors. `cancel_check_s`: how often a request's
-        own cancel flag is asked (0: at every step); a stop request counts at once."""
+        `on_step(stats)`: after each iteration; `on_finish(prompt tokens, output tokens)`: at
+        each request's final response. `model_name`: the model it serves, for errors.
+        `cancel_check_s`: how often a request's own cancel flag is asked (0: at every step);
+        a stop request counts at once."""
         self.decoder = decoder
         self._new_batch = decoder.batch if guided is None else partial(decoder.batch, guided)
         self.cancel_check_s = cancel_check_s
         self.model_name = model_name
         self.max_batch_size = max_batch_size
-        self.count_tokens = count_tokens
+        self.on_step = on_step
+        self.on_finish = on_finish
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._jobs: dict[str, list[_Job]] = {}  # request id -> its queued or running jobs
         self._lock = threading.Lock()
@@ -293,7 +309,9 @@ class ReferenceLlm:
     def _loop(self) -> None:
         batch = self._new_batch()
         running: dict[int, _Job] = {}  # batch key -> job
-        while self._admit(batch, running):
+        admitted: list[_Job] = []  # since the last step: in their context phase
+        iteration = 0
+        while self._admit(batch, running, admitted):
             if not running:
                 continue
             try:
@@ -305,7 +323,10 @@ class ReferenceLlm:
                 running.clear()
                 batch = self._new_batch()
                 continue
-            self.count_tokens(len(events))
+            iteration += 1
+            self.on_step(StepStats(iteration, len(running), len(admitted),
+                                   sum(len(job.request.input_ids) for job in admitted)))
+            admitted.clear()
             for event in events:
                 self._on_token(running[event.request], event)
             for key, job in list(running.items()):
@@ -314,9 +335,9 @@ class ReferenceLlm:
                         batch.drop(key)
                     del running[key]
 
-    def _admit(self, batch: Any, running: dict[int, _Job]) -> bool:
-        """Move waiting requests into the batch, up to max_batch_size; wait for one while
-        none runs. False: unloading."""
+    def _admit(self, batch: Any, running: dict[int, _Job], admitted: list[_Job]) -> bool:
+        """Move waiting requests into the batch (and `admitted`), up to max_batch_size; wait
+        for one while none runs. False: unloading."""
         while len(running) < self.max_batch_size:
             try:
                 job = self._queue.get(block=not running)
@@ -330,6 +351,7 @@ class ReferenceLlm:
                 continue
             try:
                 running[batch.add(_decode_request(job.request))] = job
+                admitted.append(job)
             except InputError as exc:
                 self._end(job, error=str(exc))
             except Exception as exc:
@@ -370,6 +392,7 @@ class ReferenceLlm:
                     jobs.remove(job)
                 if not jobs:
                     self._jobs.pop(job.request_id, None)
+        self.on_finish(len(job.request.input_ids), len(job.tokens))
         if error is not None:
             job.fail(error)
         else:
@@ -408,10 +431,52 @@ def _torch():
     return require("torch", extra="export", why="run the reference decoder")
 
 
+class ExecutorMetrics:
+    """The stock backend's metrics (tensorrtllm_backend.REQUEST_METRICS and the groups after
+    it), with its names, labels and meanings, set from the reference's iterations. Its KV
+    cache, runtime memory and disaggregated serving groups are not published: the reference
+    has neither paged blocks nor a runtime allocator to count."""
+
+    def __init__(self, model: str, version: str, max_batch_size: int) -> None:
+        p = pb()
+        self.families, self.series = [], {}  # the families must outlive their metrics
+        groups = (tb.REQUEST_METRICS, tb.INFLIGHT_BATCHER_METRICS, tb.GENERAL_METRICS,
+                  tb.OUTPUT_TOKEN_LEN, tb.INPUT_TOKEN_LEN)
+        for group in groups:
+            histogram = group in (tb.OUTPUT_TOKEN_LEN, tb.INPUT_TOKEN_LEN)
+            family = p.MetricFamily(
+                name=group.family, description=f"TRT LLM {group.family} (reference flavor)",
+                kind=p.MetricFamily.HISTOGRAM if histogram else p.MetricFamily.GAUGE)
+            self.families.append(family)
+            for name in group.series:
+                labels = {"model": model, "version": version, group.category: name}
+                self.series[group.family, name] = family.Metric(
+                    labels=labels, **({"buckets": list(tb.TOKEN_LEN_BUCKETS)} if histogram
+                                      else {}))
+        self._set(tb.REQUEST_METRICS, max=max_batch_size)
+
+    def _set(self, group: tb.MetricGroup, **values: float) -> None:
+        for name, value in values.items():
+            self.series[group.family, name].set(value)
+
+    def step(self, stats: StepStats) -> None:
+        self._set(tb.REQUEST_METRICS, active=stats.active, scheduled=stats.active,
+                  context=stats.context_requests, waiting=0)
+        self._set(tb.INFLIGHT_BATCHER_METRICS, total_context_tokens=stats.context_tokens,
+                  generation_requests=stats.active - stats.context_requests,
+                  micro_batch_id=0, paused_requests=0)
+        self._set(tb.GENERAL_METRICS, timestamp=time.time() * 1e6,
+                  iteration_counter=stats.iteration)
+
+    def finished(self, prompt_tokens: int, output_tokens: int) -> None:
+        self.series[tb.INPUT_TOKEN_LEN.family, "total_input_tokens"].observe(prompt_tokens)
+        self.series[tb.OUTPUT_TOKEN_LEN.family, "total_output_tokens"].observe(output_tokens)
+
+
 class LlmModel:
     """The tensorrt_llm python model's body over `decoder` (the reference decoder; the
-    pipeline benchmark's token generator): the stock backend's request contract, responses
-    and stop requests; tokens made counted in the metric qvl_reference_llm_tokens_total."""
+    pipeline benchmark's token generator): the stock backend's request contract, responses,
+    stop requests and metrics (ExecutorMetrics)."""
 
     def __init__(self, args: Mapping[str, str], decoder: Any, *, table_dtype: str,
                  max_input_len: int, rows_per_request: int | None,
@@ -422,15 +487,12 @@ class LlmModel:
                                 max_input_len=max_input_len,
                                 max_seq_len=decoder.config.max_position_embeddings,
                                 rows_per_request=rows_per_request)
-        # The family must outlive its metric: keep both.
-        self.family = pb().MetricFamily(name="qvl_reference_llm_tokens_total",
-                                        description="tokens the reference decoder made",
-                                        kind=pb().MetricFamily.COUNTER)
-        self.tokens = self.family.Metric(labels={"model": self.name})
         max_batch_size = json.loads(args["model_config"])["max_batch_size"]
+        self.metrics = ExecutorMetrics(self.name, args["model_version"], max_batch_size)
         self.llm = ReferenceLlm(decoder, max_batch_size=max_batch_size,
-                                count_tokens=self.tokens.increment, model_name=self.name,
-                                cancel_check_s=cancel_check_s, guided=guided)
+                                on_step=self.metrics.step, on_finish=self.metrics.finished,
+                                model_name=self.name, cancel_check_s=cancel_check_s,
+                                guided=guided)
 
     @classmethod
     def load(cls, args: Mapping[str, str], make_decoder: Callable[[Any], Any]) -> LlmModel:

@@ -1,8 +1,9 @@
 """tensorrt_llm, reference flavor (qvl-trt): the stock TensorRT-LLM backend's inputs, outputs,
 request contract and streaming behaviour, over the PyTorch reference decoder reading the
 converted TensorRT-LLM checkpoint. Decoupled: tokens stream as they are generated. A cancelled
-request, or one a stop request names, ends within a token. Tokens generated: the metric
-qvl_reference_llm_tokens_total. Runs the qvl_trt code bundled beside it."""
+request, or one a stop request names, ends within a token. Publishes the stock backend's
+metrics (nv_trt_llm_request_metrics, nv_trt_llm_general_metrics, ...). Runs the qvl_trt code
+bundled beside it."""
 
 import sys
 from pathlib import Path
