@@ -38,6 +38,12 @@ class UnavailableError(QvlError):
     later may succeed."""
 
 
+class BusyError(UnavailableError):
+    """A model is full: every batch slot and queue place of its LLM is taken (or the request
+    waited longer than the deployment allows for a slot); sending it again later may
+    succeed."""
+
+
 class RequestError(QvlError):
     """A server answered a request with an error (or did not answer)."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from qvl_trt.errors import InputError, LimitError, UnavailableError
+from qvl_trt.errors import BusyError, InputError, LimitError, UnavailableError
 from qvl_trt.gateway.upstream import refusal
 from qvl_trt.triton.runtime.backend import guarded
 
@@ -17,6 +17,9 @@ from qvl_trt.triton.runtime.backend import guarded
      "request_too_large"),
     (UnavailableError("the model is unloading; send the request again once the server is "
                       "back"), 503, "unavailable"),
+    (BusyError("tensorrt_llm has 8 batch slots and 8 places in its queue (the repository's "
+               "max_queue), all taken; send the request again later"), 429,
+     "rate_limit_exceeded"),
     (KeyError("secret"), 500, None),
 ])
 def test_each_kind_goes_from_raise_to_wire_text_to_status(exc, status, code) -> None:
@@ -27,7 +30,8 @@ def test_each_kind_goes_from_raise_to_wire_text_to_status(exc, status, code) -> 
     guarded("b4_preprocessing", sent.append, fail, None)
     answer = refusal(sent[0])
     assert (answer.status, answer.code) == (status, code)
-    assert answer.type == ("server_error" if status >= 500 else "invalid_request_error")
+    assert answer.type == {429: "rate_limit_exceeded"}.get(
+        status, "server_error" if status >= 500 else "invalid_request_error")
     # postprocessing names tensorrt_llm in front of its error: the kind stays.
     assert refusal(f"b4_tensorrt_llm: {sent[0]}").status == status
 

@@ -49,7 +49,7 @@ def test_the_ensemble_request_names_every_input_and_round_trips() -> None:
         video_fps=(2.0,), max_tokens=7, min_tokens=2, ignore_eos=True, temperature=0.5,
         top_p=0.75, top_k=3, seed=2**64 - 1, stop=("x", "ü"), stream=False,
         tools='[{"type": "function"}]', guided_decoding_guide_type="json_schema",
-        guided_decoding_guide='{"type": "object"}')
+        guided_decoding_guide='{"type": "object"}', health_probe=False)
     tensors = full.to_tensors()
     specs = {s.name: s for s in c.ENSEMBLE_INPUTS}
     assert list(tensors) == list(specs)

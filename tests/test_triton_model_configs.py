@@ -47,11 +47,12 @@ def test_config_protobufs_parse_back_with_bool_parameters_and_scalar_reshapes() 
     assert bls.model_transaction_policy.decoupled
     assert {k: v.string_value for k, v in bls.parameters.items()} == {
         "preprocessing_model": "b4_preprocessing", "vision_encoder_model": "b4_vision_encoder",
-        "tensorrt_llm_model": "b4_tensorrt_llm", "workers": "8", "max_seq_len": "1024",
+        "tensorrt_llm_model": "b4_tensorrt_llm", "batch_slots": "4", "max_queue": "0",
+        "max_queue_wait_s": "0.0", "max_seq_len": "1024",
         "head_dim": "128", "rope_theta": "5000000.0", "mrope_section": "24,20,20",
         "mrope_interleaved": "true"}
     bls_params = c.TensorrtLlmBlsParameters.from_parameters(parameters(bls))
-    assert bls_params.workers == 8 and bls_params.mrope_table() == MROPE
+    assert bls_params.workers == 4 + 0 + 1 and bls_params.mrope_table() == MROPE
     assert [i.name for i in bls.input] == [s.name for s in c.ENSEMBLE_INPUTS]
     assert [o.name for o in bls.output] == [s.name for s in c.ENSEMBLE_OUTPUTS]
 
@@ -86,9 +87,9 @@ def test_python_model_parameters_round_trip_and_name_a_bad_key() -> None:
     with pytest.raises(ConfigError, match=r"pre: missing key 'max_visual_tokens'"):
         c.PreprocessingParameters.from_parameters(
             {k: v for k, v in params.items() if k != "max_visual_tokens"}, "pre")
-    with pytest.raises(ConfigError, match=r"post\.workers: expected an integer, got 'many'"):
+    with pytest.raises(ConfigError, match=r"post\.max_queue: expected an integer, got 'many'"):
         c.PostprocessingParameters.from_parameters(
-            {"tensorrt_llm_model": "tensorrt_llm", "workers": "many"}, "post")
+            {"tensorrt_llm_model": "tensorrt_llm", "max_queue": "many"}, "post")
     with pytest.raises(ConfigError, match=r"unknown key 'max_positions'"):
         c.PreprocessingParameters.from_parameters({**params, "max_positions": "640"})
     with pytest.raises(ConfigError, match=r"'gpu' is not one of 'trt', 'reference'"):
@@ -120,7 +121,7 @@ def test_string_parameters_read_bools_as_set_parameters_writes_them() -> None:
 @pytest.mark.parametrize("section", ["24,20", "24,20,x", "24,20,21"])
 def test_a_bad_mrope_section_is_refused_in_one_line(section) -> None:
     params = c.PostprocessingParameters(
-        tensorrt_llm_model="tensorrt_llm", workers=2,
+        tensorrt_llm_model="tensorrt_llm", batch_slots=2, max_queue=8, max_queue_wait_s=0,
         **{**c.PostprocessingParameters.mrope_fields(MROPE), "mrope_section": section})
     with pytest.raises(ConfigError, match="is not three slot counts summing to head_dim / 2 "
                                           "= 64; regenerate"):

@@ -22,7 +22,14 @@ from qvl_trt.serve.needs import point_engine_paths, read_serve_plan
 from qvl_trt.testing.trt_layout import linked_copy, write_llm_engine_layout
 from qvl_trt.triton import contract as c
 from qvl_trt.triton.options import Flavor, default_postprocessing_instances, machine_cores
-from qvl_trt.triton.pbconfig import CONFIG_FILE, data_type, parse_config, read_config, to_text
+from qvl_trt.triton.pbconfig import (
+    CONFIG_FILE,
+    data_type,
+    parameters,
+    parse_config,
+    read_config,
+    to_text,
+)
 from qvl_trt.triton.repository import (
     RUNTIME_ZIP,
     BuildInput,
@@ -126,6 +133,18 @@ CALL_BREAKAGES = {
                                                  c.GUIDED_DECODING_GUIDE_TYPE)(r),
                            "tensorrt_llm_bls -> tensorrt_llm: does not forward "
                            "guided_decoding_guide_type"),
+    # the callers admit requests to tensorrt_llm's batch (runtime/admission.py)
+    "more slots than the batch": (lambda r: _set_parameter("batch_slots", "9",
+                                                           "postprocessing")(r),
+                                  "postprocessing: batch_slots is 9, tensorrt_llm's "
+                                  "max_batch_size is 8: they must be equal"),
+    "two queues": (lambda r: _set_parameter("max_queue", "3", "tensorrt_llm_bls")(r),
+                   "tensorrt_llm: its callers postprocessing, tensorrt_llm_bls differ in "
+                   "max_queue or max_queue_wait_s, though they share one queue"),
+    "probe flag dropped": (lambda r: edit_config(r / "ensemble", lambda cfg: (
+        cfg.ensemble_scheduling.step[2].input_map.pop(c.HEALTH_PROBE))),
+                           "ensemble -> postprocessing: does not map the ensemble input "
+                           "health_probe"),
 }
 
 
@@ -145,19 +164,21 @@ def test_a_parameter_the_model_would_not_read_is_a_problem(tmp_path, tiny_build)
     repo = write_repo([BuildInput(tiny_build)], tmp_path / "repo",
                       RepoOptions(flavor=Flavor.REFERENCE)).path
     edit_config(repo / "postprocessing", lambda cfg: cfg.parameters[
-        "workers"].__setattr__("string_value", "many"))
-    edit_config(repo / "tensorrt_llm_bls", lambda cfg: cfg.parameters.pop("workers"))
+        "max_queue"].__setattr__("string_value", "many"))
+    edit_config(repo / "tensorrt_llm_bls", lambda cfg: cfg.parameters.pop("batch_slots"))
     found = problems(repo)
-    assert any("postprocessing" in p and "workers: expected an integer, got 'many'" in p
+    assert any("postprocessing" in p and "max_queue: expected an integer, got 'many'" in p
                for p in found), found
-    assert any("tensorrt_llm_bls" in p and "missing key 'workers'" in p for p in found), found
+    assert any("tensorrt_llm_bls" in p and "missing key 'batch_slots'" in p
+               for p in found), found
 
 
 def test_postprocessing_instances_are_written_planned_and_validated(tmp_path,
                                                                     tiny_build) -> None:
     """The token hop's instance count: written to postprocessing and tensorrt_llm_bls, serve
-    sizes the BLS threads for every instance's workers, validate refuses counts the writer
-    would not write (and a tensorrt_llm of several instances)."""
+    sizes the BLS threads for the requests the build admits (its callers' instances share
+    its places), validate refuses counts the writer would not write (and a tensorrt_llm of
+    several instances)."""
     from qvl_trt.triton.model_configs import pb_kind
 
     assert [default_postprocessing_instances(n) for n in (1, 2, 4, 8, 16, 64)] == [
@@ -169,8 +190,10 @@ def test_postprocessing_instances_are_written_planned_and_validated(tmp_path,
     callers = ("postprocessing", "tensorrt_llm_bls")
     configs = {m: read_config(repo / m) for m in callers}
     assert all([g.count for g in cfg.instance_group] == [3] for cfg in configs.values())
-    workers = sum(int(cfg.parameters["workers"].string_value) for cfg in configs.values())
-    assert read_serve_plan(repo).bls_callers == 3 * workers
+    admitted = {c.llm_caller_parameters(parameters(cfg), m).capacity
+                for m, cfg in configs.items()}
+    assert admitted == {8 + 4 * 8}  # the tiny profile's batch and the default queue
+    assert read_serve_plan(repo).bls_callers == 8 + 4 * 8 + 1  # and the probe
     assert problems(repo) == []
     done = run_cli("repo", "--build", str(tiny_build), "--out", str(tmp_path / "cli"),
                    "--flavor", "reference", "--postprocessing-instances", "2")
@@ -535,10 +558,11 @@ def test_serve_sizes_the_bls_thread_pool_from_the_callers(trt_repo) -> None:
     from qvl_trt.serve.needs import read_serve_plan
 
     needs = read_serve_plan(trt_repo)
-    workers = sum(int(read_config(d).parameters["workers"].string_value)
-                  for d in trt_repo.iterdir() if "workers" in read_config(d).parameters)
-    assert needs.bls_callers == workers > 0
-    assert needs.thread_pool_size == max(32, workers + 8)
+    # postprocessing and tensorrt_llm_bls share the build's places: one BLS call each
+    workers = {c.llm_caller_parameters(parameters(read_config(d)), d.name).workers
+               for d in trt_repo.iterdir() if "batch_slots" in read_config(d).parameters}
+    assert needs.bls_callers == 8 + 4 * 8 + 1 and workers == {needs.bls_callers}
+    assert needs.thread_pool_size == max(32, needs.bls_callers + 8)
     done = run_cli("serve", str(trt_repo), "--dry-run")
     assert f"thread-pool-size={needs.thread_pool_size}" in done.stdout
 

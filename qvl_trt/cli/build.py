@@ -351,6 +351,13 @@ def repo(
         min=1, help="Instances of postprocessing and tensorrt_llm_bls, which turn the "
         "engine's tokens into streamed text [default: one per 4 cores of this machine, 1 to "
         "4].")] = None,
+    max_queue: Annotated[int | None, typer.Option(
+        min=0, help="Requests that may wait for a batch slot of a build's tensorrt_llm beyond "
+        "its max_batch_size running ones; more are refused at once as busy (HTTP 429 through "
+        "the gateway) [default: 4 x max_batch_size].", show_default=False)] = None,
+    max_queue_wait: Annotated[float, typer.Option(
+        min=0, help="Seconds a request may wait for a batch slot before it is refused the "
+        "same way (0: as long as it takes).")] = RepoOptions.max_queue_wait_s,
     force: Annotated[bool, typer.Option(help="Replace an existing --out folder.")] = False,
 ) -> None:
     """Write a Triton model repository from one or more build folders."""
@@ -362,7 +369,8 @@ def repo(
     options = RepoOptions(flavor=flavor, mount_path=mount_path,
                           default_max_tokens=default_max_tokens,
                           vision_cache_mib=vision_cache_mib,
-                          image_url_allow_list=tuple(allow_image_host or ()), **counts)
+                          image_url_allow_list=tuple(allow_image_host or ()),
+                          max_queue=max_queue, max_queue_wait_s=max_queue_wait, **counts)
     result = write_repo([BuildInput.parse(b) for b in build], out, options, force=force)
     ensembles = ", ".join(b.names.ensemble for b in result.builds)
     console.print(f"wrote the {flavor.value} repository {result.path}: {len(result.models)} "

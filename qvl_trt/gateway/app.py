@@ -16,7 +16,9 @@ browser tab's session storage).
 
 Limits: a request body above `max_body_bytes` is refused with 413 before it is read (default:
 the largest `max_request_bytes` of the builds' preprocessing models plus room for the other
-fields); more than `max_concurrency` chat requests in flight get 429 with Retry-After.
+fields); more than `max_concurrency` chat requests in flight get 429 with Retry-After
+(default: what the builds admit, each its tensorrt_llm's batch slots and queue places; a
+build that is full refuses a request the same way, triton/runtime/admission.py).
 A client that goes away (a closed connection) cancels its handler (aiohttp's
 handler_cancellation), which cancels its Triton call and so the generation.
 Every error of /v1/ is in OpenAI's shape, also where aiohttp refuses a request before any
@@ -256,12 +258,21 @@ class Gateway:
                 raise too_large
         return bytes(body)
 
+    @property
+    def max_concurrency(self) -> int | None:
+        """--max-concurrency, else what the builds admit (None before they are known)."""
+        if self.opts.max_concurrency is not None:
+            return self.opts.max_concurrency
+        return sum(m.capacity for m in self.served.values()) or None
+
     async def chat(self, request):
         received = time.perf_counter()
-        if self.in_flight >= self.opts.max_concurrency:
+        limit = self.max_concurrency
+        if limit is not None and self.in_flight >= limit:
             self.metrics.requests.labels("-", "-", 429).inc()
             raise ApiError(429, f"{self.in_flight} requests are being answered, the limit of "
-                           "this gateway (--max-concurrency); retry shortly",
+                           "this gateway (--max-concurrency, by default the builds' batch "
+                           "slots and queue places); retry shortly",
                            type="rate_limit_exceeded", code="rate_limit_exceeded")
         self.in_flight += 1
         self.metrics.in_flight.inc()

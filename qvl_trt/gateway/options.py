@@ -18,7 +18,9 @@ class GatewayOptions:
     triton_url: str  # HOST:PORT of Triton's gRPC endpoint (client.generate.parse_url)
     host: str = "0.0.0.0"
     port: int = DEFAULT_PORT
-    max_concurrency: int = 256
+    # Chat requests in flight; more get 429. None: what the builds admit (each build's
+    # tensorrt_llm batch slots and queue places, summed), which refuse the rest themselves.
+    max_concurrency: int | None = None
     max_body_bytes: int | None = None  # None: from the deployment (see the module doc)
     shutdown_timeout_s: float = 10.0
     api_key: str | None = field(default=None, repr=False)  # None: no key asked
@@ -28,7 +30,7 @@ class GatewayOptions:
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise ConfigError(f"--port {self.port} is not a TCP port; use 1-65535")
-        if self.max_concurrency < 1:
+        if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ConfigError(f"--max-concurrency {self.max_concurrency} must be at least 1")
         if self.max_body_bytes is not None and self.max_body_bytes < 1024:
             raise ConfigError(f"--max-body-bytes {self.max_body_bytes} is below 1024; a chat "

@@ -37,6 +37,9 @@ class ServedModel:
     name: str
     models: c.ModelNames
     limits: c.PreprocessingParameters  # its preprocessing model's parameters
+    # The requests its tensorrt_llm_bls admits at once: tensorrt_llm's batch slots and the
+    # places of its queue (triton/runtime/admission.py).
+    capacity: int
 
     @property
     def root(self) -> str:
@@ -58,13 +61,15 @@ class Piece:
 # The HTTP answer to each kind of error response: (status, OpenAI's error type, code).
 _STATUS = {c.ErrorKind.REQUEST: (400, "invalid_request_error", None),
            c.ErrorKind.LIMIT: (413, "invalid_request_error", "request_too_large"),
+           c.ErrorKind.BUSY: (429, "rate_limit_exceeded", "rate_limit_exceeded"),
            c.ErrorKind.UNAVAILABLE: (503, "server_error", "unavailable"),
            c.ErrorKind.INTERNAL: (500, "server_error", None)}
 
 
 def refusal(message: str) -> ApiError:
     """An error response of the deployment -> the HTTP answer for its kind: the request's to
-    fix 400, above a size bound 413, a model that is not there right now 503, a bug 500."""
+    fix 400, above a size bound 413, a build whose batch slots and queue are full 429, a model
+    that is not there right now 503, a bug 500."""
     message = " ".join(message.split())
     status, kind, code = _STATUS[c.ErrorKind.of_message(message)]
     return ApiError(status, message, type=kind, code=code)
@@ -144,7 +149,10 @@ class Upstream:
             params = c.config_parameters(await self._config(models.preprocessing))
             limits = c.PreprocessingParameters.from_parameters(
                 params, f"{models.preprocessing} on {self.url}")
-            served[name] = ServedModel(name, models, limits)
+            caller = c.TensorrtLlmBlsParameters.from_parameters(
+                c.config_parameters(await self._config(models.tensorrt_llm_bls)),
+                f"{models.tensorrt_llm_bls} on {self.url}")
+            served[name] = ServedModel(name, models, limits, caller.capacity)
         return served
 
     async def _config(self, model: str) -> dict[str, Any]:

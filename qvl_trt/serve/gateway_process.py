@@ -26,8 +26,9 @@ def gateway_command(opts: GatewayOptions) -> list[str]:
     """`qvl-trt gateway` with these options, run by this interpreter."""
     cmd = [sys.executable, "-m", "qvl_trt.cli", "gateway", "--url", f"grpc://{opts.triton_url}",
            "--host", opts.host, "--port", str(opts.port),
-           "--max-concurrency", str(opts.max_concurrency),
            "--shutdown-timeout", str(opts.shutdown_timeout_s)]
+    if opts.max_concurrency is not None:
+        cmd += ["--max-concurrency", str(opts.max_concurrency)]
     if opts.max_body_bytes is not None:
         cmd += ["--max-body-bytes", str(opts.max_body_bytes)]
     if opts.ready_url is not None:

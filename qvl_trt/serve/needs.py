@@ -50,7 +50,9 @@ class ServePlan:
     repo: Path
     llm_models: tuple[str, ...]  # tensorrtllm-backend models
     engine_world_sizes: dict[str, int]  # LLM model -> its engine's mapping.world_size
-    bls_callers: int  # concurrent BLS callers: every instance's worker threads
+    # concurrent BLS callers: the requests each build's tensorrt_llm admits (its batch slots,
+    # queue places and probe: every instance of its callers shares them)
+    bls_callers: int
     shm_bytes: int  # shared memory the builds' largest requests need in flight
     vision_editions: dict[str, TrtEdition]  # vision_encoder model -> its engine's edition
     ensembles: tuple[str, ...] = ()  # the models clients call (serve's end-to-end probe)
@@ -70,7 +72,7 @@ class ServePlan:
 
 def read_serve_plan(repo: Path) -> ServePlan:
     repo = Path(repo).resolve()
-    llm, worlds, callers, editions, ensembles, builds, instances = [], {}, 0, {}, [], [], {}
+    llm, worlds, callers, editions, ensembles, builds, instances = [], {}, {}, {}, [], [], {}
     engine_bytes = 0
     for path in sorted(repo.glob(f"*/{CONFIG_FILE}")):
         name = path.parent.name
@@ -82,7 +84,9 @@ def read_serve_plan(repo: Path) -> ServePlan:
             llm.append(name)
             worlds[name] = _engine_world_size(version / ENGINE_DIR)
         caller = llm_caller_parameters(parameters(config), str(path))
-        callers += caller.workers * instance_count(config) if caller else 0
+        if caller is not None:  # each admitted request holds one BLS call at a time
+            callers[caller.tensorrt_llm_model] = max(callers.get(caller.tensorrt_llm_model, 0),
+                                                     caller.workers)
         vision = version / ENGINE_DIR / "config.json"
         if config.backend == "python":
             instances[name] = instance_count(config)
@@ -93,7 +97,8 @@ def read_serve_plan(repo: Path) -> ServePlan:
         info = version / BUILD_INFO
         if info.is_file():
             builds.append(BuildInfo.read(info))
-    return ServePlan(repo, tuple(llm), worlds, callers, sum(b.shm_bytes for b in builds),
+    return ServePlan(repo, tuple(llm), worlds, sum(callers.values()),
+                     sum(b.shm_bytes for b in builds),
                      editions, tuple(ensembles), tuple(builds), instances, engine_bytes)
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import ConfigError, InputError, LimitError, QvlError, UnavailableError
+from ..errors import BusyError, ConfigError, InputError, LimitError, QvlError, UnavailableError
 from ..typed_config import load_parameters, to_parameters
 from .options import Flavor
 
@@ -152,9 +152,12 @@ class ReferenceLlmParameters(ModelParameters):
 @dataclass(frozen=True)
 class PostprocessingParameters(ModelParameters):
     tensorrt_llm_model: str  # the model it runs by BLS
-    # Worker threads, each holding one request (and one BLS call of the python backend's
-    # thread pool): the server sizes thread-pool-size from their sum.
-    workers: int
+    # tensorrt_llm's admission (runtime/admission.py), shared by every caller of it: its
+    # max_batch_size, the requests that may wait for a slot beyond them, and how long one may
+    # wait (0: as long as it takes).
+    batch_slots: int
+    max_queue: int
+    max_queue_wait_s: float
     # The MRoPE table it builds before each call (mm.rope.MropeTable): the engine's positions
     # (max_position_embeddings = the profile's limits.max_seq_len) and the checkpoint's
     # rotary settings. A client that calls tensorrt_llm itself (`qvl-trt verify`) reads them
@@ -164,6 +167,18 @@ class PostprocessingParameters(ModelParameters):
     rope_theta: float
     mrope_section: str  # T,H,W frequency slots, e.g. "24,20,20"
     mrope_interleaved: bool
+
+    @property
+    def capacity(self) -> int:
+        """The requests the build admits at once: its batch slots and its queue's places."""
+        return self.batch_slots + self.max_queue
+
+    @property
+    def workers(self) -> int:
+        """Worker threads per instance, each holding one admitted request (any instance may
+        hold every place, and the probe); the server sizes the python backend's BLS
+        thread-pool-size from their sum."""
+        return self.capacity + 1
 
     @staticmethod
     def mrope_fields(table: MropeTable) -> dict[str, Any]:
@@ -265,6 +280,10 @@ STREAM = "stream"
 # json). The answer then takes that structure, and ends when it is complete.
 GUIDED_DECODING_GUIDE_TYPE = "guided_decoding_guide_type"
 GUIDED_DECODING_GUIDE = "guided_decoding_guide"
+# True: a liveness probe (serve's supervisor sends them): a one-token text request that does
+# not queue behind other requests for a batch slot but goes to tensorrt_llm at once and takes
+# the next slot that frees; one at a time per build (runtime/admission.py).
+HEALTH_PROBE = "health_probe"
 TEXT_OUTPUT = "text_output"  # streamed deltas when stream=true, the whole answer otherwise;
 # without a final stop string (its tokens still count in completion_tokens)
 PROMPT_TOKENS = "prompt_tokens"  # tokens in the prompt, visual tokens included
@@ -278,6 +297,7 @@ GUIDE_INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec(GUIDED_DECODING_GUIDE_TYPE, "BYTES", (1,), optional=True),
     TensorSpec(GUIDED_DECODING_GUIDE, "BYTES", (1,), optional=True),
 )
+HEALTH_PROBE_INPUT = _scalar(HEALTH_PROBE, "BOOL", optional=True)
 ENSEMBLE_INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec(MESSAGES, "BYTES", (1,), optional=True),
     TensorSpec(TOOLS, "BYTES", (1,), optional=True),
@@ -297,6 +317,7 @@ ENSEMBLE_INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec(STOP, "BYTES", (-1,), optional=True),
     _scalar(STREAM, "BOOL", optional=True),
     *GUIDE_INPUTS,
+    HEALTH_PROBE_INPUT,
 )
 ENSEMBLE_OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec(TEXT_OUTPUT, "BYTES", (1,)),
@@ -332,6 +353,7 @@ class EnsembleRequest:
     stream: bool | None = None
     guided_decoding_guide_type: str | None = None
     guided_decoding_guide: str | None = None
+    health_probe: bool | None = None
 
     def to_tensors(self) -> dict[str, np.ndarray]:
         """Input name -> value with the batch dimension of one row, for the inputs present."""
@@ -444,6 +466,7 @@ class ErrorKind(enum.Enum):
     REQUEST = ""  # the request's to fix (a QvlError): no marker, as Triton's own refusals
     LIMIT = "over a deployment limit: "  # a LimitError: the request is too large
     UNAVAILABLE = "unavailable: "  # an UnavailableError: not now, try again later
+    BUSY = "busy: "  # a BusyError: every batch slot and queue place is taken; try again later
     INTERNAL = "internal error in "  # a bug: the model's name and the exception type follow
 
     def mark(self, text: str) -> str:
@@ -453,6 +476,8 @@ class ErrorKind(enum.Enum):
     def of_error(cls, exc: BaseException) -> ErrorKind:
         if isinstance(exc, LimitError):
             return cls.LIMIT
+        if isinstance(exc, BusyError):
+            return cls.BUSY
         if isinstance(exc, UnavailableError):
             return cls.UNAVAILABLE
         return cls.REQUEST if isinstance(exc, QvlError) else cls.INTERNAL
@@ -461,7 +486,7 @@ class ErrorKind(enum.Enum):
     def of_message(cls, message: str) -> ErrorKind:
         """The kind an error response's text carries: its marker (also where a later step
         wrapped the message), or Triton's own words for a model that is not there now."""
-        for kind in (cls.INTERNAL, cls.LIMIT, cls.UNAVAILABLE):
+        for kind in (cls.INTERNAL, cls.LIMIT, cls.BUSY, cls.UNAVAILABLE):
             if kind.value in message:
                 return kind
         if any(words in message for words in TRITON_UNAVAILABLE):
@@ -584,12 +609,16 @@ VISION_OUTPUTS: tuple[TensorSpec, ...] = (
 # What the caller of tensorrt_llm builds before the call, and from which of its inputs.
 BUILT_FOR_LLM: Mapping[str, str] = {MROPE_ROTARY_COS_SIN: MROPE_POSITION_IDS}
 _LLM_INPUT_NAMES = frozenset(s.name for s in LLM_INPUTS)
-# The guide comes from the ensemble's own inputs (FROM_PUBLIC): preprocessing checks it, the
-# caller of tensorrt_llm passes it on unchanged.
+# The guide and the probe flag come from the ensemble's own inputs (FROM_PUBLIC):
+# preprocessing checks them, the caller of tensorrt_llm passes the guide on unchanged and
+# admits a probe ahead of the queue.
 POSTPROCESSING_INPUTS: tuple[TensorSpec, ...] = tuple(
     s for s in PREPROCESSING_OUTPUTS + VISION_OUTPUTS
-    if s.name in _LLM_INPUT_NAMES or s.name in BUILT_FOR_LLM.values()) + GUIDE_INPUTS
-FROM_PUBLIC = frozenset(s.name for s in GUIDE_INPUTS)
+    if s.name in _LLM_INPUT_NAMES or s.name in BUILT_FOR_LLM.values()) + GUIDE_INPUTS + (
+    HEALTH_PROBE_INPUT,)
+FROM_PUBLIC = frozenset(s.name for s in (*GUIDE_INPUTS, HEALTH_PROBE_INPUT))
+# What the caller of tensorrt_llm reads itself and does not pass on.
+TAKEN_BY_CALLER = frozenset((HEALTH_PROBE,))
 POSTPROCESSING_OUTPUTS = ENSEMBLE_OUTPUTS
 
 

@@ -54,6 +54,10 @@ class StepSettings:
     # postprocessing and tensorrt_llm_bls: each instance reads and sends tokens on its own
     # stub (RepoOptions.postprocessing_instances says why several).
     postprocessing_instances: int = 1
+    # Requests that may wait for one of tensorrt_llm's batch slots, and for how long
+    # (RepoOptions.max_queue, max_queue_wait_s).
+    max_queue: int = 0
+    max_queue_wait_s: float = 0.0
 
 
 def step_configs(s: StepSettings) -> dict[str, Any]:
@@ -164,7 +168,7 @@ def postprocessing_config(s: StepSettings) -> Any:
     config = _python_model(s, s.names.postprocessing, c.POSTPROCESSING,
                            instances=s.postprocessing_instances, decoupled=True)
     set_parameters(config, PostprocessingParameters(
-        tensorrt_llm_model=s.names.tensorrt_llm, workers=_workers(s),
+        tensorrt_llm_model=s.names.tensorrt_llm, **_admission(s),
         **PostprocessingParameters.mrope_fields(s.mrope)).to_parameters())
     add_inputs(config, _specialise(c.POSTPROCESSING_INPUTS, s))
     add_outputs(config, c.POSTPROCESSING_OUTPUTS)
@@ -178,7 +182,7 @@ def tensorrt_llm_bls_config(s: StepSettings) -> Any:
     config = _python_model(s, n.tensorrt_llm_bls, c.TENSORRT_LLM_BLS,
                            instances=s.postprocessing_instances, decoupled=True)
     set_parameters(config, TensorrtLlmBlsParameters(
-        tensorrt_llm_model=n.tensorrt_llm, workers=_workers(s),
+        tensorrt_llm_model=n.tensorrt_llm, **_admission(s),
         preprocessing_model=n.preprocessing, vision_encoder_model=n.vision_encoder,
         **PostprocessingParameters.mrope_fields(s.mrope)).to_parameters())
     add_inputs(config, c.ENSEMBLE_INPUTS)
@@ -186,9 +190,10 @@ def tensorrt_llm_bls_config(s: StepSettings) -> Any:
     return config
 
 
-def _workers(s: StepSettings) -> int:
-    # Twice the engine's batch: requests detokenizing while the next batch decodes.
-    return 2 * s.max_batch_size
+def _admission(s: StepSettings) -> dict[str, Any]:
+    """The admission fields of a caller of tensorrt_llm: its batch slots and queue."""
+    return {"batch_slots": s.max_batch_size, "max_queue": s.max_queue,
+            "max_queue_wait_s": s.max_queue_wait_s}
 
 
 def ensemble_config(s: StepSettings) -> Any:

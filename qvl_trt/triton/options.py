@@ -36,6 +36,13 @@ def default_postprocessing_instances(cores: int | None = None) -> int:
     return max(1, min(4, (cores or machine_cores()) // 4))
 
 
+# The default queue, per batch slot: four rounds of answers wait behind the running one, so
+# five times the slots in requests are served without a refusal (the load benchmarks and
+# agents send at 1x to 5x); past them a client is told at once, and --max-queue-wait bounds
+# how long the admitted ones may wait.
+QUEUE_PER_SLOT = 4
+
+
 @dataclass(frozen=True)
 class RepoOptions:
     flavor: Flavor = Flavor.TRT
@@ -50,6 +57,12 @@ class RepoOptions:
     preprocessing_instances: int = field(default_factory=lambda: machine_cores())
     # Instances of postprocessing and tensorrt_llm_bls (the token hop).
     postprocessing_instances: int = field(default_factory=default_postprocessing_instances)
+    # Requests that may wait for a batch slot of a build's tensorrt_llm beyond its
+    # max_batch_size ones running; more are refused as busy (the gateway's 429). None:
+    # QUEUE_PER_SLOT x max_batch_size.
+    max_queue: int | None = None
+    # How long a request may wait for a slot before it is refused the same way (0: no bound).
+    max_queue_wait_s: float = 0.0
     # Python models running PyTorch (reference flavor): "auto" = cuda when present.
     device: str = "auto"
     # The reference flavor's precision for the vision tower, the prompt table and the
@@ -61,6 +74,16 @@ class RepoOptions:
         for name in ("preprocessing_instances", "postprocessing_instances"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} is {getattr(self, name)}; give 1 or more")
+        if self.max_queue is not None and self.max_queue < 0:
+            raise ConfigError(f"--max-queue {self.max_queue} must be >= 0 (0: a request waits "
+                              "for no slot: it runs at once or is refused)")
+        if not self.max_queue_wait_s >= 0:
+            raise ConfigError(f"--max-queue-wait {self.max_queue_wait_s} must be >= 0 seconds "
+                              "(0: no bound)")
+
+    def queue_for(self, max_batch_size: int) -> int:
+        """The queue of a build whose tensorrt_llm has `max_batch_size` slots."""
+        return QUEUE_PER_SLOT * max_batch_size if self.max_queue is None else self.max_queue
 
 
 @dataclass(frozen=True)

@@ -252,6 +252,8 @@ def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOpt
         max_tokens_in_paged_kv_cache=kv_tokens,
         preprocessing_instances=options.preprocessing_instances,
         postprocessing_instances=options.postprocessing_instances,
+        max_queue=options.queue_for(lim.max_batch_size),
+        max_queue_wait_s=options.max_queue_wait_s,
         parameters=_python_parameters(build, options),
     )
     for name, config in step_configs(settings).items():

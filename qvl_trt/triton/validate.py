@@ -123,6 +123,8 @@ def validate_repo(repo: Path) -> ValidationReport:
         report.check(instance_count(configs[llm]) == 1, llm,
                      f"runs {instance_count(configs[llm])} instances, each with its own engine "
                      "and KV cache (the plan holds one); write an instance count of 1")
+        _check_admission(llm, configs[llm], {n: p for n, p in callers.items()
+                                              if p.tensorrt_llm_model == llm}, report)
     for name, config in configs.items():
         if config.platform == "ensemble":
             _check_guide_mapped(name, config, callers, report)
@@ -130,20 +132,37 @@ def validate_repo(repo: Path) -> ValidationReport:
     return report
 
 
+def _check_admission(llm: str, config: Any, callers: dict[str, c.PostprocessingParameters],
+                     report: ValidationReport) -> None:
+    """The callers of `llm` admit requests to its batch (runtime/admission.py): their slots
+    are its max_batch_size (more would queue in the executor, out of sight and without
+    bound; fewer would leave slots idle), and they share one queue, so they agree on it."""
+    for name, params in callers.items():
+        report.check(params.batch_slots == config.max_batch_size, name,
+                     f"batch_slots is {params.batch_slots}, {llm}'s max_batch_size is "
+                     f"{config.max_batch_size}: they must be equal; regenerate with "
+                     "`qvl-trt repo`")
+    queues = {(p.max_queue, p.max_queue_wait_s) for p in callers.values()}
+    report.check(len(queues) <= 1, llm, f"its callers {', '.join(sorted(callers))} differ in "
+                 "max_queue or max_queue_wait_s, though they share one queue; regenerate "
+                 "with `qvl-trt repo`")
+
+
 def _check_guide_mapped(name: str, config: Any, callers: dict[str, c.PostprocessingParameters],
                         report: ValidationReport) -> None:
-    """The ensemble takes the guide and hands it, as it came, to its step that calls
-    tensorrt_llm."""
+    """The ensemble takes the guide and the probe flag and hands them, as they came, to its
+    step that calls tensorrt_llm."""
     inputs = _inputs(config)
     for key in c.FROM_PUBLIC:
-        report.check(key in inputs, name, f"has no input {key}: clients cannot send a guide "
-                     "(guided decoding); regenerate with `qvl-trt repo`")
+        report.check(key in inputs, name, f"has no input {key}: clients cannot send it (a "
+                     "guide for guided decoding, or serve's health probe); regenerate with "
+                     "`qvl-trt repo`")
     for step in config.ensemble_scheduling.step:
         if step.model_name in callers:
             for key in c.FROM_PUBLIC:
                 report.check(step.input_map.get(key) == key, f"{name} -> {step.model_name}",
-                             f"does not map the ensemble input {key} to {key}: a client's "
-                             "guide would be dropped; regenerate with `qvl-trt repo`")
+                             f"does not map the ensemble input {key} to {key}: what a client "
+                             "sends in it would be dropped; regenerate with `qvl-trt repo`")
 
 
 # ---- configs ------------------------------------------------------------------------------
@@ -289,7 +308,7 @@ def _llm_inputs_sent(name: str, caller: c.PostprocessingParameters, config: Any,
         outputs |= _outputs(target)
         sent = {}
     received = {s.name: outputs[s.name] for s in c.POSTPROCESSING_INPUTS if s.name in outputs}
-    own = _inputs(config)  # the guide goes from its own inputs (runtime/tensorrt_llm_bls.py)
+    own = _inputs(config)  # the guide comes from its own inputs (runtime/tensorrt_llm_bls.py)
     received |= {key: own[key] for key in c.FROM_PUBLIC if key in own}
     return _built_before_call(name, received, report)
 
@@ -297,8 +316,9 @@ def _llm_inputs_sent(name: str, caller: c.PostprocessingParameters, config: Any,
 def _built_before_call(name: str, received: dict[str, _Tensor],
                        report: ValidationReport) -> dict[str, _Tensor]:
     """What a caller sends tensorrt_llm of the tensors it received: it builds the MRoPE table
-    from the position ids (runtime/llm_inputs.py), which must be the contract's."""
-    sent = dict(received)
+    from the position ids (runtime/llm_inputs.py), which must be the contract's, and keeps
+    what it reads itself (the probe flag)."""
+    sent = {key: t for key, t in received.items() if key not in c.TAKEN_BY_CALLER}
     specs = {s.name: s for s in c.LLM_INPUTS + c.PREPROCESSING_OUTPUTS}
     for built, source in c.BUILT_FOR_LLM.items():
         have = sent.pop(source, None)

@@ -26,7 +26,8 @@ class LlmInputs:
     def __call__(self, tensors: Mapping[str, Any]) -> dict[str, Any]:
         """The caller's tensors (name -> pb Tensor with a batch row, absent ones None) ->
         tensorrt_llm's inputs."""
-        out = {name: t for name, t in tensors.items() if name != c.MROPE_POSITION_IDS}
+        out = {name: t for name, t in tensors.items()
+               if name != c.MROPE_POSITION_IDS and name not in c.TAKEN_BY_CALLER}
         positions, ids = tensors.get(c.MROPE_POSITION_IDS), tensors.get(c.INPUT_IDS)
         if positions is None or ids is None:
             raise InputError("mrope_position_ids and input_ids are required: send the "

@@ -29,16 +29,18 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ...errors import InputError, UnavailableError
+from ...errors import BusyError, InputError, UnavailableError
 from ...llm.sampling import FinishReason
 from ...mm.detokenizer import StreamDecoder, TokenBytes
 from .. import contract as c
-from .backend import error_response, guarded, pb, response, row_of
+from .admission import Admission, Ticket
+from .backend import error_message, error_response, guarded, pb, response, row_of
 from .llm_inputs import LlmInputs
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,11 @@ CANCEL_CHECK_S = 0.05
 # token in the stub against 12-16 with 2-16 senders, at 16 streams); instances add more.
 SENDERS = 1
 TRUE = np.ones((1, 1), bool)  # a BOOL input of one batch row
+# Why a request was refused (the label `reason` of qvl_llm_requests_refused_total).
+QUEUE_FULL, QUEUE_WAIT, PROBE_IN_FLIGHT = "queue_full", "queue_wait", "probe_in_flight"
+# Seconds a request waited for a batch slot: from none to several long answers on a CPU.
+QUEUE_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 20, 30,
+                      45, 60, 90, 120, 180, 300, 450, 600, 900)
 
 # inputs(request): the earlier steps' tensors of one request (name -> pb Tensor with a batch
 # row, absent optional ones None), which LlmInputs turns into tensorrt_llm's.
@@ -74,38 +81,71 @@ class TokenStream:
     `inputs`, then tensorrt_llm by BLS, its tokens sent back as text (`generate`)."""
 
     def __init__(self, tokenizer_json: Path, *, inputs: StepInputs, llm_inputs: LlmInputs,
-                 llm_model: str, workers: int, model_name: str = c.POSTPROCESSING) -> None:
-        """`model_name`: the model it serves, for errors; `llm_inputs` turns the earlier
-        steps' tensors into tensorrt_llm's."""
+                 llm_model: str, workers: int, admission: Admission,
+                 model_name: str = c.POSTPROCESSING, instance_name: str = "") -> None:
+        """`model_name`, `instance_name`: the model and instance it serves, for errors and
+        metrics; `llm_inputs` turns the earlier steps' tensors into tensorrt_llm's;
+        `admission`: tensorrt_llm's batch slots and queue (`workers` holds each request it
+        admits)."""
         self.token_bytes = TokenBytes.from_tokenizer_json(tokenizer_json)
         self.inputs = inputs
         self.llm_inputs = llm_inputs
         self.llm_model = llm_model
         self.model_name = model_name
+        self.admission = admission
+        self.metrics = QueueMetrics(model_name, instance_name)
+        admission.on_change = partial(self.metrics.report, admission)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="postprocess")
         # Streamed responses are sent from here while each request's worker reads on.
         self.senders = ThreadPoolExecutor(max_workers=SENDERS, thread_name_prefix="send")
         self._closing = threading.Event()
 
     def submit(self, request: Any) -> None:
-        """Handle a (decoupled) request in a worker; execute() returns at once."""
-        self.pool.submit(self._guarded, request, request.get_response_sender())
+        """Admit a (decoupled) request to one of the build's places and handle it in a worker,
+        or refuse it at once (a BusyError: every place is taken); execute() returns at once."""
+        sender = request.get_response_sender()
+        probe = _is_probe(request)
+        try:
+            ticket = self.admission.enter(probe=probe)
+        except UnavailableError as exc:  # BusyError included
+            if isinstance(exc, BusyError):
+                self.metrics.refused(PROBE_IN_FLIGHT if probe else QUEUE_FULL)
+            sender.send(error_response(error_message(exc, self.model_name)),
+                        flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return
+        self.pool.submit(self._guarded, request, sender, ticket)
 
     def close(self) -> None:
-        """At unload: running requests stop tensorrt_llm at their next response, queued ones
-        get a final error response (a decoupled request without one hangs its client)."""
+        """At unload: running requests stop tensorrt_llm at their next response, waiting and
+        queued ones get a final error response (a decoupled request without one hangs its
+        client)."""
         self._closing.set()
+        self.admission.close()
         self.pool.shutdown(wait=True)
         self.senders.shutdown(wait=True)  # idle by now: a request waits for its sends
 
-    def _guarded(self, request: Any, sender: Any) -> None:
+    def _guarded(self, request: Any, sender: Any, ticket: Ticket) -> None:
         final = pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        guarded(self.model_name, lambda message: sender.send(error_response(message),
-                                                             flags=final),
-                _refuse if self._closing.is_set() else self._run, request, sender)
+        try:
+            guarded(self.model_name, lambda message: sender.send(error_response(message),
+                                                                 flags=final),
+                    _refuse if self._closing.is_set() else self._run, request, sender, ticket)
+        finally:
+            self.admission.leave(ticket)
 
-    def _run(self, request: Any, sender: Any) -> None:
-        self.generate(self.llm_inputs(self.inputs(request)), sender, request.is_cancelled)
+    def _run(self, request: Any, sender: Any, ticket: Ticket) -> None:
+        tensors = self.llm_inputs(self.inputs(request))
+        try:
+            admitted = self.admission.wait(ticket, request.is_cancelled)
+        except BusyError:
+            self.metrics.refused(QUEUE_WAIT)
+            raise
+        if not admitted:  # the client went away while it waited
+            sender.send(flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return
+        if not ticket.probe:
+            self.metrics.waited(ticket.waited_s)
+        self.generate(tensors, sender, request.is_cancelled)
 
     def generate(self, tensors: Mapping[str, Any], sender: Any,
                  is_cancelled: Callable[[], bool]) -> None:
@@ -222,6 +262,55 @@ class TokenStream:
                          c.FINISH_REASON: finish_reason})
 
 
+class QueueMetrics:
+    """One instance's share of its build's admission (runtime/admission.py), as metrics
+    labelled by model and instance (each instance is a process of its own; summed they are
+    the build's): requests waiting for a batch slot, requests holding one, how long each
+    waited, and the refused ones by reason. Thread-safe (every worker updates them)."""
+
+    def __init__(self, model: str, instance: str) -> None:
+        p = pb()
+        labels = {"model": model, "instance": instance}
+        # The families must outlive their metrics: keep both.
+        self.families = [
+            p.MetricFamily(name="qvl_llm_requests_waiting", kind=p.MetricFamily.GAUGE,
+                           description="requests waiting for a batch slot of tensorrt_llm"),
+            p.MetricFamily(name="qvl_llm_requests_running", kind=p.MetricFamily.GAUGE,
+                           description="requests holding a batch slot of tensorrt_llm"),
+            p.MetricFamily(name="qvl_llm_queue_wait_seconds", kind=p.MetricFamily.HISTOGRAM,
+                           description="how long a request waited for a batch slot"),
+            p.MetricFamily(name="qvl_llm_requests_refused_total", kind=p.MetricFamily.COUNTER,
+                           description="requests refused as busy: queue_full (every slot and "
+                           "queue place taken), queue_wait (no slot within max_queue_wait), "
+                           "probe_in_flight"),
+        ]
+        waiting, running, wait, refused = self.families
+        self._waiting = waiting.Metric(labels=labels)
+        self._running = running.Metric(labels=labels)
+        self._wait = wait.Metric(labels=labels, buckets=list(QUEUE_WAIT_BUCKETS))
+        self._refused = {reason: refused.Metric(labels={**labels, "reason": reason})
+                         for reason in (QUEUE_FULL, QUEUE_WAIT, PROBE_IN_FLIGHT)}
+        # One update at a time: a python-backend Metric is not thread-safe. Each set,
+        # increment or observe rewrites the metric's record in shared memory and hands its
+        # handle to the parent (python_backend src/metric.cc SaveToSharedMemory), so two
+        # threads updating at once hand over a record already freed: tritonserver 2.51
+        # crashed with SIGSEGV in libtriton_python.so under 60 concurrent requests.
+        self._lock = threading.Lock()
+
+    def report(self, admission: Admission) -> None:
+        with self._lock:
+            self._waiting.set(admission.waiting)
+            self._running.set(admission.running)
+
+    def waited(self, seconds: float) -> None:
+        with self._lock:
+            self._wait.observe(seconds)
+
+    def refused(self, reason: str) -> None:
+        with self._lock:
+            self._refused[reason].increment(1)
+
+
 class StopTail:
     """The end of one request's tokens. The engine ends an answer with a stop word (a stop
     string's tokens, or an end id besides end_id) and keeps it; OpenAI leaves the stop string
@@ -336,9 +425,16 @@ def _unloading() -> UnavailableError:
                             "is back")
 
 
-def _refuse(request: Any, sender: Any) -> None:
+def _refuse(request: Any, sender: Any, ticket: Ticket) -> None:
     """The run of a request that arrives while the model unloads."""
     raise _unloading()
+
+
+def _is_probe(request: Any) -> bool:
+    """The request's health_probe flag (contract.HEALTH_PROBE; preprocessing checks that it is
+    a probe's one-token text request)."""
+    flag = pb().get_input_tensor_by_name(request, c.HEALTH_PROBE)
+    return flag is not None and bool(flag.as_numpy().reshape(-1)[0])
 
 
 def _polled(is_cancelled: Callable[[], bool]) -> Callable[[], bool]:

@@ -121,6 +121,10 @@ def chat_request(inputs: Mapping[str, Any], *, urls: UrlPolicy, defaults: Sampli
     else:
         raise InputError(f"the request has neither {c.MESSAGES} nor {c.TEXT_INPUT}; send one "
                          "of them")
+    if req.health_probe and (req.max_tokens != 1 or images or videos or guide is not None):
+        # It goes ahead of the queue (runtime/admission.py): only for a probe's one token.
+        raise InputError(f"a {c.HEALTH_PROBE} request is one generated token of a text-only "
+                         f"request: send {c.MAX_TOKENS} = 1 and no image, video or guide")
     return ChatRequest(messages, images, _settings(req, defaults, bounds), videos, tools)
 
 

@@ -9,6 +9,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "qvl_trt_runtime.zip"))
 
 from qvl_trt.triton.contract import PostprocessingParameters  # noqa: E402
+from qvl_trt.triton.runtime.admission import Admission  # noqa: E402
 from qvl_trt.triton.runtime.backend import model_parameters  # noqa: E402
 from qvl_trt.triton.runtime.llm_inputs import LlmInputs  # noqa: E402
 from qvl_trt.triton.runtime.postprocessing import TokenStream, postprocessing_inputs  # noqa: E402
@@ -22,7 +23,8 @@ class TritonPythonModel:
             HERE / "tokenizer.json", inputs=postprocessing_inputs,
             llm_inputs=LlmInputs(params.mrope_table()),
             llm_model=params.tensorrt_llm_model, workers=params.workers,
-            model_name=args["model_name"])
+            admission=Admission.of(params),
+            model_name=args["model_name"], instance_name=args["model_instance_name"])
 
     def execute(self, requests):
         for request in requests:

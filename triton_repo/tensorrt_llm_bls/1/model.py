@@ -10,6 +10,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "qvl_trt_runtime.zip"))
 
 from qvl_trt.triton.contract import TensorrtLlmBlsParameters  # noqa: E402
+from qvl_trt.triton.runtime.admission import Admission  # noqa: E402
 from qvl_trt.triton.runtime.backend import model_parameters  # noqa: E402
 from qvl_trt.triton.runtime.llm_inputs import LlmInputs  # noqa: E402
 from qvl_trt.triton.runtime.postprocessing import TokenStream  # noqa: E402
@@ -26,7 +27,8 @@ class TritonPythonModel:
                        vision_encoder=params.vision_encoder_model),
             llm_inputs=LlmInputs(params.mrope_table()),
             llm_model=params.tensorrt_llm_model, workers=params.workers,
-            model_name=args["model_name"])
+            admission=Admission.of(params),
+            model_name=args["model_name"], instance_name=args["model_instance_name"])
 
     def execute(self, requests):
         for request in requests:
