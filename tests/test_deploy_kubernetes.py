@@ -134,14 +134,15 @@ def test_h100_manifests_are_valid_and_carry_the_repository_needs(tmp_path, h100_
     assert limits["cpu"] == stubs + 2 + 1
     memory = int(limits["memory"].removesuffix("Gi")) * 2**30
     assert memory >= plan.shm_bytes + plan.engine_bytes + 2 * 2 * 2**30
-    # The gateway and Triton behind the Service; the autoscaler on Triton's queue owns the count.
+    # The gateway and Triton behind the Service; the autoscaler on the LLM's queue owns the
+    # count.
     assert {p["name"]: p["port"] for p in docs["Service"]["spec"]["ports"]} == \
         {"openai": 9000, "http": 8000, "grpc": 8001, "metrics": 8002}
     assert "replicas" not in docs["Deployment"]["spec"]
     hpa = docs["HorizontalPodAutoscaler"]["spec"]
     assert (hpa["minReplicas"], hpa["maxReplicas"]) == (2, 6)
     assert hpa["metrics"] == [{"type": "Pods", "pods": {
-        "metric": {"name": "nv_inference_pending_request_count"},
+        "metric": {"name": "qvl_llm_requests_waiting"},
         "target": {"type": "AverageValue", "averageValue": "1500m"}}}]
     assert docs["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
     assert spec["terminationGracePeriodSeconds"] >= 5 + 15 + 15

@@ -11,6 +11,7 @@ import typer
 
 from ..errors import ConfigError
 from ..gateway.options import API_KEY_ENV, GatewayOptions
+from ..serve.liveness import LivenessRules
 from ..serve.options import ServeOptions
 from ..serve.server import Ports
 from .app import (
@@ -305,9 +306,10 @@ def serve(
     log_verbose: Annotated[int, typer.Option(help="Triton's --log-verbose level.")]
     = _SERVE.log_verbose,
     health_port: Annotated[int | None, typer.Option(
-        help="Answer GET /ready (200 only while the end-to-end probe passes, every model "
-        "instance and the gateway run and no restart is under way, else 503) and /live on "
-        "this port [default: none].", show_default=False)] = _SERVE.health_port,
+        help="Answer GET /ready (200 once the end-to-end probe answered and while none "
+        "failed since, every model instance and the gateway run and no restart is under way; "
+        "a busy server is ready; else 503) and /live on this port [default: none].",
+        show_default=False)] = _SERVE.health_port,
     openai_port: Annotated[int | None, typer.Option(
         help="Also run the OpenAI-compatible gateway and chat page (`qvl-trt gateway`) on "
         "this port, in front of the server's gRPC endpoint; its /ready answers as "
@@ -320,12 +322,25 @@ def serve(
         help="After SIGTERM or Ctrl-C, seconds the requests in flight get to finish; then "
         "they are cut and serve exits 1 (a finished drain exits 0).")]
     = _SERVE.drain_timeout_s,
+    probe_interval: Annotated[float, typer.Option(
+        help="Seconds from one end-to-end probe's answer to the next.")]
+    = _SERVE.liveness.probe_interval_s,
+    stall_timeout: Annotated[float, typer.Option(
+        help="Restart the server when a probe has waited this many seconds and the server "
+        "made no progress (no tensorrt_llm iteration, no request finished) since it was sent; "
+        "a probe that waits while the server progresses means busy.")]
+    = _SERVE.liveness.stall_timeout_s,
+    probe_deadline: Annotated[float, typer.Option(
+        help="Restart the server when a probe has waited this many seconds whatever the "
+        "progress (a model that holds the requests it has while others go on).")]
+    = _SERVE.liveness.probe_deadline_s,
     dry_run: Annotated[bool, typer.Option(
         help="Print the command it would run, and exit.")] = False,
 ) -> None:
     """Run tritonserver on a repository (PATH, /opt/tritonserver or the nvidia-pytriton
     binary); wait until it is ready, print its addresses, restart it when a model dies or
-    stops answering, stop it cleanly on Ctrl-C or SIGTERM (a second one forces it). With
+    stops answering (never because it is busy: docs/deployment.md), stop it cleanly on Ctrl-C
+    or SIGTERM (a second one forces it). With
     --openai-port, the gateway starts once the server is ready, starts again if it exits on
     its own, and stops before the server."""
     from ..serve.run import prepare
@@ -336,7 +351,8 @@ def serve(
     opts = ServeOptions(Ports(http_port, grpc_port, metrics_port), free_ports, host,
                         world_size, log_file, log_verbose, health_port, openai_port,
                         openai_host, api_key=os.environ.get(API_KEY_ENV),
-                        drain_timeout_s=drain_timeout)
+                        drain_timeout_s=drain_timeout,
+                        liveness=LivenessRules(probe_interval, stall_timeout, probe_deadline))
     if dry_run:
         console.print(prepare(repository, opts).command, highlight=False, markup=False,
                       soft_wrap=True)
@@ -394,12 +410,12 @@ def deploy(
         help="Memory per pod in GiB [default: /dev/shm + the engines + an allowance per "
         "process].", show_default=False)] = None,
     hpa: Annotated[bool, typer.Option(
-        help="Also a HorizontalPodAutoscaler on Triton's nv_inference_pending_request_count "
-        "(needs a custom metrics adapter, e.g. prometheus-adapter).")] = False,
+        help="Also a HorizontalPodAutoscaler on qvl_llm_requests_waiting, the requests waiting "
+        "for a batch slot (needs a custom metrics adapter, e.g. prometheus-adapter).")] = False,
     max_replicas: Annotated[int | None, typer.Option(
         help="The autoscaler's maximum pods [default: four].", show_default=False)] = None,
     target_pending: Annotated[float | None, typer.Option(
-        help="The autoscaler's target: requests queued per pod, on average [default: two].",
+        help="The autoscaler's target: requests waiting per pod, on average [default: two].",
         show_default=False)] = None,
     api_key_secret: Annotated[str | None, typer.Option(
         help="Secret whose key `api-key` the gateway asks clients for (optional: without the "
@@ -442,8 +458,11 @@ def gateway(
     = LOCAL_GRPC_URL,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = _GATEWAY.host,
     port: Annotated[int, typer.Option(help="Port to listen on.")] = _GATEWAY.port,
-    max_concurrency: Annotated[int, typer.Option(
-        help="Chat requests in flight; more get 429.")] = _GATEWAY.max_concurrency,
+    max_concurrency: Annotated[int | None, typer.Option(
+        help="Chat requests in flight; more get 429 [default: what the builds admit: each "
+        "build's batch slots and queue places (`qvl-trt repo --max-queue`), which refuse "
+        "more themselves with the same 429].", show_default=False)]
+    = _GATEWAY.max_concurrency,
     max_body_bytes: Annotated[int | None, typer.Option(
         help="Largest request body; larger get 413 [default: the deployment's "
         "max_request_bytes + 64 KiB].", show_default=False)] = _GATEWAY.max_body_bytes,

@@ -3,7 +3,7 @@
 One folder for `kubectl apply -f`: a Deployment whose pods run `qvl-trt serve` (tritonserver
 under its supervisor, the OpenAI gateway and the readiness endpoint) from the serving image on
 nodes with the repository's GPU; a Service in front of the gateway and Triton's ports; a
-PodDisruptionBudget; optionally a HorizontalPodAutoscaler on Triton's queue. What a pod needs
+PodDisruptionBudget; optionally a HorizontalPodAutoscaler on the LLM's queue. What a pod needs
 is read from the repository (`read_serve_plan`). Each pod is a whole server on one node (a
 tensor-parallel engine's ranks share it); scaling past one node is replicas behind the
 Service.
@@ -31,6 +31,7 @@ from ..gateway.options import API_KEY_ENV, DEFAULT_PORT, GatewayOptions
 from ..gateway.readiness import LIVE_PATH, READY_PATH
 from ..profiles import check_gpu_product, gpu_product_label
 from ..serve.gateway_process import STOP_GRACE_S
+from ..serve.liveness import LivenessRules
 from ..serve.needs import (
     ServePlan,
     read_serve_plan,
@@ -39,7 +40,7 @@ from ..serve.needs import (
     written_root,
 )
 from ..serve.server import SHM_DIR, STARTUP_TIMEOUT_S, UNLOAD_GRACE_S, Ports, ServerOptions
-from ..serve.supervisor import PROBE_INTERVAL_S, PROBE_TIMEOUT_S, START_ATTEMPTS
+from ..serve.supervisor import START_ATTEMPTS
 
 MIB, GIB = 2**20, 2**30
 DEFAULT_NAME = "qvl-trt"
@@ -50,9 +51,12 @@ API_KEY_SECRET_KEY = "api-key"  # the key of the optional Secret that holds the 
 # (NVIDIA/k8s-device-plugin internal/lm/resource.go: fullGPUResourceName, "product").
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-# Triton's gauge of requests waiting for a model instance, per model (core src/metrics.cc;
-# infer_request.cc counts a request from PENDING until it executes).
-QUEUE_METRIC = "nv_inference_pending_request_count"
+# The requests waiting for a batch slot of the pod's LLM, per caller instance (summed per
+# pod by the metrics adapter; triton/runtime/postprocessing.py QueueMetrics). Not Triton's
+# nv_inference_pending_request_count: it counts a request from PENDING until a model instance
+# executes it (core infer_request.cc), and the decoupled models here and the stock
+# tensorrtllm backend take every request at once and queue it themselves, so it stays at 0.
+QUEUE_METRIC = "qvl_llm_requests_waiting"
 
 # Host memory per process, requested and limited alike (see pod_needs). A python model
 # instance without CUDA: the stubs of a tiny repository held 70 MiB (postprocessing) to
@@ -66,10 +70,11 @@ CUDA_PROCESS_BYTES = 2 * GIB
 
 # The startup probe must not kill a pod that serve is still starting: serve tries
 # START_ATTEMPTS starts of up to STARTUP_TIMEOUT_S each (the engines load meanwhile), then
-# /ready turns 200 after the first end-to-end probe (PROBE_TIMEOUT_S; the next one
-# PROBE_INTERVAL_S later). When serve gives up it exits and the kubelet restarts the pod.
+# /ready turns 200 once the first end-to-end probe answers (an idle server answers it at
+# once; one that does not within the stall timeout is restarted, serve/liveness.py). When
+# serve gives up it exits and the kubelet restarts the pod.
 STARTUP_PERIOD_S = 10
-STARTUP_WINDOW_S = START_ATTEMPTS * STARTUP_TIMEOUT_S + PROBE_TIMEOUT_S + PROBE_INTERVAL_S
+STARTUP_WINDOW_S = START_ATTEMPTS * (STARTUP_TIMEOUT_S + LivenessRules.stall_timeout_s)
 # Endpoints and proxies drop a terminating pod asynchronously: it keeps serving this long
 # after it is told to stop, before SIGTERM.
 PRESTOP_S = 5
@@ -246,7 +251,8 @@ def pod_needs(plan: ServePlan, opts: DeployOptions) -> PodNeeds:
     notes.append(f"/dev/shm: {shm // GIB} GiB in memory, for the python backend's tensors of "
                  "the largest requests in flight")
     notes.append(f"startup: up to {STARTUP_WINDOW_S:.0f} s, serve's {START_ATTEMPTS} starts of "
-                 f"{STARTUP_TIMEOUT_S:.0f} s and its first probe")
+                 f"{STARTUP_TIMEOUT_S:.0f} s, each with its first probe (the stall timeout, "
+                 f"{LivenessRules.stall_timeout_s:.0f} s)")
     notes.append(f"termination: {GRACE_S} s, the preStop pause, the gateway's and "
                  "tritonserver's drains and a margin")
     return PodNeeds(gpus, product, written, shm, cpu, memory, tuple(notes))
@@ -376,8 +382,8 @@ def _deployment(opts: DeployOptions, needs: PodNeeds, meta: dict[str, Any],
 
 
 def _autoscaler(opts: DeployOptions, meta: dict[str, Any]) -> dict[str, Any]:
-    """Pods by Triton's queue: the average over the pods of QUEUE_METRIC summed over each
-    pod's models. The HPA reads it from the custom metrics API, which a metrics adapter
+    """Pods by the LLM's queue: the average over the pods of QUEUE_METRIC summed over each
+    pod's series. The HPA reads it from the custom metrics API, which a metrics adapter
     (e.g. prometheus-adapter over a Prometheus that scrapes the pods' `metrics` port)
     serves; without one the HPA reports that it cannot get the metric and scales nothing."""
     return {

@@ -4,7 +4,8 @@ the gateway's port give the same routes and the same replies. GET /ready: 200 an
 GET /live: 200 while the process runs.
 
 What "ready" means has one home, the supervisor (serve/supervisor.py: its end-to-end probe
-passed, every python model instance and the gateway run, no restart is under way). A gateway
+answered and none failed since, every python model instance and the gateway run, no restart
+is under way; a server that is merely busy stays ready, serve/liveness.py). A gateway
 started by `qvl-trt serve` forwards the supervisor's answer (`GatewayOptions.ready_url`) once
 it has found the builds Triton serves; only a gateway on its own, with no supervisor behind
 it, asks Triton whether its models are ready."""
@@ -20,9 +21,13 @@ LIVE_PATH = "/live"
 READY = "ready"
 
 
-def ready_reply(ok: bool, reason: str) -> tuple[int, dict]:
-    """(HTTP status, JSON body) of GET /ready."""
-    return (200 if ok else 503), {"ready": ok, "reason": READY if ok else reason}
+def ready_reply(ok: bool, reason: str, restarts: int | None = None) -> tuple[int, dict]:
+    """(HTTP status, JSON body) of GET /ready; serve's also says how often it restarted the
+    server (`restarts`), so that a client sees a restart that readiness alone may hide."""
+    body: dict = {"ready": ok, "reason": READY if ok else reason}
+    if restarts is not None:
+        body["restarts"] = restarts
+    return (200 if ok else 503), body
 
 
 def live_reply() -> tuple[int, dict]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .liveness import LivenessRules
 from .server import Ports, ServerOptions
 
 
@@ -24,3 +25,4 @@ class ServeOptions:
     api_key: str | None = field(default=None, repr=False)  # the gateway asks for it
     # After SIGTERM, how long the requests in flight get to finish before they are cut.
     drain_timeout_s: float = ServerOptions.drain_timeout_s
+    liveness: LivenessRules = LivenessRules()  # when a busy server counts as dead

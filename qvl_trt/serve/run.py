@@ -96,6 +96,6 @@ def serve(repo: Path, opts: ServeOptions, *,
             on_ready(server, gateway)
 
     supervisor = Supervisor(server, plan.needs.ensembles, health_port=plan.health_port,
-                            health_host=plan.health_host, on_ready=ready,
+                            health_host=plan.health_host, rules=opts.liveness, on_ready=ready,
                             companions=(gateway,) if gateway is not None else ())
     return supervisor.run() or 0

@@ -30,6 +30,8 @@ from pathlib import Path
 from ..child import kill_group, popen_owned, signals_held
 from ..errors import ConfigError, DependencyError, ServerError
 from ..machine import PYTRITON_STUBS, TritonInstall, find_tritonserver
+from ..triton.runtime.admission import FOLDER_PREFIX as ADMISSION_PREFIX
+from ..triton.runtime.admission import admission_root
 
 log = logging.getLogger(__name__)
 
@@ -368,6 +370,7 @@ class TritonServer:
             code = (1 if waited < 0 else waited) if code is None else code
         self.close_log()
         remove_shm(self.opts.shm_prefix)
+        remove_stale_shm()  # this server's admission folders among them, now it is gone
         return code
 
     def _wait_drained(self) -> int | None:
@@ -412,12 +415,18 @@ class TritonServer:
 
 def remove_stale_shm() -> list[Path]:
     """Delete /dev/shm files left by runs whose process is gone (a serve killed with -9
-    cannot clean up; see `new_shm_prefix` for the pid in the name)."""
+    cannot clean up; see `new_shm_prefix` for the pid in the name), and the admission folders
+    of tritonservers that are gone (triton/runtime/admission.py, named after the server)."""
     removed = []
     for path in SHM_DIR.glob("qvl*x*_*") if SHM_DIR.is_dir() else ():
         pid = path.name[3:].split("x", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             path.unlink(missing_ok=True)
+            removed.append(path)
+    for path in admission_root().glob(f"{ADMISSION_PREFIX}*-*"):
+        pid = path.name.removeprefix(ADMISSION_PREFIX).split("-", 1)[0]
+        if path.is_dir() and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
 

@@ -2,26 +2,28 @@
 
 Triton 2.51's python backend never restarts a stub that died (OOM kill, segfault): every
 later request to that model fails with "Stub process 'X_0_0' is not healthy", requests in
-flight to it never end, and /v2/health/ready stays 200. So serve watches two things: the
-python backend stubs (children of tritonserver, one per model instance; a dead one is seen
-within `watch_interval_s`) and an end-to-end probe (a one-token greedy text request through
-each ensemble every `probe_interval_s`; `probe_failures` failures in a row mean a model is
-alive but not answering). Either fault restarts the whole server on the same ports: its
-process group is killed, so every request in flight ends at once with a connection error
-(the dead stub's requests included), and until the new server has loaded its models clients
-get connection refused. A model reload through the repository API is not used: it needs
-explicit model control, and unloading a model waits for its in-flight requests, which a dead
-stub never finishes.
+flight to it never end, and /v2/health/ready stays 200. So serve watches the python backend
+stubs (children of tritonserver, one per model instance; a dead one is seen within
+`watch_interval_s`) and sends an end-to-end probe through each ensemble (`probe`), whose
+outcomes and the server's reported progress tell a busy server from a dead one
+(serve/liveness.py: a probe that waits while the server produces is busy, never a fault).
+A fault (a dead process or stub, failing probes, a wedged server) restarts the whole server
+on the same ports: its process group is killed, so every request in flight ends at once
+with a connection error (the dead stub's requests included), and until the new server has
+loaded its models clients get connection refused (through the gateway: a 503). A model
+reload through the repository API is not used: it needs explicit model control, and
+unloading a model waits for its in-flight requests, which a dead stub never finishes.
 
 Companions (the OpenAI gateway of `--openai-port`) start once the server is ready, stop
 before it (their answers in flight finish first), and are started again when one exits on its
 own (a crash, an OOM kill), at most every `companion_retry_s`; a server restart leaves them
 running (the gateway finds the new server on the same ports).
 
-Readiness (`--health-port`, gateway/readiness.py): GET /ready answers 200 only while the last
-probe passed, every stub is alive, every companion has started and runs and no restart is
-under way, 503 (with the reason) otherwise; GET /live answers 200 while serve runs. The
-gateway serve starts forwards this answer on its own port.
+Readiness (`--health-port`, gateway/readiness.py): GET /ready answers 200 once a probe has
+answered and while none has failed since (a busy server is ready), every stub is alive,
+every companion has started and runs and no restart is under way, 503 (with the reason)
+otherwise; its body also counts the restarts so far. GET /live answers 200 while serve runs.
+The gateway serve starts forwards this answer on its own port.
 """
 
 from __future__ import annotations
@@ -40,22 +42,25 @@ from typing import Protocol
 from ..errors import ServerError
 from ..gateway.readiness import LIVE_PATH, READY, READY_PATH, live_reply, ready_reply
 from ..triton import contract as c
+from .liveness import Liveness, LivenessRules, Outcome
+from .progress import progress_counters, read_metrics
 from .server import TritonServer
 
 log = logging.getLogger(__name__)
 
 PROBE_PROMPT = "Hi"
-# Defaults of the Supervisor: a probe every PROBE_INTERVAL_S, each given PROBE_TIMEOUT_S; a
-# server that fails to start is tried START_ATTEMPTS times before serve gives up.
-PROBE_INTERVAL_S = 5.0
-PROBE_TIMEOUT_S = 20.0
+# A server that fails to start is tried START_ATTEMPTS times before serve gives up.
 START_ATTEMPTS = 3
+# Past the probe deadline, before the probe's own connection gives up (the deadline decides).
+PROBE_GRACE_S = 30.0
+DEFAULT_RULES = LivenessRules()
 
 
-def probe(server: TritonServer, ensemble: str, timeout_s: float) -> str | None:
-    """One greedy one-token text request through `ensemble`: None when it answered, else
-    what went wrong."""
-    body = {c.TEXT_INPUT: PROBE_PROMPT, c.MAX_TOKENS: 1, c.TEMPERATURE: 0.0, c.STREAM: False}
+def probe(server: TritonServer, ensemble: str, timeout_s: float) -> tuple[Outcome, str]:
+    """One greedy one-token text request through `ensemble`, as a health probe (it does not
+    queue for a batch slot: contract.HEALTH_PROBE): its outcome, and what went wrong."""
+    body = {c.TEXT_INPUT: PROBE_PROMPT, c.MAX_TOKENS: 1, c.TEMPERATURE: 0.0, c.STREAM: False,
+            c.HEALTH_PROBE: True}
     request = urllib.request.Request(
         f"http://{server.http_url}/v2/models/{ensemble}/generate",
         data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
@@ -63,10 +68,14 @@ def probe(server: TritonServer, ensemble: str, timeout_s: float) -> str | None:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             answer = json.loads(response.read())
     except urllib.error.HTTPError as exc:
-        return f"{ensemble}: HTTP {exc.code} {exc.read().decode(errors='replace')[:200]}"
+        text = exc.read().decode(errors="replace")[:300]
+        busy = c.ErrorKind.of_message(text) is c.ErrorKind.BUSY
+        return (Outcome.BUSY if busy else Outcome.FAILED), f"{ensemble}: HTTP {exc.code} {text}"
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        return f"{ensemble}: {exc}"
-    return None if c.TEXT_OUTPUT in answer else f"{ensemble}: no {c.TEXT_OUTPUT} in {answer}"
+        return Outcome.FAILED, f"{ensemble}: {exc}"
+    if c.TEXT_OUTPUT in answer:
+        return Outcome.ANSWERED, ""
+    return Outcome.FAILED, f"{ensemble}: no {c.TEXT_OUTPUT} in {answer}"
 
 
 class Companion(Protocol):
@@ -87,9 +96,7 @@ class Companion(Protocol):
 class Supervisor:
     def __init__(self, server: TritonServer, ensembles: tuple[str, ...], *,
                  health_port: int | None = None, health_host: str | None = None,
-                 watch_interval_s: float = 0.5,
-                 probe_interval_s: float = PROBE_INTERVAL_S,
-                 probe_timeout_s: float = PROBE_TIMEOUT_S, probe_failures: int = 2,
+                 watch_interval_s: float = 0.5, rules: LivenessRules = DEFAULT_RULES,
                  start_attempts: int = START_ATTEMPTS,
                  companions: Sequence[Companion] = (), companion_retry_s: float = 5.0,
                  on_ready=None) -> None:
@@ -98,9 +105,7 @@ class Supervisor:
         self.health_port = health_port
         self.health_host = health_host  # None: the server's
         self.watch_interval_s = watch_interval_s
-        self.probe_interval_s = probe_interval_s
-        self.probe_timeout_s = probe_timeout_s
-        self.probe_failures = probe_failures
+        self.rules = rules
         self.start_attempts = start_attempts
         self.companions = tuple(companions)
         self.companion_retry_s = companion_retry_s
@@ -108,9 +113,7 @@ class Supervisor:
         self.restarts = 0
         self._lock = threading.Lock()
         self._generation = 0  # bumped by each (re)start: older probe results are void
-        self._probe_ok = False
-        self._failures = 0
-        self._probe_error = ""
+        self._liveness = Liveness(rules, time.monotonic())
         self._reason = "starting"
         self._stubs: dict[str, int] = {}
         self._stopping = threading.Event()
@@ -132,9 +135,8 @@ class Supervisor:
         with self._lock:
             if self._reason:
                 return False, self._reason
-            if self._probe_ok:
-                return True, READY
-            return False, self._probe_error or "first probe pending"
+            ok, reason = self._liveness.readiness()
+            return ok, READY if ok else reason
 
     def _start_health(self) -> None:
         if self.health_port is None:
@@ -146,7 +148,8 @@ class Supervisor:
                 if self.path == LIVE_PATH:
                     code, body = live_reply()
                 elif self.path == READY_PATH:
-                    code, body = ready_reply(*supervisor.readiness())
+                    code, body = ready_reply(*supervisor.readiness(),
+                                             restarts=supervisor.restarts)
                 else:
                     code, body = 404, {"error": f"GET {READY_PATH} or {LIVE_PATH}"}
                 data = json.dumps(body).encode()
@@ -224,7 +227,8 @@ class Supervisor:
         with self._lock:
             self._generation += 1
             self._stubs = self.server.stubs()
-            self._probe_ok, self._failures, self._probe_error, self._reason = False, 0, "", ""
+            self._liveness.restarted(time.monotonic())
+            self._reason = ""
         self._probe_now.set()
 
     def _fault(self) -> str | None:
@@ -236,19 +240,24 @@ class Supervisor:
             if alive.get(name) != pid:
                 return f"python model instance {name} (pid {pid}) died"
         with self._lock:
-            if self._failures >= self.probe_failures:
-                return f"the end-to-end probe failed {self._failures} times"
-        return None
+            waiting = self._liveness.pending_since is not None
+        # The progress counts only while a probe waits (liveness.py): read them then.
+        samples = read_metrics(self.server.metrics_url) if waiting else None
+        now = time.monotonic()
+        with self._lock:
+            self._liveness.progress(None if samples is None else progress_counters(samples),
+                                    now)
+            return self._liveness.fault(now)
 
     def _restart(self, reason: str) -> None:
         with self._lock:
             self._reason = f"restarting: {reason}"
             self._generation += 1
+            self.restarts += 1  # /ready says so from now on: the fault is noticed
         log.warning("%s; restarting tritonserver on the same ports", reason)
         began = time.monotonic()
         self.server.stop(force=True)  # in-flight requests end now, with a connection error
         self._start()
-        self.restarts += 1
         log.warning("tritonserver restarted in %.1f s", time.monotonic() - began)
 
     def _watch_companions(self) -> None:
@@ -272,23 +281,30 @@ class Supervisor:
             companion.stop()
 
     def _probe_loop(self) -> None:
+        """One probe at a time, through each ensemble in turn, `probe_interval_s` after the
+        last one answered (at once after a start)."""
+        timeout_s = self.rules.probe_deadline_s + PROBE_GRACE_S
         while not self._stopping.is_set():
-            self._probe_now.wait(self.probe_interval_s)
+            self._probe_now.wait(self.rules.probe_interval_s)
             self._probe_now.clear()
-            if self._stopping.is_set():
-                return
-            with self._lock:
-                generation = self._generation
-            error = next(filter(None, (probe(self.server, e, self.probe_timeout_s)
-                                       for e in self.ensembles)), None)
-            with self._lock:
-                if generation != self._generation:
-                    continue
-                self._probe_ok = error is None
-                self._failures = 0 if error is None else self._failures + 1
-                self._probe_error = f"probe failed: {error}" if error else ""
-            if error:
-                log.warning("probe failed: %s", error)
+            for ensemble in self.ensembles:
+                if self._stopping.is_set():
+                    return
+                with self._lock:
+                    generation = self._generation
+                    self._liveness.probe_sent(sent := time.monotonic())
+                outcome, error = probe(self.server, ensemble, timeout_s)
+                with self._lock:
+                    if generation != self._generation:
+                        break  # the server was restarted meanwhile: this answer is void
+                    busy = self._liveness.busy(now := time.monotonic())
+                    self._liveness.probe_done(outcome, now, error)
+                if outcome is Outcome.FAILED:
+                    log.warning("probe failed: %s", error)
+                    break
+                if busy:
+                    log.info("the probe of %s %s after %.1f s: the server was busy, and "
+                             "progressing", ensemble, outcome.value, now - sent)
 
 
 def _raise_interrupt(signum, frame) -> None:
