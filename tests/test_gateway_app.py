@@ -159,7 +159,13 @@ def test_the_stop_string_is_cut_and_the_finish_reason_follows(gateway, triton_se
     assert (text, finishes) == (cut.text, ["stop"])
 
 
-def test_64_concurrent_streams_each_get_their_solo_answer(gateway) -> None:
+def test_as_many_concurrent_streams_as_the_build_admits_get_their_solo_answers(
+        gateway) -> None:
+    """The tiny profile's 8 batch slots and the default queue, 4 per slot: 40 at once."""
+    from qvl_trt.testing.small_profile import LIMITS
+    from qvl_trt.triton.options import QUEUE_PER_SLOT
+
+    streams = LIMITS["max_batch_size"] * (1 + QUEUE_PER_SLOT)
     cases = [(image_question(20 + i, f"Question {i}: what do you see?",
                              (64 + 32 * (i % 3), 64)) if i % 2 else
               [{"role": "user", "content": f"Question {i}: tell me something."}], 5 + i)
@@ -179,12 +185,13 @@ def test_64_concurrent_streams_each_get_their_solo_answer(gateway) -> None:
                 return "".join([chunk.choices[0].delta.content or ""
                                 async for chunk in stream if chunk.choices])
 
-            return await asyncio.gather(*(one(i) for i in range(64)), return_exceptions=True)
+            return await asyncio.gather(*(one(i) for i in range(streams)),
+                                        return_exceptions=True)
 
     answers = asyncio.run(ask_all())
     errors = [a for a in answers if isinstance(a, BaseException)]
     assert not errors, errors[:3]
-    assert answers == [solo[i % len(cases)] for i in range(64)]
+    assert answers == [solo[i % len(cases)] for i in range(streams)]
 
 
 # ---- bad requests ---------------------------------------------------------------------------

@@ -6,9 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from qvl_trt.errors import ConfigError
+from qvl_trt.errors import ConfigError, ServerError
 from qvl_trt.machine import TritonInstall
-from qvl_trt.serve.server import Ports, ServerOptions, format_command, server_command
+from qvl_trt.serve.server import (
+    Ports,
+    ServerOptions,
+    check_ports_free,
+    format_command,
+    free_ports,
+    server_command,
+)
 
 INSTALL = TritonInstall(Path("/opt/tritonserver/bin/tritonserver"),
                         Path("/opt/tritonserver/backends"), "ngc", "2.71.0")
@@ -49,3 +56,19 @@ def test_tritons_own_exit_timer_outlasts_serves_drain_and_unload_grace() -> None
         cmd = server_command(INSTALL, ServerOptions(Path("/m"), drain_timeout_s=drain))
         (flag,) = [a for a in cmd if a.startswith("--exit-timeout-secs=")]
         assert int(flag.split("=")[1]) >= drain + UNLOAD_GRACE_S + 5
+
+
+def test_a_port_another_server_listens_on_is_refused_before_the_start() -> None:
+    """Else the new server fails to bind and exits while the old one answers the readiness
+    poll on that port: the start would look ready."""
+    import socket
+
+    ports = free_ports()
+    opts = ServerOptions(Path("/models"), ports)
+    check_ports_free(opts)
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", ports.grpc))
+        other.listen()
+        with pytest.raises(ServerError, match=rf"the grpc port {ports.grpc} on 127.0.0.1 is "
+                           "taken .*pick another with --grpc-port or --free-ports"):
+            check_ports_free(opts)

@@ -114,6 +114,28 @@ def _ensemble_request(request: ChatCompletionRequest,
         guided_decoding_guide_type=guide_type, guided_decoding_guide=guide_text)
 
 
+# gRPC reconnects to a server that went away with an exponential backoff of up to 120 s
+# (grpc's doc/connection-backoff.md): after serve restarted Triton the gateway would answer
+# 503 for that long though the server is back. A second is the most it waits here.
+RECONNECT_BACKOFF_MS = 1000
+
+
+def _channel_args(grpc_client: Any) -> list[tuple[str, int]]:
+    """tritonclient's channel options (channel_args replaces them all: its
+    grpc/aio/__init__.py) with a short reconnect backoff."""
+    keepalive = grpc_client.KeepAliveOptions()
+    return [
+        ("grpc.max_send_message_length", grpc_client.MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.max_receive_message_length", grpc_client.MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+        ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
+        ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
+    ]
+
+
 class Upstream:
     """One gRPC channel to Triton, shared by every request (create it inside the event loop
     that uses it)."""
@@ -124,7 +146,7 @@ class Upstream:
         aio = require("tritonclient.grpc.aio", extra="gateway", why="talk to Triton")
         # What a broken stream raises (tritonclient's stream iterator does not wrap it).
         self._rpc_error = require("grpc", extra="gateway", why="talk to Triton").aio.AioRpcError
-        self.client = aio.InferenceServerClient(url)
+        self.client = aio.InferenceServerClient(url, channel_args=_channel_args(self._grpc))
 
     async def close(self) -> None:
         await self.client.close()

@@ -103,6 +103,23 @@ def free_ports(host: str = "127.0.0.1") -> Ports:
             s.close()
 
 
+def check_ports_free(opts: ServerOptions) -> None:
+    """A ServerError naming a port another process listens on (a start tried again may find
+    it free: a restart right after a kill). Without it the new server
+    fails to bind and exits, while the one already there answers the readiness poll on that
+    port, so the start looked ready. SO_REUSEADDR as the servers bind: only a listening
+    socket makes it fail, not the connections a server just killed left in TIME_WAIT."""
+    for name, port in vars(opts.ports).items():
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((opts.host, port))
+            except OSError as exc:
+                raise ServerError(f"the {name} port {port} on {opts.host} is taken "
+                                  f"({exc.strerror}): another server runs there; stop it, or "
+                                  f"pick another with --{name}-port or --free-ports") from None
+
+
 def client_host(listen: str) -> str:
     """Where a client on this machine reaches a server listening on `listen`: a server on
     every interface through the loopback one."""
@@ -269,6 +286,7 @@ class TritonServer:
         return f"http://{self.client_host}:{self.opts.ports.metrics}/metrics"
 
     def start(self) -> TritonServer:
+        check_ports_free(self.opts)
         prepare_tritonserver(self.install)
         cmd = server_command(self.install, self.opts)
         log.info("starting: %s", format_command(cmd, self.install))

@@ -49,8 +49,10 @@ from .server import TritonServer
 log = logging.getLogger(__name__)
 
 PROBE_PROMPT = "Hi"
-# A server that fails to start is tried START_ATTEMPTS times before serve gives up.
+# A server that fails to start is tried START_ATTEMPTS times, START_RETRY_S apart (a port
+# a killed server held may take a moment to free), before serve gives up.
 START_ATTEMPTS = 3
+START_RETRY_S = 2.0
 # Past the probe deadline, before the probe's own connection gives up (the deadline decides).
 PROBE_GRACE_S = 30.0
 DEFAULT_RULES = LivenessRules()
@@ -220,10 +222,12 @@ class Supervisor:
             try:
                 self.server.start()
                 break
-            except ServerError:
+            except ServerError as exc:
                 if attempt == self.start_attempts:
                     raise
-                log.warning("tritonserver did not start (attempt %d); trying again", attempt)
+                log.warning("tritonserver did not start (attempt %d: %s); trying again",
+                            attempt, exc)
+                time.sleep(START_RETRY_S)
         with self._lock:
             self._generation += 1
             self._stubs = self.server.stubs()

@@ -36,11 +36,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "qvl_trt_runtime.zip"))
 
 from qvl_trt.testing.token_generator import TokenGenerator  # noqa: E402
+from qvl_trt.triton.runtime.backend import exit_with_server  # noqa: E402
 from qvl_trt.triton.runtime.reference_tensorrt_llm import LlmModel  # noqa: E402
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        exit_with_server()
         self.model = LlmModel.load(args, lambda params: TokenGenerator.load(HERE))
 
     def execute(self, requests):

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 import numpy as np
 
+from ...child import die_with_parent
 from ...errors import InputError
 from ..contract import ErrorKind, TensorSpec, config_parameters
 
@@ -23,6 +27,28 @@ def pb():
     import triton_python_backend_utils as pb_utils
 
     return pb_utils
+
+
+# How often a python model's stub's watcher looks whether its tritonserver is still there.
+SERVER_WATCH_S = 1
+
+
+def exit_with_server() -> None:
+    """Have this stub killed once tritonserver, its parent, is gone: a `sh` loop beside it
+    (it dies with the stub: child.die_with_parent). The python backend's stub leaves by
+    itself when its server dies only while no thread of it waits for the server: a thread
+    in a metric update, a response or a BLS call blocks forever holding the GIL
+    (python_backend Stub::SendMessage waits for the parent's answer), and the stub's own
+    exit then waits for that thread's lock. So a tensorrt_llm or tensorrt_llm_bls stub with
+    requests in flight ran on orphaned after a kill -9 of the server, holding its memory,
+    its device and the build's admission places; a thread of its own could not help, it
+    would wait for the GIL. Called first in every model's initialize()."""
+    server, stub = os.getppid(), os.getpid()
+    watch = (f"while kill -0 {server} 2>/dev/null; do sleep {SERVER_WATCH_S}; done; "
+             f"kill -9 {stub}")
+    subprocess.Popen(["/bin/sh", "-c", watch], stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     preexec_fn=partial(die_with_parent, stub))
 
 
 def model_parameters(args: Mapping[str, str]) -> dict[str, str]:

@@ -13,11 +13,13 @@ sys.path.insert(0, str(HERE / "qvl_trt_runtime.zip"))
 
 from qvl_trt.llm.reference import ReferenceDecoder  # noqa: E402
 from qvl_trt.machine import pick_device  # noqa: E402
+from qvl_trt.triton.runtime.backend import exit_with_server  # noqa: E402
 from qvl_trt.triton.runtime.reference_tensorrt_llm import LlmModel  # noqa: E402
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        exit_with_server()
         self.model = LlmModel.load(args, lambda params: ReferenceDecoder.load(
             HERE / "checkpoint", device=pick_device(params.device), dtype=params.dtype))
 

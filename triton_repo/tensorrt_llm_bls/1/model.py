@@ -11,7 +11,7 @@ sys.path.insert(0, str(HERE / "qvl_trt_runtime.zip"))
 
 from qvl_trt.triton.contract import TensorrtLlmBlsParameters  # noqa: E402
 from qvl_trt.triton.runtime.admission import Admission  # noqa: E402
-from qvl_trt.triton.runtime.backend import model_parameters  # noqa: E402
+from qvl_trt.triton.runtime.backend import exit_with_server, model_parameters  # noqa: E402
 from qvl_trt.triton.runtime.llm_inputs import LlmInputs  # noqa: E402
 from qvl_trt.triton.runtime.postprocessing import TokenStream  # noqa: E402
 from qvl_trt.triton.runtime.tensorrt_llm_bls import Bls  # noqa: E402
@@ -19,6 +19,7 @@ from qvl_trt.triton.runtime.tensorrt_llm_bls import Bls  # noqa: E402
 
 class TritonPythonModel:
     def initialize(self, args):
+        exit_with_server()
         params = TensorrtLlmBlsParameters.from_parameters(model_parameters(args),
                                                           args["model_name"])
         self.stream = TokenStream(

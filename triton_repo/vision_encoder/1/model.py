@@ -9,11 +9,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "qvl_trt_runtime.zip"))
 
+from qvl_trt.triton.runtime.backend import exit_with_server  # noqa: E402
 from qvl_trt.triton.runtime.vision_encoder import VisionEncoderModel  # noqa: E402
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        exit_with_server()
         self.model = VisionEncoderModel(args, checkpoint_dir=HERE / "checkpoint",
                                         engine_dir=HERE / "engine")
 
