@@ -36,6 +36,7 @@ import urllib.request
 from pathlib import Path
 
 from qvl_trt.client.metrics import RequestRecord, level_metrics
+from qvl_trt.gateway.readiness import ready_state
 from qvl_trt.serve.progress import Samples, parse_metrics, total
 from qvl_trt.serve.server import free_ports
 from qvl_trt.triton import contract as c
@@ -81,14 +82,7 @@ class Served:
              "--openai-port", str(self.openai)], stdout=self.log, stderr=subprocess.STDOUT)
 
     def state(self) -> dict | None:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health}/ready",
-                                        timeout=30) as reply:
-                return json.loads(reply.read())
-        except urllib.error.HTTPError as exc:
-            return json.loads(exc.read())
-        except OSError:
-            return None
+        return ready_state(f"http://127.0.0.1:{self.health}/ready", 30)
 
     def wait_ready(self, timeout_s: float = 600) -> None:
         deadline = time.monotonic() + timeout_s

@@ -72,14 +72,9 @@ class Serve:
     def state(self) -> dict | None:
         """serve's GET /ready body (ready, reason, restarts), or None while it does not
         answer."""
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health}/ready",
-                                        timeout=10) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            return json.loads(exc.read())
-        except (urllib.error.URLError, OSError):
-            return None
+        from qvl_trt.gateway.readiness import ready_state
+
+        return ready_state(f"http://127.0.0.1:{self.health}/ready", 10)
 
     def wait_restarted(self, before: int, timeout_s: float = STARTUP_S) -> None:
         """Until serve says it restarted the server (its own signal that it noticed a

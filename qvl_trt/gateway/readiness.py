@@ -36,6 +36,18 @@ def live_reply() -> tuple[int, dict]:
 
 def ask_ready(url: str, timeout_s: float) -> tuple[bool, str] | None:
     """GET `url` (a /ready route): (ready, reason), or None while nothing answers there."""
+    state = ready_state(url, timeout_s)
+    if state is None:
+        return None
+    try:
+        return bool(state["ready"]), str(state["reason"])
+    except (KeyError, TypeError):
+        return False, f"{url} answered {str(state)[:200]!r}, not a readiness reply"
+
+
+def ready_state(url: str, timeout_s: float) -> dict | None:
+    """GET `url` (a /ready route): its JSON body (serve's also counts its restarts), or None
+    while nothing answers there."""
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as reply:
             body = reply.read()
@@ -44,7 +56,6 @@ def ask_ready(url: str, timeout_s: float) -> tuple[bool, str] | None:
     except (urllib.error.URLError, OSError):
         return None
     try:
-        data = json.loads(body)
-        return bool(data["ready"]), str(data["reason"])
-    except (ValueError, KeyError, TypeError):
-        return False, f"{url} answered {body[:200]!r}, not a readiness reply"
+        return json.loads(body)
+    except ValueError:
+        return {"body": body[:200].decode(errors="replace")}
