@@ -66,12 +66,31 @@ def test_trt_flavor_builds_validates_and_serves(tmp_path, tiny_ckpt) -> None:
         deployment = StepwiseDeployment(f"grpc://{server.grpc_url}")
         tokens = deployment(request)
         deployment.close()
+        _stock_progress_and_probe(server)
     reference = InProcessReference(tiny_ckpt, limits=limits,
                                    llm_checkpoint=build / "llm_checkpoint", device="cuda")
     # fp16 rounding may flip near-ties later on in a random-weight model: the first token.
     assert tokens[:1] == reference(request)[:1]
 
 
+
+
+def _stock_progress_and_probe(server) -> None:
+    """What serve's liveness rests on (serve/progress.py, liveness.py), from the stock
+    backend: its iteration counter has counted the iterations it ran (stats every
+    stats_check_period_ms), and a health probe answers through the ensemble."""
+    import time
+
+    from qvl_trt.serve.liveness import Outcome
+    from qvl_trt.serve.progress import iterations, read_metrics
+    from qvl_trt.serve.supervisor import probe
+    from qvl_trt.triton import contract as c
+
+    deadline = time.monotonic() + 30  # set from the latest stats, every stats period
+    while iterations(read_metrics(server.metrics_url)) == 0:
+        assert time.monotonic() < deadline, "the stock backend published no iteration"
+        time.sleep(0.1)
+    assert probe(server, c.ENSEMBLE, 60) == (Outcome.ANSWERED, "")
 
 
 def _guided_requests(client) -> None:
