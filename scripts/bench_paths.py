@@ -24,33 +24,27 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
 from qvl_trt.client.bench import BenchEndpoint, BenchSettings, run_benchmark, synthetic_images
+from qvl_trt.serve.progress import read_metrics, total
 from qvl_trt.triton import contract as c
 
 MODELS = c.ModelNames().all()
 COUNTERS = {"req": "nv_inference_request_success", "exec": "nv_inference_exec_count",
             "infer_s": "nv_inference_compute_infer_duration_us",
             "hits": "qvl_vision_cache_hits_total", "misses": "qvl_vision_cache_misses_total"}
-SAMPLE = re.compile(r'^(\w+)\{model="([^"]+)"[^}]*\} (\S+)$')
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def read_counters(url: str) -> dict[tuple[str, str], float]:
     """(counter, model) -> value, for COUNTERS and MODELS."""
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
-    names = {v: k for k, v in COUNTERS.items()}
-    values = {}
-    for line in text.splitlines():
-        match = SAMPLE.match(line)
-        if match and match[1] in names and match[2] in MODELS:
-            scale = 1e-6 if match[1].endswith("_us") else 1.0
-            values[names[match[1]], match[2]] = float(match[3]) * scale
-    return values
+    samples = read_metrics(url, timeout_s=10)
+    assert samples is not None, f"{url} does not answer"
+    return {(key, model): total(samples, name, model=model) *
+            (1e-6 if name.endswith("_us") else 1.0)
+            for key, name in COUNTERS.items() for model in MODELS}
 
 
 def stub_cpu(repository: Path) -> dict[str, float]:

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from qvl_trt.client.metrics import RequestRecord, level_metrics
 from qvl_trt.gateway.readiness import ready_state
-from qvl_trt.serve.progress import Samples, parse_metrics, total
+from qvl_trt.serve.progress import Samples, read_metrics, total
 from qvl_trt.serve.server import free_ports
 from qvl_trt.triton import contract as c
 from qvl_trt.triton.pbconfig import CONFIG_FILE, parameters, parse_config
@@ -99,9 +99,11 @@ class Served:
                 time.sleep(0.5)
 
     def metrics(self) -> Samples:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports.metrics}/metrics",
-                                    timeout=30) as page:
-            return parse_metrics(page.read().decode())
+        url = f"http://127.0.0.1:{self.ports.metrics}/metrics"
+        samples = read_metrics(url, timeout_s=30)
+        if samples is None:
+            raise SystemExit(f"Triton's metrics at {url} do not answer; see {self.log.name}")
+        return samples
 
     def stop(self) -> None:
         self.process.terminate()

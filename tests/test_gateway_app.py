@@ -11,14 +11,13 @@ import asyncio
 import dataclasses
 import http.client
 import json
-import re
 import socket
 import time
 import urllib.error
 import urllib.request
 
 import pytest
-from test_serve_server import data_uri, grpc_ask, iterations, png
+from test_serve_server import data_uri, grpc_ask, iterations, png, samples_at
 
 from qvl_trt.triton import contract as c
 
@@ -55,13 +54,9 @@ def streamed(stream) -> tuple[str, list[str], list, object]:
 
 
 def gateway_metric(gateway, name: str, **labels: str) -> float:
-    text = urllib.request.urlopen(f"{gateway.url}/metrics", timeout=10).read().decode()
-    total = 0.0
-    for m in re.finditer(rf"^{name}(?:{{([^}}]*)}})? (\S+)$", text, re.M):
-        found = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
-        if all(found.get(k) == v for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
+    from qvl_trt.serve.progress import total
+
+    return total(samples_at(f"{gateway.url}/metrics"), name, **labels)
 
 
 def post(gateway, body: bytes, path: str = "/v1/chat/completions") -> tuple[int, dict]:

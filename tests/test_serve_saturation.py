@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from test_serve_server import samples_at
 from test_serve_supervisor import (
     SLOW_TOKENS_PER_S,
     STARTUP_S,
@@ -49,11 +50,10 @@ def saturation_repo(tmp_path_factory, tiny_build: Path) -> Path:
 
 
 def server_total(serve: Serve, name: str, **labels: str) -> float:
-    from qvl_trt.serve.progress import read_metrics, total
+    from qvl_trt.serve.progress import total
 
-    samples = read_metrics(f"http://127.0.0.1:{serve.ports.metrics}/metrics", timeout_s=10)
-    assert samples is not None, "Triton's metrics page does not answer"
-    return total(samples, name, **labels)
+    return total(samples_at(f"http://127.0.0.1:{serve.ports.metrics}/metrics"), name,
+                 **labels)
 
 
 def openai_stream(api, tokens: int) -> tuple[str, object]:

@@ -186,21 +186,27 @@ def counts(pipeline, want) -> tuple[int, int]:
                                                        pipeline.stop_token_ids)
 
 
-def metric(server, name: str) -> float:
-    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
-    values = [float(m.group(1)) for m in re.finditer(rf"^{name}{{[^}}]*}} (\S+)$", text, re.M)]
-    return sum(values)
+def samples_at(url: str):
+    """A metrics page's samples (qvl_trt.serve.progress reads what serve watches)."""
+    from qvl_trt.serve.progress import read_metrics
+
+    samples = read_metrics(url, timeout_s=10)
+    assert samples is not None, f"{url} does not answer"
+    return samples
+
+
+def metric(server, name: str, **labels: str) -> float:
+    from qvl_trt.serve.progress import total
+
+    return total(samples_at(server.metrics_url), name, **labels)
 
 
 def iterations(server) -> float:
     """tensorrt_llm's iteration counter, the stock backend's metric the reference publishes
     too: while one request generates, one iteration per token."""
     from qvl_trt.serve.progress import iterations as count
-    from qvl_trt.serve.progress import read_metrics
 
-    samples = read_metrics(server.metrics_url, timeout_s=10)
-    assert samples is not None, "the metrics page does not answer"
-    return count(samples)
+    return count(samples_at(server.metrics_url))
 
 
 # ---- answers --------------------------------------------------------------------------------
@@ -640,12 +646,11 @@ def test_tensorrt_llm_publishes_the_stock_backends_metrics_and_no_others(triton_
     """The reference tensorrt_llm's metrics are the stock backend's (names, labels, meaning:
     triton/tensorrtllm_backend.py), so that what serve reads as progress holds on the trt
     flavor too; a metric the stock backend lacks would let a check pass here only."""
-    from qvl_trt.serve.progress import read_metrics
     from qvl_trt.triton import tensorrtllm_backend as tb
 
     before = iterations(triton_server)
     grpc_ask(triton_server, prompt="Count.", max_tokens=3)
-    samples = read_metrics(triton_server.metrics_url, timeout_s=10)
+    samples = samples_at(triton_server.metrics_url)
     ours = {(name, labels) for name, labels in samples
             if dict(labels).get("model") == c.TENSORRT_LLM
             and not name.startswith("nv_inference_")}  # Triton's own, for every model

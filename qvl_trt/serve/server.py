@@ -31,11 +31,10 @@ from ..child import kill_group, popen_owned, signals_held
 from ..errors import ConfigError, DependencyError, ServerError
 from ..machine import PYTRITON_STUBS, TritonInstall, find_tritonserver
 from ..triton.runtime.admission import FOLDER_PREFIX as ADMISSION_PREFIX
-from ..triton.runtime.admission import admission_root
+from ..triton.runtime.admission import SHM_DIR, admission_root
 
 log = logging.getLogger(__name__)
 
-SHM_DIR = Path("/dev/shm")
 STUB_NAME = "triton_python_backend_stub"
 # The python backend's `thread-pool-size` default (its README): the server's threads that run
 # BLS requests; a decoupled BLS call holds one until its first response, so more concurrent

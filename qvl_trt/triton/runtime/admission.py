@@ -45,6 +45,7 @@ from ...errors import BusyError, UnavailableError
 if TYPE_CHECKING:  # standard library only at run time: serve imports this module's names
     from ..contract import PostprocessingParameters
 
+# Where the python backend's shared memory is, and these places beside it.
 SHM_DIR = Path("/dev/shm")
 FOLDER_PREFIX = "qvl-admission-"
 # How often the oldest waiter of a process looks for a slot another process freed (a slot

@@ -125,3 +125,8 @@ def response(outputs: Mapping[str, Any]) -> Any:
 def error_response(message: str) -> Any:
     return pb().InferenceResponse(error=pb().TritonError(message))
 
+
+def send_error(sender: Any, message: str) -> None:
+    """A decoupled request's final response: an error saying `message`."""
+    sender.send(error_response(message), flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+

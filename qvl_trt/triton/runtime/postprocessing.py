@@ -40,7 +40,7 @@ from ...llm.sampling import FinishReason
 from ...mm.detokenizer import StreamDecoder, TokenBytes
 from .. import contract as c
 from .admission import Admission, Ticket
-from .backend import error_message, error_response, guarded, pb, response, row_of
+from .backend import error_message, guarded, pb, response, row_of, send_error
 from .llm_inputs import LlmInputs
 
 log = logging.getLogger(__name__)
@@ -110,8 +110,7 @@ class TokenStream:
         except UnavailableError as exc:  # BusyError included
             if isinstance(exc, BusyError):
                 self.metrics.refused(PROBE_IN_FLIGHT if probe else QUEUE_FULL)
-            sender.send(error_response(error_message(exc, self.model_name)),
-                        flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            send_error(sender, error_message(exc, self.model_name))
             return
         self.pool.submit(self._guarded, request, sender, ticket)
 
@@ -125,10 +124,8 @@ class TokenStream:
         self.senders.shutdown(wait=True)  # idle by now: a request waits for its sends
 
     def _guarded(self, request: Any, sender: Any, ticket: Ticket) -> None:
-        final = pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
         try:
-            guarded(self.model_name, lambda message: sender.send(error_response(message),
-                                                                 flags=final),
+            guarded(self.model_name, partial(send_error, sender),
                     _refuse if self._closing.is_set() else self._run, request, sender, ticket)
         finally:
             self.admission.leave(ticket)

@@ -55,12 +55,12 @@ from .. import contract as c
 from .. import tensorrtllm_backend as tb
 from .backend import (
     error_message,
-    error_response,
     guarded,
     model_parameters,
     pb,
     read_row,
     response,
+    send_error,
 )
 
 log = logging.getLogger(__name__)
@@ -511,7 +511,7 @@ class LlmModel:
     def execute(self, requests: Iterable[Any]) -> None:
         for request in requests:
             sender = request.get_response_sender()
-            guarded(self.name, partial(_fail, sender), self._submit, request, sender)
+            guarded(self.name, partial(send_error, sender), self._submit, request, sender)
 
     def _submit(self, request: Any, sender: Any) -> None:
         row = read_row(request, c.LLM_INPUTS)
@@ -522,7 +522,7 @@ class LlmModel:
             return
         check_requested_outputs(request.requested_output_names())
         self.llm.submit(LlmRequest.from_inputs(row, self.limits), partial(_emit, sender),
-                        partial(_fail, sender), request_id=request.request_id(),
+                        partial(send_error, sender), request_id=request.request_id(),
                         is_cancelled=request.is_cancelled)
 
     def close(self) -> None:
@@ -553,6 +553,3 @@ def _emit(sender: Any, tokens: list[int], final: bool) -> None:
                           c.SEQUENCE_LENGTH: np.array([len(tokens)], np.int32)}),
                 flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
 
-
-def _fail(sender: Any, message: str) -> None:
-    sender.send(error_response(message), flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
