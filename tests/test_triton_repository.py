@@ -453,6 +453,13 @@ BREAKAGES = {
             lambda c: c["pretrained_config"]["quantization"].update(quant_algo="W4A16"))(r)),
         "LLM engine is weight-only W4A16 but weight_only_quant_matmul_plugin is None, not its "
         "dtype float16"),
+    # serve's progress reading rests on the backend's iteration stats (serve/progress.py)
+    "no iteration stats": (_set_parameter("iter_stats_max_iterations", "0"),
+                           "iter_stats_max_iterations is 0: the executor then keeps no "
+                           "iteration stats"),
+    "rare iteration stats": (_set_parameter("stats_check_period_ms", "60000"),
+                             "stats_check_period_ms is 60000: serve reads the iteration "
+                             "counter as progress"),
 }
 
 

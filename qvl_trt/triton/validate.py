@@ -371,6 +371,11 @@ def _check_caller_instances(name: str, config: Any, report: ValidationReport) ->
                      "by the GPUs")
 
 
+# The iteration counter set at least this often: serve's stall timeout (a minute by default)
+# then sees it move several times.
+MAX_STATS_PERIOD_MS = 10_000
+
+
 def _check_tensorrtllm_parameters(name: str, config: Any, report: ValidationReport) -> None:
     """The parameters as the stock backend parses them, then what this pipeline needs of
     them."""
@@ -395,6 +400,19 @@ def _check_tensorrtllm_parameters(name: str, config: Any, report: ValidationRepo
     fraction = parse_float(params.get("kv_cache_free_gpu_mem_fraction", "0.9"))
     report.check(fraction is not None and 0 < fraction <= 1, name,
                  f"kv_cache_free_gpu_mem_fraction is {fraction}; it must be in (0, 1]")
+    # serve tells busy from wedged by the iteration counter the backend sets from the
+    # executor's iteration stats every stats_check_period_ms (serve/progress.py): with none
+    # kept, or set rarely, a server busy with long answers looks stalled and is restarted.
+    kept = parse_int(params.get("iter_stats_max_iterations", "1000"))
+    report.check(kept is not None and kept > 0, name,
+                 f"iter_stats_max_iterations is {kept}: the executor then keeps no iteration "
+                 "stats and the backend's iteration counter never moves, which serve reads as "
+                 "no progress; leave it out (1000) or set it above 0")
+    period = parse_int(params.get("stats_check_period_ms", "100"))
+    report.check(period is not None and 0 < period <= MAX_STATS_PERIOD_MS, name,
+                 f"stats_check_period_ms is {period}: serve reads the iteration counter as "
+                 f"progress and needs it set at least every {MAX_STATS_PERIOD_MS} ms (its stall "
+                 "timeout is a minute); leave it out (100)")
 
 
 # ---- files ----------------------------------------------------------------------------------
