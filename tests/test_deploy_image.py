@@ -22,7 +22,13 @@ from qvl_trt.deploy.image import (
     write_image_recipe,
 )
 from qvl_trt.machine import find_tritonserver
-from qvl_trt.testing.container_env import base_env, env_python, image_env_vars, layered_env
+from qvl_trt.testing.container_env import (
+    base_env,
+    cache_root,
+    env_python,
+    image_env_vars,
+    layered_env,
+)
 from qvl_trt.testing.trt_layout import as_datacenter_vision, linked_copy
 
 pytestmark = pytest.mark.skipif(find_tritonserver() is None,
@@ -56,8 +62,8 @@ def unexpected_failures(done: subprocess.CompletedProcess) -> list[str]:
 
 @pytest.fixture(scope="session")
 def container_base() -> Path:
-    """The container's packages that install here; kept between runs beside the checkout."""
-    return base_env(Path(__file__).resolve().parents[1] / ".venv-container")
+    """The container's packages that install here; kept between runs and checkouts."""
+    return base_env(cache_root())
 
 
 @pytest.fixture(scope="module")

@@ -34,21 +34,31 @@ def test_a_video_needs_two_frames():
         video_smart_resize(1, 720, 1280, min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
 
 
-def test_the_frame_cap_binds_only_on_short_clips():
-    # 30 frames share the budget: 838860 pixels each, below a 2 MP frame cap.
-    assert video_pixel_budget(30, max_pixels=MAX_PIXELS, max_pixels_per_frame=2**21) == MAX_PIXELS
-    # 4 frames would get 6.3 MP each; the vision engine takes 2 MP per call.
-    assert video_pixel_budget(4, max_pixels=MAX_PIXELS, max_pixels_per_frame=2**21) == 4 * 2**21
-    # 4 frames of 2160x3840 then become 1056x1920 (33 x 60 tokens), 2 pairs.
-    assert video_smart_resize(4, 2160, 3840, min_pixels=MIN_PIXELS, max_pixels=4 * 2**21) == \
-        (1056, 1920)
-    assert video_token_count(4, 2160, 3840, min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS,
-                             max_pixels_per_frame=2**21) == 2 * 33 * 60
+def test_each_frame_gets_the_reference_cap_or_its_share_of_the_clip():
+    kw = dict(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS, max_pixels_per_frame=2**21)
+    per_frame = 768 * 32 * 32  # the reference cap: 768 merged tokens a frame
+    # 4 frames could take 6.3 MP each of the clip's budget; the reference gives 768 tokens.
+    assert video_pixel_budget(4, **kw) == 4 * per_frame
+    assert video_pixel_budget(30, **kw) == 30 * per_frame
+    # 60 frames: an even share of the clip's budget is below the cap.
+    assert video_pixel_budget(60, **kw) == 60 * (MAX_PIXELS // 60)
+    # A lower engine or deployment cap still binds; the floor is 1.05 x the clip's minimum.
+    assert video_pixel_budget(4, **{**kw, "max_pixels_per_frame": 512 * 512}) == 4 * 512 * 512
+    assert video_pixel_budget(4, **{**kw, "max_pixels": 2**20}) == 2**20
+    assert video_pixel_budget(700, **{**kw, "max_pixels": 2**20}) == 2**20
+    assert video_pixel_budget(4, **{**kw, "max_pixels": 2**20, "min_pixels": 2**19}) == 2**20
+    assert video_pixel_budget(4, **kw, frame_token_cap=100) == 4 * 100 * 32 * 32
+    # 4 frames of 2160x3840 become 640x1152 (20 x 36 tokens), 2 pairs.
+    assert video_smart_resize(4, 2160, 3840, min_pixels=MIN_PIXELS, max_pixels=4 * per_frame) \
+        == (640, 1152)
+    assert video_token_count(4, 2160, 3840, **kw) == 2 * 20 * 36
 
 
 def test_token_count_of_the_typical_clip_and_an_odd_frame_count():
     kw = dict(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS, max_pixels_per_frame=2**21)
-    assert video_token_count(30, 720, 1280, **kw) == 15 * 21 * 38
+    # 30 frames of 720x1280 are above 768 tokens each: 640x1152 (without the reference cap,
+    # the clip's budget alone: 672x1216, 21 x 38).
+    assert video_token_count(30, 720, 1280, **kw) == 15 * 20 * 36
     # 9 frames: the last is repeated to make 5 pairs; 360x640 -> 352x640 (11 x 20 tokens).
     assert video_token_count(9, 360, 640, **kw) == 5 * 11 * 20
 
@@ -60,7 +70,8 @@ def test_no_frame_exceeds_the_cap_where_rounding_lowers_the_group_count(frames, 
     (5 -> 4, 9 -> 8): a budget of cap x frames would let 5 frames of 704x704 keep their size,
     1.21 x the cap."""
     cap = 640 * 640
-    budget = video_pixel_budget(frames, max_pixels=MAX_PIXELS, max_pixels_per_frame=cap)
+    budget = video_pixel_budget(frames, min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS,
+                                max_pixels_per_frame=cap)
     h, w = video_smart_resize(frames, *size, min_pixels=MIN_PIXELS, max_pixels=budget)
     assert h * w <= cap
 

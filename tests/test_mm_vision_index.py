@@ -102,7 +102,7 @@ def test_patch_range_covers_every_admitted_image(name: str) -> None:
     # So do a video's frames: frame counts from 2 to the profile's maximum, small and large.
     for frames in (2, 9, 30, limits.video_max_frames):
         for h, w in [(64, 32), (120, 160), (360, 640), (720, 1280), (2160, 3840)]:
-            budget = video_pixel_budget(frames, max_pixels=limits.video_max_pixels,
+            budget = video_pixel_budget(frames, min_pixels=0, max_pixels=limits.video_max_pixels,
                                         max_pixels_per_frame=limits.video_max_pixels_per_frame)
             rh, rw = video_smart_resize(frames, h, w, min_pixels=0, max_pixels=budget)
             assert patches.min <= (rh // 16) * (rw // 16) <= patches.max, (frames, h, w)

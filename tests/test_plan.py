@@ -84,13 +84,13 @@ def test_capacity_figures_are_consistent(released):
     # A 1920x1080 image stays 2040 tokens under the 4090d cap.
     assert plan.typical_request.visual_tokens == 2040 and not plan.typical_request.refused
     assert plan.concurrent_typical_requests == plan.kv_capacity_tokens // plan.typical_request.kv_tokens
-    # 30 frames of 1280x720 exceed the 25165824-pixel video budget: beta = sqrt(30 x 720 x
-    # 1280 / 25165824) = 1.0486, frames 672x1216 (21 x 38 tokens), 15 pairs of frames.
+    # 1280x720 frames exceed the reference cap of 768 tokens a frame (786432 pixels): beta =
+    # sqrt(720 x 1280 / 786432) = 1.0825, frames 640x1152 (20 x 36 tokens), 15 pairs.
     video = plan.typical_video
-    assert video.visual_tokens == 15 * 21 * 38 == 11970 and not video.refused
+    assert video.visual_tokens == 15 * 20 * 36 == 10800 and not video.refused
     assert video.text_tokens == 64 + 15 * 9 and video.prompt_tokens <= lim.max_input_len
-    assert video.kv_tokens == 12736  # 11970 + 199 + 512 = 12681, in blocks of 64
-    assert plan.concurrent_typical_videos == min(plan.kv_capacity_tokens // 12736, 12) > 1
+    assert video.kv_tokens == 11520  # 10800 + 199 + 512 = 11511, in blocks of 64
+    assert plan.concurrent_typical_videos == min(plan.kv_capacity_tokens // 11520, 12) > 1
     assert plan.fixed_bytes + plan.kv_cache_bytes <= plan.gpu_memory_bytes
 
 

@@ -7,10 +7,14 @@ separately, in order of appearance. The template writes
 `<|vision_start|><|image_pad|><|vision_end|>` per image; each pad becomes as many pad tokens
 as the image has merged patches, as the HF processor does (it expands the text before
 tokenising; special tokens split the text, so expanding the ids after is the same). A video's
-`<|video_pad|>` becomes, per temporal group, `<t.t seconds><|vision_start|><|video_pad|>
-<|vision_end|>` (transformers >= 5.10 keeps the template's outer vision_start/vision_end around
-them: `ProcessorMixin.get_text_with_replacements` replaces the pad alone), and each group's pad
-then as many pads as the group has merged patches.
+`<|vision_start|><|video_pad|><|vision_end|>` becomes, per temporal group, `<t.t seconds>
+<|vision_start|><|video_pad|><|vision_end|>`, and each group's pad then as many pads as the
+group has merged patches. The template's own vision_start/vision_end around the video go: the
+groups carry their own. That is the layout of the released model's processor (transformers
+4.57 `Qwen3VLProcessor.__call__` replaces the whole wrapper) and of transformers <= 5.9 and
+>= 5.25; 5.10 to 5.24 kept the outer pair (their `replace_video_token` replaced the pad
+alone), a regression that 5.25's `get_text_with_replacements` undoes. A bare pad (no wrapper
+around it) expands the same way.
 """
 
 from __future__ import annotations
@@ -110,8 +114,9 @@ class PromptBuilder:
     def tokenize(self, text: str, image_token_counts: Sequence[int],
                  videos: Sequence[Sequence[tuple[str, int]]] = ()) -> np.ndarray:
         """Tokenise rendered text: image pad i becomes image_token_counts[i] pads; video pad v
-        becomes, per temporal group of videos[v] = [(timestamp text, merged tokens), ...], the
-        timestamp and the group's pads between vision_start and vision_end."""
+        (with the template's vision_start/vision_end around it) becomes, per temporal group of
+        videos[v] = [(timestamp text, merged tokens), ...], the timestamp and the group's pads
+        between vision_start and vision_end."""
         ids = self.encode(text, len(image_token_counts),
                           [[stamp for stamp, _ in groups] for groups in videos])
         return self.expand(ids, image_token_counts,
@@ -126,7 +131,7 @@ class PromptBuilder:
         if video_stamps:
             start, end, video_pad = self.tokenizer.convert_ids_to_tokens(
                 [self.token_ids.vision_start, self.token_ids.vision_end, self.token_ids.video])
-            pieces = text.split(video_pad)
+            pieces = text.replace(f"{start}{video_pad}{end}", video_pad).split(video_pad)
             text = pieces[0] + "".join(
                 "".join(f"{stamp}{start}{video_pad}{end}" for stamp in stamps) + piece
                 for stamps, piece in zip(video_stamps, pieces[1:], strict=True))

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import math
 
-from ..checkpoint import RESIZE_FACTOR, TEMPORAL_PATCH_SIZE
+from ..checkpoint import PIXELS_PER_IMAGE_TOKEN, RESIZE_FACTOR, TEMPORAL_PATCH_SIZE
 from ..errors import InputError
 
 MAX_ASPECT_RATIO = 200
 # The vision graph takes at least 2 merge blocks (torch.export specialises size-1 axes): an
 # image is never that small (its minimum is the profile's), a video's frames can be.
 MIN_BLOCKS = 2
+# The reference per-frame cap of a video: a frame has at most this many merged tokens' pixels
+# (this many tokens a temporal pair), else an even share of the clip's budget, and not below
+# 1.05 x the clip's minimum (`video_pixel_budget`). qwen-vl-utils vision_process.py
+# VIDEO_MAX_TOKEN_NUM; transformers' Qwen3VLVideoProcessor.max_video_tokens, applied with
+# cap_pixels_per_frame=True.
+FRAME_TOKEN_CAP = 768
 
 
 def smart_resize(
@@ -79,24 +85,34 @@ def video_smart_resize(
     return h_bar, w_bar
 
 
-def video_pixel_budget(frames: int, *, max_pixels: int, max_pixels_per_frame: int,
+def video_pixel_budget(frames: int, *, min_pixels: int, max_pixels: int,
+                       max_pixels_per_frame: int, frame_token_cap: int = FRAME_TOKEN_CAP,
                        temporal_factor: int = TEMPORAL_PATCH_SIZE) -> int:
-    """The most pixels (frames x height x width) a video of `frames` frames may keep: the
-    checkpoint's (or deployment's) whole-video budget, and no frame above
-    `max_pixels_per_frame` (the vision engine takes one temporal group per call). While the
-    frame cap does not bind this is transformers' uncapped default, so pixels match it.
-    video_smart_resize compares the budget with t_bar, the frame count rounded half-even to
-    temporal groups, which can be below `frames` (5 -> 4): the cap is scaled by the smaller,
-    or a frame could exceed it."""
+    """The most pixels (frames x height x width) a video of `frames` frames may keep.
+    - The reference rule (transformers 5.25 video_processing_qwen3_vl.py `resize` with
+      cap_pixels_per_frame=True, after qwen-vl-utils `fetch_video`): each frame gets
+      min(frame_token_cap tokens' pixels, max_pixels // frames), at least 1.05 x min_pixels,
+      so a short clip costs fewer tokens than a long one instead of spending the whole clip
+      budget on a few frames.
+    - Never above the clip budget `max_pixels` (the checkpoint's, or a deployment's lower one).
+    - No frame above `max_pixels_per_frame` (the vision engine takes one temporal group per
+      call). video_smart_resize compares the budget with t_bar, the frame count rounded
+      half-even to temporal groups, which can be below `frames` (5 -> 4): this cap is scaled
+      by the smaller, or a frame could exceed it.
+    qwen-vl-utils sizes frames one by one (its image smart_resize, a 128-token minimum, a
+    128k-token `total_pixels`); transformers' form over the checkpoint's `size` is followed
+    here, and equals it while a frame's share is the binding term."""
     t_bar = round(frames / temporal_factor) * temporal_factor
-    return min(max_pixels, max_pixels_per_frame * min(frames, t_bar))
+    share = max(min(frame_token_cap * PIXELS_PER_IMAGE_TOKEN, max_pixels // max(frames, 1)),
+                int(min_pixels * 1.05))
+    return min(share * frames, max_pixels, max_pixels_per_frame * min(frames, t_bar))
 
 
 def video_token_count(frames: int, height: int, width: int, *, min_pixels: int,
                       max_pixels: int, max_pixels_per_frame: int) -> int:
     """Merged visual tokens a video of `frames` sampled frames becomes: one grid per two
     frames (an odd count repeats the last frame)."""
-    budget = video_pixel_budget(frames, max_pixels=max_pixels,
+    budget = video_pixel_budget(frames, min_pixels=min_pixels, max_pixels=max_pixels,
                                 max_pixels_per_frame=max_pixels_per_frame)
     h, w = video_smart_resize(frames, height, width, min_pixels=min_pixels, max_pixels=budget)
     groups = -(-frames // TEMPORAL_PATCH_SIZE)

@@ -40,7 +40,7 @@ from PIL import Image
 
 from ..errors import CheckpointError, InputError
 from . import kernels
-from .geometry import smart_resize
+from .geometry import FRAME_TOKEN_CAP, smart_resize
 from .kernels import pixel_pool
 from .taps import PILLOW_FILTERS, pillow_taps
 
@@ -63,6 +63,9 @@ class PixelConfig:
     do_rescale: bool = True
     do_normalize: bool = True
     resample: int = int(Image.Resampling.BICUBIC)
+    # Videos: merged tokens one frame may cost under the reference cap (the video processor
+    # config's max_video_tokens); images do not read it.
+    frame_token_cap: int = FRAME_TOKEN_CAP
     # uint8 value -> output value, one 256-entry row per channel, flattened.
     lut: np.ndarray = field(init=False, repr=False, compare=False)
 
@@ -127,6 +130,7 @@ class PixelConfig:
                 do_rescale=bool(config.get("do_rescale", True)),
                 do_normalize=bool(config.get("do_normalize", True)),
                 resample=int(config.get("resample", Image.Resampling.BICUBIC)),
+                frame_token_cap=int(config.get("max_video_tokens") or FRAME_TOKEN_CAP),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"{where} lacks or mangles an image processor field ({exc!r}); "

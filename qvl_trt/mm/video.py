@@ -6,9 +6,11 @@ pairing and the timestamps of the prompt, equal to transformers' Qwen3-VL video 
   fps * fps) frames, clamped to [min_frames, max_frames] and to the frames there are, evenly
   spread by `np.linspace(...).round()`.
 - Resize (mm/geometry.py `video_smart_resize`, HF video `smart_resize`): one size for every
-  frame, from a pixel budget over the whole clip (`size.longest_edge` of
-  video_preprocessor_config.json, capped by the deployment), so a longer clip gets smaller
-  frames.
+  frame, from a pixel budget over the whole clip (`video_pixel_budget`): the reference
+  per-frame cap (768 tokens a frame, or an even share of `size.longest_edge` of
+  video_preprocessor_config.json; HF `cap_pixels_per_frame=True`), within the deployment's
+  caps, so a longer clip gets smaller frames and a short one does not spend the clip's whole
+  budget.
 - Pairing: consecutive frames (2g, 2g+1) fill the two temporal slots of temporal group g's
   patches; an odd count repeats the last frame (HF `patchify`). Each group is one vision item
   of grid (1, h, w): the tower attends within a group (HF splits `cu_seqlens` per grid_t), so
@@ -202,8 +204,9 @@ def clip_frame_size(count: int, width: int, height: int, config: PixelConfig,
     """(height, width) each of `count` frames of width x height is resized to (known from a
     file's header before its frames decode), refusing a size the vision engine does not
     take."""
-    budget = video_pixel_budget(count, max_pixels=config.max_pixels,
-                                max_pixels_per_frame=frame_cap,
+    budget = video_pixel_budget(count, min_pixels=config.min_pixels,
+                                max_pixels=config.max_pixels, max_pixels_per_frame=frame_cap,
+                                frame_token_cap=config.frame_token_cap,
                                 temporal_factor=config.temporal_patch_size)
     h, w = video_smart_resize(count, height, width, min_pixels=config.min_pixels,
                               max_pixels=budget, factor=config.factor,

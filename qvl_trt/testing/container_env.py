@@ -3,18 +3,21 @@ TensorRT-LLM container: the container's packages at its versions where they inst
 (deploy/trtllm_container.toml `here`), then exactly what a recipe's requirements.txt adds,
 resolved against those as the image build resolves them (pinned, nothing upgraded).
 
-The base is made once and kept (keyed by its requirements); a recipe's layer is a venv of its
-own that sees the base through a .pth file, so each recipe costs only its additions.
+The base is made once and kept (keyed by its requirements, in `cache_root()`); a recipe's
+layer is a venv of its own that sees the base through a .pth file, so each recipe costs only
+its additions.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..deploy.image import check_environment_requirements, load_container_packages
@@ -27,14 +30,14 @@ def env_python(env: Path) -> Path:
     return Path(env) / "bin" / "python"
 
 
-def _site_packages(python: Path) -> Path:
+def site_packages(python: Path) -> Path:
     out = subprocess.run([str(python), "-c", "import sysconfig; "
                           "print(sysconfig.get_paths()['purelib'])"],
                          capture_output=True, text=True, check=True)
     return Path(out.stdout.strip())
 
 
-def _pip(python: Path, *args: str, target: Path | None = None) -> None:
+def pip(python: Path, *args: str, target: Path | None = None) -> None:
     cmd = [str(python), "-m", "pip", "--disable-pip-version-check", "-q"]
     if target is not None:
         cmd += ["--python", str(env_python(target))]
@@ -44,19 +47,34 @@ def _pip(python: Path, *args: str, target: Path | None = None) -> None:
         raise QvlError(f"pip {' '.join(args[:1])} failed in {target or python}:\n{tail}")
 
 
+def cache_root() -> Path:
+    """Where kept environments live, shared by every checkout of this machine (each is keyed
+    by what it holds): $XDG_CACHE_HOME/qvl-trt, else ~/.cache/qvl-trt."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qvl-trt"
+
+
+def kept_env(root: Path, name: str, key: Sequence[str], fill: Callable[[Path], None]) -> Path:
+    """The venv `root`/`name`-<digest of this Python and `key`>, which `fill(its python)`
+    fills once: later calls, from any checkout, find it complete; calls at the same time wait
+    for the first (a lock beside it). A venv left half-made is made again."""
+    digest = hashlib.sha256("\n".join([sys.version, *key]).encode()).hexdigest()[:12]
+    env = Path(root) / f"{name}-{digest}"
+    env.parent.mkdir(parents=True, exist_ok=True)
+    with open(env.parent / f"{env.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (env / STAMP).is_file():
+            shutil.rmtree(env, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
+            fill(env_python(env))
+            (env / STAMP).write_text("\n".join(key) + "\n")
+    return env
+
+
 def base_env(root: Path) -> Path:
     """The container's packages (those that install here), in `root`/base-<digest>."""
     requirements = check_environment_requirements(load_container_packages())
-    digest = hashlib.sha256("\n".join([sys.version, *requirements]).encode()).hexdigest()[:12]
-    env = Path(root) / f"base-{digest}"
-    if (env / STAMP).is_file():
-        return env
-    shutil.rmtree(env, ignore_errors=True)
-    env.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
-    _pip(env_python(env), "install", *requirements)
-    (env / STAMP).write_text("\n".join(requirements) + "\n")
-    return env
+    return kept_env(root, "base", requirements,
+                    lambda python: pip(python, "install", *requirements))
 
 
 def layered_env(base: Path, requirements: Path, dest: Path) -> Path:
@@ -64,13 +82,13 @@ def layered_env(base: Path, requirements: Path, dest: Path) -> Path:
     version `base` has (the image build's `pip list --format=freeze` constraints)."""
     base_python = env_python(base)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(dest)], check=True)
-    (_site_packages(env_python(dest)) / "_container_base.pth").write_text(
-        f"{_site_packages(base_python)}\n")
+    (site_packages(env_python(dest)) / "_container_base.pth").write_text(
+        f"{site_packages(base_python)}\n")
     frozen = subprocess.run([str(base_python), "-m", "pip", "list", "--format=freeze"],
                             capture_output=True, text=True, check=True).stdout
     constraints = Path(dest) / "constraints.txt"
     constraints.write_text(frozen)
-    _pip(base_python, "install", "-c", str(constraints), "-r", str(requirements), target=dest)
+    pip(base_python, "install", "-c", str(constraints), "-r", str(requirements), target=dest)
     return Path(dest)
 
 
