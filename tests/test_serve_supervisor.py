@@ -234,8 +234,9 @@ def test_a_killed_stub_is_noticed_and_service_comes_back(serve: Serve) -> None:
 
     serve.wait_ready()
     want = generate(serve, 8)
-    for model in ("preprocessing", "vision_encoder", "postprocessing", "tensorrt_llm",
-                  "tensorrt_llm_bls"):
+    # Every stub is watched alike (Supervisor._stubs, a pid per model instance): an idle one
+    # that holds the admission places and the one streaming the answer stand for the rest.
+    for model in ("postprocessing", "tensorrt_llm"):
         server = serve.tritonserver()
         stubs = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
                  and _is_stub_of(p, server, f"{model}_0_0", STUB_NAME)]
