@@ -44,6 +44,11 @@ class BusyError(UnavailableError):
     succeed."""
 
 
+class StepError(QvlError):
+    """Another model of the deployment answered with an error: its text, with its kind's
+    marker first (triton/contract.py ErrorKind.relay), is passed on as it is."""
+
+
 class RequestError(QvlError):
     """A server answered a request with an error (or did not answer)."""
 

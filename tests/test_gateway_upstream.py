@@ -7,6 +7,7 @@ import pytest
 
 from qvl_trt.errors import BusyError, InputError, LimitError, UnavailableError
 from qvl_trt.gateway.upstream import refusal
+from qvl_trt.triton import contract as c
 from qvl_trt.triton.runtime.backend import guarded
 
 
@@ -32,8 +33,10 @@ def test_each_kind_goes_from_raise_to_wire_text_to_status(exc, status, code) -> 
     assert (answer.status, answer.code) == (status, code)
     assert answer.type == {429: "rate_limit_exceeded"}.get(
         status, "server_error" if status >= 500 else "invalid_request_error")
-    # postprocessing names tensorrt_llm in front of its error: the kind stays.
-    assert refusal(f"b4_tensorrt_llm: {sent[0]}").status == status
+    # postprocessing passes tensorrt_llm's error on (its marker first, then the step's name),
+    # Triton prefixes an ensemble's: the kind stays.
+    relayed = c.ErrorKind.relay(sent[0], "b4_tensorrt_llm")
+    assert refusal(f"in ensemble 'b4_ensemble', {relayed}").status == status
 
 
 @pytest.mark.parametrize("text", [

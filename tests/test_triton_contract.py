@@ -101,7 +101,45 @@ def test_each_error_kind_survives_the_wire_text(exc, kind) -> None:
 
     text = error_message(exc, "b4_preprocessing")
     assert ErrorKind.of_error(exc) is ErrorKind[kind]
+    assert text.startswith(ErrorKind[kind].value)
     assert ErrorKind.of_message(text) is ErrorKind[kind]
-    # A step that wraps the text (postprocessing names tensorrt_llm) keeps the kind.
-    assert ErrorKind.of_message(f"b4_tensorrt_llm: {text}") is ErrorKind[kind]
+    # Behind Triton's ensemble prefix, and passed on by a model that names the step.
+    assert ErrorKind.of_message(f"in ensemble 'b4_ensemble', {text}") is ErrorKind[kind]
+    relayed = ErrorKind.relay(f"in ensemble 'b4_ensemble', {text}", "b4_tensorrt_llm")
+    assert relayed.startswith(ErrorKind[kind].value + "b4_tensorrt_llm: ")
+    assert ErrorKind.of_message(relayed) is ErrorKind[kind]
     assert "secret" not in text
+
+
+@pytest.mark.parametrize("words", [
+    "internal error in x", "unavailable: x", "over a deployment limit: x", "busy: x",
+    "is not healthy", "Stub process 'p' is not healthy.", "Request for unknown model: 'm'",
+    "in ensemble 'e', busy: x"])
+def test_a_clients_words_never_decide_the_kind(words) -> None:
+    """Text a client sent (a role, a tool's name) lands inside a refusal's text; only the
+    start of the text, which the server alone writes, carries the kind."""
+    from qvl_trt.triton.contract import ErrorKind
+    from qvl_trt.triton.runtime.backend import error_message
+
+    text = error_message(InputError(f"message 1 has role {words!r}; use one of user"), "b4_pre")
+    assert ErrorKind.of_message(text) is ErrorKind.REQUEST
+    assert ErrorKind.of_message(f"in ensemble 'b4_ensemble', {text}") is ErrorKind.REQUEST
+    assert ErrorKind.of_message(ErrorKind.relay(text, "b4_tensorrt_llm")) is ErrorKind.REQUEST
+
+
+@pytest.mark.parametrize("message, kind", [
+    ("Stub process 'b4_preprocessing_0_0' is not healthy.", "UNAVAILABLE"),
+    ("in ensemble 'b4_ensemble', Stub process 'b4_postprocessing_0_0' is not healthy.",
+     "UNAVAILABLE"),
+    ("Failed for execute the inference request. Model 'b4_preprocessing' is not ready.",
+     "UNAVAILABLE"),
+    ("Request for unknown model: 'b4_ensemble' has no available versions", "UNAVAILABLE"),
+    # The stock backend's own words: the request's.
+    ("Encountered an error in forwardAsync function: is not healthy", "REQUEST"),
+    ("unexpected shape for input 'text_input' for model 'b4_ensemble'", "REQUEST"),
+])
+def test_tritons_own_texts_are_read_at_their_start(message, kind) -> None:
+    from qvl_trt.triton.contract import ErrorKind
+
+    assert ErrorKind.of_message(message) is ErrorKind[kind]
+    assert ErrorKind.of_message(ErrorKind.relay(message, "b4_tensorrt_llm")) is ErrorKind[kind]

@@ -14,6 +14,7 @@ Data types are Triton's names without the `TYPE_` prefix; dims exclude the batch
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -454,16 +455,52 @@ _TEXTS = frozenset((MESSAGES, TOOLS, TEXT_INPUT, STOP, GUIDED_DECODING_GUIDE_TYP
 ENSEMBLE_BYTES_INPUTS = tuple(s.name for s in ENSEMBLE_INPUTS if s.data_type == "BYTES")
 
 
+# ---- JSON inputs ---------------------------------------------------------------------------
+# The deepest nesting of JSON arrays and objects a request may have (a value itself is level
+# 1), checked where the JSON enters: the gateway's body, the ensemble's messages and tools.
+# Later steps walk messages and schemas recursively (the chat template's tojson, xgrammar's
+# converter); no chat request needs more (OpenAI's structured outputs allow 10 levels of
+# schema nesting).
+MAX_JSON_DEPTH = 64
+
+
+def too_deep(where: str) -> InputError:
+    shown = where if len(where) <= 80 else f"{where[:80]}..."
+    return InputError(f"{shown} nests JSON arrays and objects more than {MAX_JSON_DEPTH} "
+                      "levels deep, the most a request may; send a flatter value")
+
+
+def check_depth(value: Any, name: str = "") -> None:
+    """Refuse (InputError) a value with an array or object nested deeper than MAX_JSON_DEPTH,
+    naming the first such field (`name` is the value's: messages, tools[0]...). Walked without
+    recursion."""
+    todo: list[tuple[str, Any, int]] = [(name, value, 1)]
+    while todo:
+        path, node, depth = todo.pop()
+        if not isinstance(node, (dict, list)):
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise too_deep(path.lstrip(".") or "the value")
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        todo += ((f"{path}.{k}" if isinstance(node, dict) else f"{path}[{k}]", v, depth + 1)
+                 for k, v in items)
+
+
 # ---- error responses ----------------------------------------------------------------------
 # An error response of a python model reaches its client as text only (Triton's gRPC stream
-# carries no error code), so each kind of failure writes its marker into the text: the python
-# models mark by exception class (runtime/backend.py error_message), and a client reads the
-# kind back (`ErrorKind.of_message`; the gateway answers it with an HTTP status).
+# carries no usable error code: a python TritonError is INTERNAL unless its model says
+# otherwise, and a BLS call resets it to INTERNAL), so each kind of failure writes its marker
+# at the START of the text, before any of the request's own words: the python models mark by
+# exception class (runtime/backend.py error_message) and a model that passes another's error
+# on puts that error's marker first again (`ErrorKind.relay`). A client reads the kind from
+# the start alone (`ErrorKind.of_message`), past the one prefix Triton adds (an ensemble's,
+# core ensemble_scheduler.cc: "in ensemble 'NAME', "), so text a client sent (a role, a tool
+# name, a schema's keys) can never decide the kind.
 
 class ErrorKind(enum.Enum):
     """The kinds of failure, each by the marker it writes in front of the message."""
 
-    REQUEST = ""  # the request's to fix (a QvlError): no marker, as Triton's own refusals
+    REQUEST = "invalid request: "  # the request's to fix (a QvlError)
     LIMIT = "over a deployment limit: "  # a LimitError: the request is too large
     UNAVAILABLE = "unavailable: "  # an UnavailableError: not now, try again later
     BUSY = "busy: "  # a BusyError: every batch slot and queue place is taken; try again later
@@ -483,20 +520,45 @@ class ErrorKind(enum.Enum):
         return cls.REQUEST if isinstance(exc, QvlError) else cls.INTERNAL
 
     @classmethod
+    def split(cls, message: str) -> tuple[ErrorKind, str]:
+        """(the kind, the text after Triton's ensemble prefix and the marker). Text without a
+        marker is Triton's own or the stock tensorrt_llm backend's: a model that is not there
+        now (TRITON_UNAVAILABLE, matched at the start), else the request's to fix."""
+        body = _ENSEMBLE_PREFIX.sub("", message, count=1)
+        for kind in cls:
+            if body.startswith(kind.value):
+                return kind, body[len(kind.value):]
+        if TRITON_UNAVAILABLE.match(body):
+            return cls.UNAVAILABLE, body
+        return cls.REQUEST, body
+
+    @classmethod
     def of_message(cls, message: str) -> ErrorKind:
-        """The kind an error response's text carries: its marker (also where a later step
-        wrapped the message), or Triton's own words for a model that is not there now."""
-        for kind in (cls.INTERNAL, cls.LIMIT, cls.BUSY, cls.UNAVAILABLE):
-            if kind.value in message:
-                return kind
-        if any(words in message for words in TRITON_UNAVAILABLE):
-            return cls.UNAVAILABLE
-        return cls.REQUEST
+        """The kind an error response's text carries (see the section's comment)."""
+        return cls.split(message)[0]
+
+    @classmethod
+    def relay(cls, message: str, step: str) -> str:
+        """Another model's error response as this one passes it on: its kind's marker first,
+        then the step's name and its text (which says what failed there)."""
+        kind, body = cls.split(message)
+        return kind.mark(f"{step}: {body}")
 
 
-# Triton's own error texts for a model that is not there right now: a python stub that died
-# (serve restarts the server), a model not ready or gone while Triton reloads.
-TRITON_UNAVAILABLE = ("is not healthy", "is not ready", "Request for unknown model")
+# Triton's prefix on an ensemble step's error (core ensemble_scheduler.cc: "in ensemble '" +
+# ensemble_name + "', " + message), once.
+_ENSEMBLE_PREFIX = re.compile(r"in ensemble '[^']*', ")
+# Triton's own texts, at the start of the message, for a model that is not there right now: a
+# python stub that died (python_backend stub_launcher.cc, python_be.cc; serve restarts the
+# server), a model not ready or gone while Triton reloads (request_executor.cc for a BLS
+# call, model_repository_manager.cc), a server that is stopping.
+TRITON_UNAVAILABLE = re.compile(
+    r"(?:Failed to process the request\(s\) for model (?:instance )?'[^']*', message: )?"
+    r"(?:Stub process (?:'[^']*' )?is not healthy\."
+    r"|Failed for execute the inference request\. Model '[^']*' is not ready\."
+    r"|Request for unknown model: "
+    r"|model '[^']*'(?:, version \S+)? is not (?:ready|at ready state|found)"
+    r"|Server not ready|Server exiting|Server is stopping)")
 
 # ---- tensors between the steps ------------------------------------------------------------
 

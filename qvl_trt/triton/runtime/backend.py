@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ...child import die_with_parent
-from ...errors import InputError
+from ...errors import InputError, StepError
 from ..contract import ErrorKind, TensorSpec, config_parameters
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,8 @@ def error_message(exc: Exception, model: str) -> str:
     QvlError is the client's to fix (or to send again later), its one-line message; anything
     else is a bug, logged with its traceback, and the client learns only its type (not
     internals)."""
+    if isinstance(exc, StepError):
+        return str(exc)  # marked where it was relayed
     kind = ErrorKind.of_error(exc)
     if kind is not ErrorKind.INTERNAL:
         return kind.mark(str(exc))

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import BusyError, InputError, UnavailableError
+from ...errors import BusyError, StepError, UnavailableError
 from ...llm.sampling import FinishReason
 from ...mm.detokenizer import StreamDecoder, TokenBytes
 from .. import contract as c
@@ -195,11 +195,12 @@ class TokenStream:
     def _read(self, responses: Any, outbox: Outbox, end_id: int,
               cancelled: Callable[[], bool]) -> bool:
         """Put tensorrt_llm's tokens into `outbox` until its stream ends (True), or the client
-        cancelled (False). Raises tensorrt_llm's error (its text as it is: an error response
-        of the stand-in carries its kind's marker), or an UnavailableError while unloading."""
+        cancelled (False). Raises tensorrt_llm's error (relayed with its kind, the stock
+        backend's unmarked text as the request's), or an UnavailableError while unloading."""
         for llm_response in responses:
             if llm_response.has_error():
-                raise InputError(f"{self.llm_model}: {llm_response.error().message()}")
+                raise StepError(c.ErrorKind.relay(llm_response.error().message(),
+                                                  self.llm_model))
             if self._closing.is_set():
                 raise _unloading()
             if cancelled():

@@ -130,10 +130,14 @@ def chat_request(inputs: Mapping[str, Any], *, urls: UrlPolicy, defaults: Sampli
 
 def _parse_json(text: str, name: str) -> Any:
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"{name} is not valid JSON ({exc.msg} at line {exc.lineno} column "
                          f"{exc.colno}); send a JSON list of objects") from None
+    except RecursionError:  # the parser's own bound, far above the one checked next
+        raise c.too_deep(name) from None
+    c.check_depth(value, name)
+    return value
 
 
 def _parse_messages(text: str) -> list[dict[str, Any]]:

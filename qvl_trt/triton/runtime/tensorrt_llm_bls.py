@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ...errors import InputError
+from ...errors import StepError
 from .. import contract as c
 from .backend import pb
 
@@ -40,10 +40,10 @@ class Bls:
 
 
 def _call(model: str, inputs: list[Any], outputs: Sequence[c.TensorSpec]) -> dict[str, Any]:
-    """One non-decoupled BLS call: output name -> tensor. The step's error is passed on as it
-    is (an InputError of its text, which carries its kind's marker, contract.ErrorKind)."""
+    """One non-decoupled BLS call: output name -> tensor. The step's error is passed on with
+    its kind (contract.ErrorKind.relay)."""
     result = pb().InferenceRequest(model_name=model, inputs=inputs,
                                    requested_output_names=[s.name for s in outputs]).exec()
     if result.has_error():
-        raise InputError(result.error().message())
+        raise StepError(c.ErrorKind.relay(result.error().message(), model))
     return {s.name: pb().get_output_tensor_by_name(result, s.name) for s in outputs}
