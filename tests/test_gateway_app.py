@@ -205,6 +205,11 @@ def test_as_many_concurrent_streams_as_the_build_admits_get_their_solo_answers(
         {"type": "text", "text": "Hi"}]}]}, "BadRequestError", 400, None,
      "remote video URL on host 'example.com' refused"),  # forwarded; not on the allow-list
     ({"stop": [f"s{i}" for i in range(17)]}, "APIStatusError", 413, None, "max_stop_words"),
+    # A client's words inside a refusal never decide its kind (only the start of the text,
+    # which the server writes, does).
+    *[({"messages": [{"role": role, "content": "Hi"}]}, "BadRequestError", 400, None,
+       "has role") for role in ("internal error in x", "busy: x", "unavailable: x",
+                                "over a deployment limit: x", "Stub process 'p' is not healthy.")],
 ])
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_bad_request_gets_an_openai_error(gateway, fields, error, status, param, words,
@@ -235,6 +240,12 @@ def test_invalid_json_and_an_oversized_body_are_refused_and_service_goes_on(gate
     conn.close()
     assert reply.status == 413 and body["error"]["code"] == "request_too_large"
     assert "limit of" in body["error"]["message"]
+    # A body of millions of values is refused by a count of its separators, before parsing.
+    numbers = b'{"model": "ensemble", "messages": [{"role": "user", "content": [' + \
+        b",".join([b"1"] * 3_000_000) + b"]}]}"
+    status, body = post(gateway, numbers)
+    assert status == 413 and body["error"]["code"] == "request_too_large"
+    assert "JSON separators" in body["error"]["message"]
     status, body = post(gateway, b"{}", "/v1/no-such-route")
     assert status == 404 and "error" in body
     answer = client(gateway).chat.completions.create(

@@ -47,3 +47,50 @@ def test_a_schema_that_does_not_compile_is_the_requests_400(schema) -> None:
     assert error.status == 400 and error.param == "tools[1].function.parameters"
     assert error.message.startswith("tools[1].function.parameters: the JSON schema does not "
                                     "compile: "), error.message
+
+
+# ---- every guided answer called complete validates -----------------------------------------
+
+GUIDED = Structure(schema=json.dumps(SCHEMA), schema_param="response_format.json_schema.schema")
+
+
+@pytest.mark.parametrize("text, words", [
+    ('{"a": "z"}', "does not validate against response_format.json_schema.schema at ['a']"),
+    ('{"b": 1}', "at its root: 'a' is a required property"),
+    ('{"a": "x", "b": 1.5}', "at ['b']"),
+    ("006", "is not JSON"),  # what a fractional range guided to
+    ("12", "at its root"),  # a number where an object was promised
+    ('{"a": "x\t"}', "is not JSON"),  # a raw control character in a string
+    ('{"a": "x"', "is not JSON"),
+])
+def test_a_stopped_answer_outside_its_schema_is_an_error_not_a_stop(text, words) -> None:
+    from qvl_trt.gateway.guides import check_answer
+
+    with pytest.raises(ApiError) as caught:
+        check_answer(GUIDED, text, "stop")
+    error = caught.value
+    assert error.status == 500 and error.code == "guided_answer_invalid"
+    assert words in error.message, error.message
+
+
+def test_answers_that_keep_the_promise_or_were_cut_pass() -> None:
+    from qvl_trt.gateway.guides import check_answer
+
+    check_answer(GUIDED, '{"a": "x", "b": 2}', "stop")
+    check_answer(GUIDED, '{"a": "x", "b"', "length")  # cut by max_tokens: not complete
+    check_answer(Structure(), "free text", "stop")  # unguided
+
+
+def test_the_grammar_cache_is_bounded_in_characters() -> None:
+    from qvl_trt.gateway import guides
+    from qvl_trt.lru import BytesLru
+
+    small = BytesLru(4000, lambda schema, grammar: len(schema) + len(grammar))
+    original, guides._grammars = guides._grammars, small
+    try:
+        for i in range(40):
+            compact_grammar(json.dumps({"enum": [f"v{i}-{'x' * 50}"]}))
+        stats = small.stats()
+        assert stats.bytes <= 4000 and 0 < stats.entries < 40
+    finally:
+        guides._grammars = original

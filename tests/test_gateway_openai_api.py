@@ -4,11 +4,13 @@ string cut off, the finish reason), without a server."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from qvl_trt.gateway.openai_api import (
     ANY_OBJECT,
+    MAX_JSON_SEPARATORS,
     Answer,
     ApiError,
     ChunkWriter,
@@ -39,7 +41,7 @@ def test_a_full_request_is_read_field_by_field() -> None:
         top_p=0.5, top_k=-1, seed=2**64 - 1, stop="END", stream=True,
         stream_options={"include_usage": True}, user="u1", n=1, logprobs=False,
         presence_penalty=0, response_format={"type": "text"}, tools=None,
-        tool_choice="none", parallel_tool_calls=True))
+        tool_choice="none"))
     assert req.messages[0]["content"] == parts  # forwarded as sent, video part included
     assert (req.max_tokens, req.temperature, req.top_p, req.top_k, req.seed) == \
         (7, 0.0, 0.5, 0, 2**64 - 1)
@@ -180,7 +182,7 @@ def test_tool_choices_become_the_templates_tools_a_guide_and_an_answer_reader() 
     # none: the template still lists the tools (OpenAI's semantics); nothing is parsed.
     none = structure(tools=[TOOL], tool_choice="none")
     assert (none.tools, none.schema, none.answer) == ([TOOL], None, Answer.TEXT)
-    assert structure(tools=[], tool_choice="auto") == structure(tool_choice="none") == \
+    assert structure(tools=[], tool_choice="none") == structure(tool_choice="none") == \
         Structure()
     named = structure(tools=[TOOL, CLOCK], tool_choice={"type": "function",
                                                         "function": {"name": "time"}})
@@ -228,14 +230,14 @@ def test_tool_choice_required_guides_to_a_list_of_calls_of_the_tools() -> None:
      "1 to 64 letters"),
     ({"tools": [TOOL, TOOL]}, "tools[1].function.name", "names a second function"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]},
-     "tools[0].function.parameters", "must be a JSON schema object"),
+     "tools[0].function.parameters", "must be a JSON schema of type object"),
     ({"tools": [{"type": "function", "function": {"name": "f", "returns": {}}}]},
      "tools[0].function.returns", "is not supported"),
     ({"tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}]},
      "tools[0].function.strict", "true or false"),
-    ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+    ({"tool_choice": "required"}, "tool_choice", "only allowed when tools are specified"),
     ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice",
-     "needs tools"),
+     "only allowed when tools are specified"),
     ({"tools": [TOOL], "tool_choice": "any"}, "tool_choice", "is not supported"),
     ({"tools": [TOOL], "tool_choice": {"type": "allowed_tools", "allowed_tools": {}}},
      "tool_choice", "is not supported"),
@@ -275,3 +277,166 @@ def test_what_structured_output_cannot_take_is_refused_by_name(fields, param, wo
     error = refused(body(**fields))
     assert error.status == 400 and words in error.message, error.message
     assert error.param == param
+
+
+def _named(parameters: object) -> dict:
+    """A request forcing a call of one function with these parameters."""
+    return {"tools": [{"type": "function", "function": {"name": "f", "parameters": parameters}}],
+            "tool_choice": {"type": "function", "function": {"name": "f"}}}
+
+
+def _required(parameters: object) -> dict:
+    return {**_named(parameters), "tool_choice": "required"}
+
+
+def _formatted(schema: object) -> dict:
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                                                                       "schema": schema}}}
+
+
+OBJECT = {"type": "object", "properties": {"k": {"type": "string"}}, "required": ["k"]}
+PARAMS = "tools[0].function.parameters"
+FORMAT = "response_format.json_schema.schema"
+
+
+def _nested(levels: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+@pytest.mark.parametrize("fields, param, words", [
+    # Shapes that crashed the gateway or preprocessing: $defs of every non-object kind.
+    *[(_required({**OBJECT, "$defs": bad}), PARAMS, "$defs must be an object of schemas")
+      for bad in ("s", None, [], 3)],
+    (_required({**OBJECT, "properties": {"k": 5}}), PARAMS, "properties.k is 5, not a schema"),
+    (_named({**OBJECT, "properties": []}), PARAMS, "properties must be an object of schemas"),
+    # Nesting: one documented number for the body, another for a guided schema.
+    (_named(_nested(40)), "tools", "more than 64 levels deep"),
+    (_formatted(_nested(11)), FORMAT, "nests schemas 11 deep, above the 10"),
+    # Keywords the converter would drop: refused, naming keyword and place.
+    *[(_formatted({**OBJECT, key: value}), FORMAT, f"uses {key!r}, which is not supported")
+      for key, value in (("if", {}), ("then", {}), ("else", {}), ("oneOf", [OBJECT]),
+                         ("not", {}), ("dependentRequired", {}),
+                         ("patternProperties", {}), ("unevaluatedProperties", False))],
+    (_formatted({"type": "array", "items": {"type": "integer", "multipleOf": 3}}), FORMAT,
+     "items.multipleOf uses 'multipleOf'"),
+    (_formatted({"type": "array", "uniqueItems": True}), FORMAT, "uses 'uniqueItems'"),
+    (_formatted({"type": "array", "contains": {"type": "integer"}}), FORMAT,
+     "uses 'contains'"),
+    (_formatted({"type": "string", "format": "color"}), FORMAT, "xgrammar does not guide"),
+    (_formatted({"type": "string", "format": "email", "pattern": "a"}), FORMAT,
+     "stands beside pattern"),
+    (_formatted({"allOf": [OBJECT, OBJECT]}), FORMAT, "must hold one schema"),
+    (_formatted({**OBJECT, "allOf": [OBJECT]}), FORMAT, "stands beside 'allOf'"),
+    (_formatted({"type": "string", "anyOf": [{"type": "string"}]}), FORMAT,
+     "stands beside 'anyOf'"),
+    (_formatted({"$ref": "#/$defs/a", "$defs": {"a": OBJECT}, "required": []}), FORMAT,
+     "required stands beside '$ref'"),
+    (_formatted({"properties": {"k": {"maxLength": 3}}}), FORMAT,
+     'properties.k.maxLength needs "type": "string"'),
+    (_formatted({**OBJECT, "additionalProperties": True}), FORMAT,
+     "additionalProperties beside properties must be false"),
+    (_formatted({**OBJECT, "required": ["k", "gone"]}), FORMAT,
+     "required names 'gone', which is not among its properties"),
+    (_formatted({"$ref": "https://example.com/s.json"}), FORMAT,
+     "only plain references within the schema"),
+    (_formatted({"$ref": "#/$defs/missing"}), FORMAT, "points at nothing"),
+    (_formatted({"type": "number", "minimum": 0.5, "maximum": 0.6}), FORMAT,
+     "minimum uses 'minimum', which is not supported: xgrammar 0.1.25 builds wrong grammars"),
+    (_formatted({"type": "object", "properties": {"a\\b": {"type": "string"}}}), FORMAT,
+     "quote, backslash or control character"),
+    (_formatted({"type": "strings"}), FORMAT, "type is \"strings\""),
+    # Bounds that would make the guide cost every request of the step.
+    (_formatted({"type": "string", "maxLength": 5}), FORMAT, "maxLength is 5, above the 4"),
+    (_formatted({"type": "string", "pattern": "^[^x]{0,400}$"}), FORMAT, "repeats {0,400}"),
+    (_formatted({"type": "object", "properties": {f"p{i}": {"type": "integer"}
+                                                   for i in range(501)}}), FORMAT,
+     "501 properties, above the 500"),
+    (_formatted({"enum": list(range(1001))}), FORMAT, "1001 enum values, above the 1000"),
+    (_formatted({"enum": ["x" * 70000]}), FORMAT, "above the 65536"),
+    # OpenAI's semantics.
+    ({"tool_choice": "auto"}, "tool_choice", "only allowed when tools are specified"),
+    ({"parallel_tool_calls": False}, "parallel_tool_calls", "only allowed when tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f",
+                                                   "parameters": {"type": "array"}}}]},
+     PARAMS, "must be a JSON schema of type object"),
+    ({"response_format": {"type": "json_object"}, "stop": ["}"]}, "stop", "leave stop out"),
+    ({"tools": [TOOL], "tool_choice": "required", "stop": "x"}, "stop", "leave stop out"),
+])
+def test_hostile_schemas_and_shapes_are_400s_naming_the_place(fields, param, words) -> None:
+    error = refused(body(**fields))
+    assert error.status == 400 and words in error.message, error.message
+    assert error.param == param
+
+
+ASSISTANT_CALL = {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "call_1", "type": "function", "function": {"name": "weather",
+                                                       "arguments": '{"city": "P"}'}}]}
+
+
+@pytest.mark.parametrize("messages, param, words", [
+    ([{"role": "tool", "content": "r"}], "messages[1].tool_call_id", "is missing"),
+    ([{"role": "tool", "tool_call_id": "call_9", "content": "r"}],
+     "messages[1].tool_call_id", "'call_9' answers no tool call"),
+    ([{**ASSISTANT_CALL, "tool_calls": [{"type": "function", "function": {
+        "name": "weather", "arguments": "{}"}}]}], "messages[1].tool_calls[0].id", "is missing"),
+    ([{**ASSISTANT_CALL, "tool_calls": [{"id": "c", "type": "function", "function": {
+        "name": "weather", "arguments": {"city": "P"}}}]}],
+     "messages[1].tool_calls[0].function.arguments", "must be a string of JSON"),
+    # An answer to a call made later does not count.
+    ([{"role": "tool", "tool_call_id": "call_1", "content": "r"}, ASSISTANT_CALL],
+     "messages[1].tool_call_id", "answers no tool call"),
+])
+def test_a_tool_exchange_follows_openais_rules(messages, param, words) -> None:
+    error = refused(body(messages=[{"role": "user", "content": "Hi"}, *messages]))
+    assert error.status == 400 and words in error.message, error.message
+    assert error.param == param
+
+
+def test_a_tool_exchange_that_follows_them_is_taken() -> None:
+    req = parse_chat_request(body(tools=[TOOL], messages=[
+        {"role": "user", "content": "Hi"}, ASSISTANT_CALL,
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]))
+    assert len(req.messages) == 3
+
+
+def test_top_p_0_is_the_smallest_nucleus_the_most_likely_token() -> None:
+    req = parse_chat_request(body(top_p=0, top_k=40))
+    assert (req.top_p, req.top_k) == (None, 1)
+    assert parse_chat_request(body(top_p=0.5)).top_p == 0.5
+
+
+def test_a_body_of_too_many_values_is_refused_before_it_is_parsed() -> None:
+    raw = b'{"model": "m", "messages": [{"role": "user", "content": [' + \
+        b",".join([b"1"] * 300_000) + b"]}]}"
+    error = refused(raw)
+    assert error.status == 413 and error.code == "request_too_large"
+    assert f"{raw.count(b',') + raw.count(b'[') + raw.count(b'{')} JSON separators" in \
+        error.message
+
+
+def test_the_documented_subset_is_the_one_the_code_checks() -> None:
+    """docs/openai.md's table of schema keywords and its bounds, against schema_subset.py."""
+    from pathlib import Path
+
+    from qvl_trt.gateway import schema_subset as ss
+    from qvl_trt.triton import contract
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "openai.md").read_text()
+    table = text.split("<!-- schema subset table")[1].split("\n\n")[0]
+    taken, refused = set(), set()
+    for row in table.splitlines()[3:]:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        keys = set(re.findall(r"`([^`]+)`", cells[0]))
+        (refused if cells[1] == "no" else taken).update(keys)
+    assert taken == ss.SUPPORTED and refused == set(ss.REFUSED)
+    assert ", ".join(ss.FORMATS) in table
+    assert f"`{{m,n}}` up to {ss.MAX_STRING_BOUND}" in table
+    prose = " ".join(text.split())
+    for words in (f"{ss.MAX_NESTING} levels of schemas", f"{ss.MAX_PROPERTIES} properties",
+                  f"{ss.MAX_ENUM_VALUES} enum values", f"{ss.MAX_SCHEMA_BYTES // 1024} KiB",
+                  f"at most {contract.MAX_JSON_DEPTH} levels deep",
+                  f"at most {MAX_JSON_SEPARATORS} separators"):
+        assert words in prose, words

@@ -198,10 +198,11 @@ def test_the_reference_model_loads_guided_decoding_as_the_backend(tmp_path, info
 
 def test_a_guided_answer_ends_with_its_grammar_and_a_bad_guide_fails_its_whole_step(
         tiny_build, tiny_ckpt, guided, info) -> None:
-    """The reference decoder as the executor: the guide compiles inside the step
-    (forwardAsync) and its error ends every request of that step (executorImpl.cpp
-    terminateActiveRequests); a guided answer ends at the end token once its grammar is
-    complete."""
+    """The reference decoder as the executor: a guide's compile error ends every request of
+    the step it joins (executorImpl.cpp terminateActiveRequests); a guided answer ends at the
+    end token once its grammar is complete. The guide compiles off the step thread, so the
+    request joins a step or more after it was added (a step with nothing else to run waits
+    briefly for it)."""
     torch = pytest.importorskip("torch")
     from qvl_trt.checkpoint import open_checkpoint
     from qvl_trt.llm.reference import ReferenceDecoder
@@ -222,7 +223,12 @@ def test_a_guided_answer_ends_with_its_grammar_and_a_bad_guide_fails_its_whole_s
 
     batch = decoder.batch(guided)
     key = batch.add(request(Guide(GuideType.REGEX, "[0-9]{2}")))
-    events = [e for _ in range(3) for e in batch.step()]
+    events = []
+    for _ in range(2000):  # at most 100 s of compiling
+        events += batch.step()
+        if key not in batch:
+            break
+    assert len(events) == 3
     assert all(info.encoded_vocab[e.token_id].isdigit() for e in events[:2])
     assert events[2].token_id in END_IDS and events[2].finish_reason is FinishReason.STOP
     assert key not in batch
@@ -231,7 +237,8 @@ def test_a_guided_answer_ends_with_its_grammar_and_a_bad_guide_fails_its_whole_s
     batch.add(request(None))
     batch.add(request(Guide(GuideType.REGEX, "(ab")))
     with pytest.raises(GuideError, match=re.escape(FORWARD_ERROR)):
-        batch.step()
+        for _ in range(2000):  # it fails the step it joins
+            batch.step()
 
 
 # ---- through the reference repository ------------------------------------------------------

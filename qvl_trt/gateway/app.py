@@ -278,7 +278,9 @@ class Gateway:
         self.metrics.in_flight.inc()
         labels, status = ["-", "-"], 500
         try:
-            req = parse_chat_request(await self._body(request))
+            # In a worker thread: the walks over a large body (its texts, nesting and
+            # schemas) then share the GIL with the event loop instead of holding it.
+            req = await asyncio.to_thread(parse_chat_request, await self._body(request))
             labels[1] = "true" if req.stream else "false"
             model = self._model(req.model)
             labels[0] = model.name
@@ -319,9 +321,11 @@ class Gateway:
                     self._first_token(model, received)
                 texts.append(piece.text)
                 last = piece
+        text = "".join(texts)
+        await asyncio.to_thread(guides.check_answer, req.structure, text, last.finish_reason)
         self._answered(model, False, received, last)
         answer = tool_calls.reader(req.structure)
-        deltas = answer.feed("".join(texts)) + answer.close()
+        deltas = answer.feed(text) + answer.close()
         body = completion(completion_id(), int(time.time()), model.name,
                           tool_calls.message(deltas),
                           tool_calls.finish_reason(last.finish_reason, answer.calls),
@@ -345,15 +349,18 @@ class Gateway:
                                  continuous_usage=req.continuous_usage)
             await response.write(writer.event({"role": "assistant", "content": ""},
                                               counts=usage(piece.prompt_tokens, 0)))
-            answer = tool_calls.reader(req.structure)
+            answer, texts = tool_calls.reader(req.structure), []
             try:
                 while piece is not None:
                     last = piece
+                    texts.append(piece.text)
                     counts = usage(piece.prompt_tokens, piece.completion_tokens)
                     for delta in answer.feed(piece.text):
                         await response.write(writer.event(delta.chunk(), counts=counts))
                     piece = await anext(pieces, None)
-            except ApiError as exc:
+                await asyncio.to_thread(guides.check_answer, req.structure, "".join(texts),
+                                        last.finish_reason)
+            except ApiError as exc:  # instead of the finish reason
                 await response.write(sse(exc.body()) + DONE)
                 return response, exc.status
         counts = usage(last.prompt_tokens, last.completion_tokens)

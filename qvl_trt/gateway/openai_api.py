@@ -33,9 +33,14 @@ from typing import Any
 
 from ..errors import InputError, QvlError
 from ..triton import contract as c
+from .schema_subset import SchemaError, check_schema
 
 INT32_MAX = 2**31 - 1
 UINT64_MAX = 2**64 - 1
+# The most separators (`,` `[` `{`, counted in the raw bytes, strings included) a body may
+# hold: parsed, each costs a Python object; counting them is cheap, parsing is not, and the
+# parser holds the event loop. Text and images need far fewer (a data URI has one).
+MAX_JSON_SEPARATORS = 250_000
 
 
 class ApiError(QvlError):
@@ -159,6 +164,7 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
                           "messages")
     for name in ("messages", "tools", "response_format"):  # the texts that travel
         _check_texts(data.get(name), name)
+    _check_tool_turns(messages)
     stream = _optional(data, "stream", bool, "true or false") or False
     include_usage, continuous_usage = _stream_options(data, stream)
     max_tokens, min_tokens = _max_tokens(data), _integer(data, "min_tokens", 0, INT32_MAX)
@@ -171,14 +177,22 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
         raise bad_request("ignore_eos with a guided answer (response_format, tool_choice "
                           "required or named): the answer ends with its end token once the "
                           "structure is complete; leave ignore_eos out", "ignore_eos")
+    if structure.schema is not None and data.get("stop"):
+        raise bad_request("stop with a guided answer (response_format, tool_choice required "
+                          "or named): a stop string inside the structure would cut it short "
+                          "of its schema; the answer ends with the structure, leave stop out",
+                          "stop")
     if structure.schema is not None and min_tokens:
         raise bad_request("min_tokens with a guided answer (response_format, tool_choice "
                           "required or named): once the structure is complete only its end "
                           "token is admitted; leave min_tokens out", "min_tokens")
+    top_p, top_k = _number(data, "top_p"), _top_k(data)
+    if top_p == 0:  # OpenAI takes it: the smallest nucleus, the most likely token alone
+        top_p, top_k = None, 1
     return ChatCompletionRequest(
         model=model, messages=messages, max_tokens=max_tokens,
-        temperature=_number(data, "temperature"), top_p=_number(data, "top_p"),
-        top_k=_top_k(data), seed=_seed(data), stop=_stop(data), stream=stream,
+        temperature=_number(data, "temperature"), top_p=top_p,
+        top_k=top_k, seed=_seed(data), stop=_stop(data), stream=stream,
         include_usage=include_usage, continuous_usage=continuous_usage,
         min_tokens=min_tokens, ignore_eos=ignore_eos, structure=structure)
 
@@ -197,6 +211,12 @@ def _structure(data: Mapping[str, Any]) -> Structure:
     tools = _tools(data.get("tools"))
     choice = data.get("tool_choice")
     parallel = _optional(data, "parallel_tool_calls", bool, "true or false")
+    # OpenAI's rule; "none" without tools asks for nothing, and is taken.
+    for name, value in (("tool_choice", None if choice == "none" else choice),
+                        ("parallel_tool_calls", parallel)):
+        if value is not None and not tools:
+            raise bad_request(f"{name} is only allowed when tools are specified; send tools "
+                              f"or leave {name} out", name)
     parallel = True if parallel is None else parallel
     if choice is None:
         choice = "auto" if tools else "none"
@@ -207,15 +227,14 @@ def _structure(data: Mapping[str, Any]) -> Structure:
                          parallel_tool_calls=parallel)
     if choice != "required":
         choice = {"name": _named_choice(choice)}
-    if not tools:
-        raise bad_request("tool_choice required or a named function needs tools: send the "
-                          "functions in tools", "tool_choice")
     if schema is not None:
         raise bad_request("response_format and a forced tool call (tool_choice required or "
                           "a named function) both guide the answer; send one of them",
                           "response_format")
     functions = [t["function"] for t in tools]
     if choice == "required":
+        for i, function in enumerate(functions):
+            _guided_schema(_parameters(function), f"tools[{i}].function.parameters")
         return Structure(tools, _dumps(_call_list_schema(functions, parallel)), "tools",
                          Answer.CALL_LIST, parallel_tool_calls=parallel)
     names = [f["name"] for f in functions]
@@ -223,8 +242,20 @@ def _structure(data: Mapping[str, Any]) -> Structure:
         raise bad_request(f"tool_choice names the function {choice['name']!r}, which is not "
                           f"among tools ({', '.join(names)}); name one of them", "tool_choice")
     i = names.index(choice["name"])
-    return Structure(tools, _dumps(_parameters(functions[i])), f"tools[{i}].function.parameters",
+    param = f"tools[{i}].function.parameters"
+    return Structure(tools, _dumps(_guided_schema(_parameters(functions[i]), param)), param,
                      Answer.NAMED_CALL, choice["name"], parallel)
+
+
+def _guided_schema(schema: dict[str, Any], param: str) -> dict[str, Any]:
+    """`schema`, if it is inside the subset a guide holds to (schema_subset.py); else a 400
+    naming the keyword, its place and `param`."""
+    try:
+        check_schema(schema)
+    except SchemaError as exc:
+        where = f"{param}.{exc.path}" if exc.path else param
+        raise bad_request(f"{where} {exc}", param) from None
+    return schema
 
 
 # OpenAI's json_object: any JSON object (xgrammar keeps the additional properties a schema
@@ -257,7 +288,8 @@ def _response_format(value: Any) -> tuple[str, str] | None:
         raise bad_request("response_format.json_schema.schema must be a JSON schema object, got "
                           f"{json.dumps(schema)[:40]}; send e.g. {{\"type\": \"object\", "
                           "\"properties\": {...}}", "response_format.json_schema.schema")
-    return _dumps(schema), "response_format.json_schema.schema"
+    param = "response_format.json_schema.schema"
+    return _dumps(_guided_schema(dict(schema), param)), param
 
 
 def _tools(value: Any) -> list[dict[str, Any]] | None:
@@ -285,10 +317,48 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
                               "each function its own name", f"{where}.function.name")
         names.add(name)
         parameters = function.get("parameters")
-        if parameters is not None and not isinstance(parameters, Mapping):
-            raise bad_request(f"{where}.function.parameters must be a JSON schema object",
+        if parameters is not None and (not isinstance(parameters, Mapping)
+                                       or parameters.get("type", "object") != "object"):
+            # OpenAI's rule: a function takes named arguments, an object.
+            raise bad_request(f"{where}.function.parameters must be a JSON schema of type "
+                              f"object, got {json.dumps(parameters)[:60]}",
                               f"{where}.function.parameters")
     return value
+
+
+def _check_tool_turns(messages: Sequence[Any]) -> None:
+    """OpenAI's rules for the turns of a tool exchange (preprocessing checks the rest of each
+    message): an assistant's tool call has an id and its arguments as JSON text, and a tool
+    message answers, by tool_call_id, a call made earlier in the conversation."""
+    called: set[str] = set()
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            continue
+        where = f"messages[{i}]"
+        calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+        for j, call in enumerate(calls if isinstance(calls, list) else ()):
+            at = f"{where}.tool_calls[{j}]"
+            ident = call.get("id") if isinstance(call, Mapping) else None
+            if not isinstance(ident, str) or not ident:
+                raise bad_request(f"{at}.id is missing: each tool call has the id its tool "
+                                  "message answers; send the id the call came with", f"{at}.id")
+            function = call.get("function")
+            arguments = function.get("arguments") if isinstance(function, Mapping) else None
+            if not isinstance(arguments, str):
+                raise bad_request(f"{at}.function.arguments must be a string of JSON, got "
+                                  f"{json.dumps(arguments)[:40]}; send json.dumps of the "
+                                  "arguments", f"{at}.function.arguments")
+            called.add(ident)
+        if message.get("role") == "tool":
+            ident = message.get("tool_call_id")
+            if not isinstance(ident, str) or not ident:
+                raise bad_request(f"{where}.tool_call_id is missing: a tool message answers "
+                                  "one tool call of an earlier assistant message; send its id",
+                                  f"{where}.tool_call_id")
+            if ident not in called:
+                raise bad_request(f"{where}.tool_call_id {ident[:40]!r} answers no tool call "
+                                  "of an earlier assistant message; send the id of one",
+                                  f"{where}.tool_call_id")
 
 
 def _named_spec(spec: Mapping[str, Any], where: str, body: str) -> str:
@@ -405,6 +475,12 @@ def _json_object(body: bytes) -> dict[str, Any]:
     def no_constant(name: str) -> Any:  # NaN, Infinity: not JSON
         raise ValueError(f"{name} is not a JSON number")
 
+    separators = body.count(b",") + body.count(b"[") + body.count(b"{")
+    if separators > MAX_JSON_SEPARATORS:
+        raise ApiError(413, f"the request body holds {separators} JSON separators (, [ {{), "
+                       f"above the {MAX_JSON_SEPARATORS} a request may have; send fewer "
+                       "values", code="request_too_large")
+
     try:
         data = json.loads(body, parse_constant=no_constant)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -415,7 +491,18 @@ def _json_object(body: bytes) -> dict[str, Any]:
                           "a flatter body") from None
     if not isinstance(data, dict):
         raise bad_request("the request body must be a JSON object")
+    _check_nesting(data)
     return data
+
+
+def _check_nesting(data: dict[str, Any]) -> None:
+    """Refuse a body nested deeper than contract.MAX_JSON_DEPTH, naming the first field that
+    is (the top-level field as `param`)."""
+    for name, value in data.items():
+        try:
+            c.check_depth(value, name)
+        except InputError as exc:
+            raise bad_request(str(exc), name) from None
 
 
 def _canonical(value: Any) -> str:

@@ -53,6 +53,7 @@ import json
 import re
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,12 @@ TOKENIZER_INFO_NAME = "xgrammar_tokenizer_info.json"
 NOT_SET_UP = ("Request is specified with GuidedDecodingParams, but GuidedDecoder is not "
               "setup")
 FORWARD_ERROR = "Encountered an error in forwardAsync function: "
+# The compiled grammars a process keeps, least recently used first out (xgrammar 0.1.25
+# GrammarCompiler cache_limit_bytes, sized by CompiledGrammar.MemorySizeBytes).
+GRAMMAR_CACHE_BYTES = 256 * 2**20
+# Guides compiling at once, off the step thread (each compile also runs xgrammar's own
+# threads).
+COMPILE_WORKERS = 2
 
 
 class GuideType(str, enum.Enum):
@@ -293,6 +300,7 @@ class GuidedDecoding:
         self.info = info
         self.vocab_size = vocab_size
         self._compiler: Any = None
+        self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
     @property
@@ -310,13 +318,23 @@ class GuidedDecoding:
                     list(info.encoded_vocab), meta["vocab_type"], vocab_size=self.vocab_size,
                     stop_token_ids=list(info.stop_token_ids),
                     add_prefix_space=meta["add_prefix_space"])
+                # A cache as upstream's, bounded: xgrammar's default (-1) keeps every
+                # distinct guide's compiled grammar for the life of the process.
                 self._compiler = xgr.GrammarCompiler(tokenizer_info, max_threads=8,
-                                                     cache_enabled=True)
+                                                     cache_enabled=True,
+                                                     cache_limit_bytes=GRAMMAR_CACHE_BYTES)
             return self._compiler
 
     @classmethod
     def load(cls, path: Path, vocab_size: int) -> GuidedDecoding:
         return cls(TokenizerInfo.read(path), vocab_size)
+
+    def compile(self, guide: Guide) -> Future[GuideMatcher]:
+        """`matcher(guide)` in a worker thread (xgrammar compiles without the GIL)."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(COMPILE_WORKERS, thread_name_prefix="guide")
+        return self._pool.submit(self.matcher, guide)
 
     def matcher(self, guide: Guide) -> GuideMatcher:
         """A fresh matcher of `guide`; a GuideError carries xgrammar's complaint."""

@@ -23,6 +23,7 @@ is never zeroed and whose text tokens read a stale row that `where` drops.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -311,6 +312,10 @@ class ReferenceDecoder:
         return (hidden @ self.lm_head.T).float()
 
 
+# How long a step with nothing to run but compiling guides waits for one before it returns.
+COMPILE_POLL_S = 0.05
+
+
 @dataclass(eq=False)
 class _Sequence:
     """One request of a DecodeBatch and its own sampling state."""
@@ -323,7 +328,9 @@ class _Sequence:
     generation_logits: list = field(default_factory=list)
     context_logits: object = None
     finish: FinishReason | None = None
-    matcher: GuideMatcher | None = None  # made at its first step, as the executor does
+    # Its guide's matcher: compiling (off the step thread) from add() on, ready when it joins.
+    compiling: Future[GuideMatcher] | None = None
+    matcher: GuideMatcher | None = None
 
     @property
     def capacity(self) -> int:
@@ -342,11 +349,14 @@ class DecodeBatch:
     The running requests share one KV cache, a row each, as wide as the longest row needs;
     joining and leaving copy it (a cat or index_select per layer), a step does not.
 
-    Guided requests follow the executor (batch_manager/guidedDecoder.cpp): a request's guide
-    is compiled at its first step, after the model ran; at each later step its matcher accepts
-    the token sampled last; then the matcher's bitmask masks its logits before sampling. A
-    guide that does not compile raises from step() (a GuideError), as the executor's
-    forwardAsync fails every request of that iteration."""
+    Guided requests follow the executor (batch_manager/guidedDecoder.cpp): at each step after
+    its first the matcher accepts the token sampled last; then the matcher's bitmask masks its
+    logits before sampling. A guide that does not compile raises from step() (a GuideError),
+    as the executor's forwardAsync fails every request of that iteration. Unlike the executor,
+    which compiles a guide in the step itself (its context phase), so that a costly one stalls
+    every other request's token, the guide compiles in a worker thread from add() on
+    (xgrammar releases the GIL) and the request joins at the first step after it is ready;
+    the masks are filled in the step, as upstream does."""
 
     def __init__(self, decoder: ReferenceDecoder, guided: GuidedDecoding | None = None) -> None:
         self.decoder = decoder
@@ -373,8 +383,10 @@ class DecodeBatch:
         key = self._next_key
         inputs = self.decoder._inputs(key, request)
         self._next_key += 1
-        self._waiting.append(_Sequence(key, request, inputs,
-                                       make_generator(request.sampling.seed)))
+        sequence = _Sequence(key, request, inputs, make_generator(request.sampling.seed))
+        if request.guide is not None:
+            sequence.compiling = self.guided.compile(request.guide)
+        self._waiting.append(sequence)
         return key
 
     def drop(self, key: int) -> None:
@@ -408,7 +420,7 @@ class DecodeBatch:
                 logits.append(decoder._logits(decoder._decode_step(
                     [s.tokens[-1] for s in self._rows],
                     [s.request.mrope_position_delta for s in self._rows], self._cache)))
-            joining, self._waiting = self._waiting, []
+            joining = self._joining()
             if joining:
                 joined_logits, joined = self._prefill(joining)
                 logits.append(joined_logits)
@@ -437,16 +449,27 @@ class DecodeBatch:
             self._keep([s for s in rows if s.finish is None])
         return events
 
+    def _joining(self) -> list[_Sequence]:
+        """The waiting requests that join this step: those without a guide or whose guide has
+        compiled (a GuideError of one that did not raises here). With nothing else to do, the
+        step waits a little for a compile rather than return at once."""
+        compiling = [s.compiling for s in self._waiting if s.compiling is not None]
+        if compiling and not self._rows and len(compiling) == len(self._waiting):
+            wait(compiling, timeout=COMPILE_POLL_S, return_when=FIRST_COMPLETED)
+        joining = [s for s in self._waiting if s.compiling is None or s.compiling.done()]
+        self._waiting = [s for s in self._waiting if s not in joining]
+        for s in joining:
+            if s.compiling is not None:
+                s.matcher, s.compiling = s.compiling.result(), None
+        return joining
+
     def _guide(self, logits) -> None:
-        """Mask the guided rows' logits: a request at its first step gets its matcher (its
-        guide compiled), a running one's accepts its last token; then each fills its bitmask."""
+        """Mask the guided rows' logits: a running one's matcher accepts its last token (none
+        at its first step); then each fills its bitmask."""
         for row, s in enumerate(self._rows):
-            guide = s.request.guide
-            if guide is None:
-                continue
             if s.matcher is None:
-                s.matcher = self.guided.matcher(guide)
-            else:
+                continue
+            if s.tokens:
                 s.matcher.accept(s.tokens[-1])
             s.matcher.fill()
             s.matcher.apply(logits[row])
