@@ -1,6 +1,7 @@
 """What a structured-output guide costs the other requests of a step.
 
-1. Per token (default): xgrammar 0.1.25's token-mask fill, the work the stock executor (and
+1. Per token (default): the compile of schemas at the gateway's bounds, then xgrammar
+   0.1.25's token-mask fill, the work the stock executor (and
    the reference tensorrt_llm) does on the step's thread for every guided request at every
    token, with Qwen's 151k-token vocabulary, for schema shapes a client may send. Each shape
    is walked through a string value one character at a time (--tokens of them) and the fills
@@ -40,6 +41,25 @@ SHAPES = {
     "pattern [a-z]{0,4}": {"type": "string", "pattern": "^[a-z]{0,4}$"},
     "pattern [^x]{0,400}": {"type": "string", "pattern": "^[^x]{0,400}$"},
 }
+# Schemas at and past the gateway's bounds, whose compile the stock executor runs on its
+# step's thread once per distinct schema.
+def _properties(count: int) -> dict:
+    return {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(count)}}
+
+
+def _nested(levels: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels - 1):
+        schema = {"type": "object", "properties": {"a": schema, "b": {"type": "integer"}}}
+    return schema
+
+
+COMPILES = {
+    "200 optional properties": _properties(200),
+    "500 optional properties": _properties(500),
+    "enum of 1000": {"enum": [f"value-{i}" for i in range(1000)]},
+    "10 levels of objects": _nested(10),
+}
 # The costliest shape the gateway admits, as the guided streams of --served send it: more
 # items than --max-tokens tokens hold, so that they run as long as the unguided ones.
 WORST_ADMITTED = {"type": "array", "minItems": 400, "maxItems": 400,
@@ -72,6 +92,15 @@ def mask_costs(tokens: int, rounds: int) -> None:
                                 151936)
         compiled = {name: guided.compiler.compile_grammar(
             compact_json_schema(json.dumps(schema_of(shape)))) for name, shape in SHAPES.items()}
+        print("compile (xgrammar 0.1.25: the gateway's conversion, then the executor's "
+              "compile, first time)")
+        for name, schema in COMPILES.items():
+            start = time.perf_counter()
+            grammar = compact_json_schema(json.dumps(schema))
+            converted = time.perf_counter()
+            guided.compiler.compile_grammar(grammar)
+            print(f"{name:<24} {admitted(schema):>8} convert {converted - start:6.2f} s, "
+                  f"compile {time.perf_counter() - converted:6.2f} s")
     seconds: dict[str, list[float]] = {name: [] for name in SHAPES}
     for _ in range(rounds):
         for name in SHAPES:  # interleaved: every shape each round

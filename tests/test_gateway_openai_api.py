@@ -352,8 +352,8 @@ def _nested(levels: int) -> dict:
     (_formatted({"type": "string", "maxLength": 5}), FORMAT, "maxLength is 5, above the 4"),
     (_formatted({"type": "string", "pattern": "^[^x]{0,400}$"}), FORMAT, "repeats {0,400}"),
     (_formatted({"type": "object", "properties": {f"p{i}": {"type": "integer"}
-                                                   for i in range(501)}}), FORMAT,
-     "501 properties, above the 500"),
+                                                   for i in range(201)}}), FORMAT,
+     "201 properties, above the 200"),
     (_formatted({"enum": list(range(1001))}), FORMAT, "1001 enum values, above the 1000"),
     (_formatted({"enum": ["x" * 70000]}), FORMAT, "above the 65536"),
     # OpenAI's semantics.

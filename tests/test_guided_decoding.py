@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 
 import numpy as np
 import pytest
@@ -239,6 +240,27 @@ def test_a_guided_answer_ends_with_its_grammar_and_a_bad_guide_fails_its_whole_s
     with pytest.raises(GuideError, match=re.escape(FORWARD_ERROR)):
         for _ in range(2000):  # it fails the step it joins
             batch.step()
+
+    # A guide that compiles for long holds up its own request only: the plain one that came
+    # with it gets all its tokens meanwhile (the compile is held until it has), then the
+    # guided one joins. Compiled on the step thread, as the executor does, the plain request
+    # would get none until the compile ended.
+    release = threading.Event()
+    slow = GuidedDecoding(guided.info, guided.vocab_size)
+    compile_now = slow.matcher
+    slow.matcher = lambda guide: (release.wait(60), compile_now(guide))[1]
+    batch = decoder.batch(slow)
+    plain = batch.add(request(None))
+    held = batch.add(request(Guide(GuideType.REGEX, "[0-9]{2}")))
+    plain_tokens = [e for _ in range(8) for e in batch.step() if e.request == plain]
+    assert len(plain_tokens) == 8 and plain not in batch and held in batch
+    release.set()
+    held_tokens = []
+    for _ in range(2000):
+        held_tokens += batch.step()
+        if held not in batch:
+            break
+    assert [e.request for e in held_tokens] == [held] * 3
 
 
 # ---- through the reference repository ------------------------------------------------------

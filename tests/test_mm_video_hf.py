@@ -4,12 +4,12 @@ project's CPU torch: it runs in tests/hf_video_processor.py under an interpreter
 (qvl_trt/testing/torchvision_env.py: this one on a GPU machine, else a venv made once and kept
 in ~/.cache/qvl-trt). `pytest -s` prints the comparison.
 
-Clips of 4, 9 and 30 frames at 640x360 and 1280x720, sent as PNG frames at 2 fps, with the
-reference's per-frame pixel cap (`cap_pixels_per_frame=True`; 1280x720 frames are above it):
-the input ids with their timestamps and the grid must be identical, pixel values within one
-8-bit level (the bound this test sets; with torchvision 0.29.1 on a CPU they are equal to the
-last bit: mm/taps.py torch_taps is torchvision's uint8 kernel. PIL's bicubic filter, which
-images use, missed the bound by one level at the 30-frame 1280x720 clip)."""
+Clips of 4, 9 and 30 frames at 640x360 and 4 and 30 at 1280x720, sent as PNG frames at 2 fps,
+with the reference's per-frame pixel cap (`cap_pixels_per_frame=True`; 1280x720 frames are
+above it): the input ids with their timestamps and the grid must be identical, pixel values
+within one 8-bit level (the bound this test sets; with torchvision 0.29.1 on a CPU they are
+equal to the last bit: mm/taps.py torch_taps is torchvision's uint8 kernel. PIL's bicubic
+filter, which images use, missed the bound by one level at the 30-frame 1280x720 clip)."""
 
 from __future__ import annotations
 
@@ -37,8 +37,7 @@ pytestmark = pytest.mark.torchvision
 # must show the parity again (this module) before the range moves.
 PARITY_TRANSFORMERS = (Version("5.25"), Version("5.26"))
 FPS = 2.0
-CLIPS = [(frames, width, height) for width, height in ((640, 360), (1280, 720))
-         for frames in (4, 9, 30)]
+CLIPS = [(4, 640, 360), (9, 640, 360), (30, 640, 360), (4, 1280, 720), (30, 1280, 720)]
 MESSAGES = user_message("What happens in the video?", 0, 1)
 TESTS = Path(__file__).resolve().parent
 

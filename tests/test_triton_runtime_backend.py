@@ -16,7 +16,7 @@ def test_a_user_error_reaches_the_client_and_a_bug_only_by_its_type(caplog) -> N
 
     sent: list[str] = []
     guarded("b4_preprocessing", sent.append, refuse, "prompt")
-    assert sent == ["prompt is too long; shorten it"] and not caplog.records
+    assert sent == ["invalid request: prompt is too long; shorten it"] and not caplog.records
     guarded("b4_preprocessing", sent.append, crash, "secret")
     assert sent[1] == "internal error in b4_preprocessing: KeyError"
     assert "secret" not in sent[1]
