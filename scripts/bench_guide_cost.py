@@ -5,7 +5,7 @@
    the reference tensorrt_llm) does on the step's thread for every guided request at every
    token, with Qwen's 151k-token vocabulary, for schema shapes a client may send. Each shape
    is walked through a string value one character at a time (--tokens of them) and the fills
-   timed; printed with whether the gateway admits the shape (gateway/schema_subset.py) and
+   timed; printed with whether the gateway admits the shape (llm/schema_subset.py) and
    as a ratio of the unbounded string's cost, measured in the same run, interleaved.
 2. Served (--served): the tiny checkpoint's reference repository behind `qvl-trt serve
    --openai-port`; a plain stream of --max-tokens tokens (ignore_eos) is timed beside
@@ -72,7 +72,7 @@ def schema_of(shape: dict) -> dict:
 
 
 def admitted(schema: dict) -> str:
-    from qvl_trt.gateway.schema_subset import SchemaError, check_schema
+    from qvl_trt.llm.schema_subset import SchemaError, check_schema
 
     try:
         check_schema(schema)

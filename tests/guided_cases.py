@@ -7,7 +7,7 @@ from __future__ import annotations
 SCHEMA = {
     "type": "object",
     "properties": {
-        "name": {"type": "string", "maxLength": 6},
+        "name": {"type": "string", "maxLength": 4},
         "kind": {"enum": ["cat", "dog"]},
         "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 2},
         "owner": {"type": "object", "properties": {"ok": {"type": "boolean"}},

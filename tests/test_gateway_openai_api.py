@@ -421,7 +421,7 @@ def test_the_documented_subset_is_the_one_the_code_checks() -> None:
     """docs/openai.md's table of schema keywords and its bounds, against schema_subset.py."""
     from pathlib import Path
 
-    from qvl_trt.gateway import schema_subset as ss
+    from qvl_trt.llm import schema_subset as ss
     from qvl_trt.triton import contract
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "openai.md").read_text()

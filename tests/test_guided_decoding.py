@@ -158,6 +158,22 @@ def test_a_guide_that_does_not_compile_fails_as_the_executor_fails_it(guided, gu
     Guide(GuideType.JSON).check()
 
 
+@pytest.mark.parametrize("guide, words", [
+    (Guide(GuideType.JSON_SCHEMA, '{"type": "object", "properties": {"a": {"not": {}}}}'),
+     "the json_schema guide's properties.a.not uses 'not'"),
+    (Guide(GuideType.JSON_SCHEMA, '{"type": "integer", "minimum": 5}'),
+     "the json_schema guide's minimum uses 'minimum'"),
+    (Guide(GuideType.REGEX, "[a-z]{3,9}"), "the regex guide repeats {3,9}"),
+])
+def test_preprocessing_holds_ensemble_guides_to_the_gateways_subset(guide, words) -> None:
+    """What the gateway refuses in a request's schema, preprocessing refuses in a guide a
+    Triton client sends (the stock executor would take it, and make its masks on its step's
+    thread); the reference tensorrt_llm, as the stock backend, does not check."""
+    with pytest.raises(GuideError, match=re.escape(words)):
+        guide.check()
+    Guide(GuideType.REGEX, PATTERN).check()
+
+
 def test_guided_decoding_must_match_the_engines_vocabulary(info) -> None:
     with pytest.raises(ConfigError, match="vocab_size 1000 is below the tokenizer's 151669"):
         GuidedDecoding(info, 1000)
@@ -303,7 +319,7 @@ def test_a_json_schema_guide_is_compiled_as_the_executor_compiles_it(triton_serv
         padded.text)
     assert not guided.matcher(Guide(GuideType.JSON_SCHEMA, json.dumps(SCHEMA))).accepts(
         padded.text + "x")  # the check can fail
-    for schema in ({"enum": ["cat", "dog"]}, {"type": "string", "maxLength": 5}):
+    for schema in ({"enum": ["cat", "dog"]}, {"type": "string", "maxLength": 4}):
         answer = _ask(triton_server, guide_type="json_schema", guide=json.dumps(schema))
         jsonschema.validate(json.loads(answer.text), schema)
         assert answer.finish_reason == "stop"
@@ -326,6 +342,12 @@ def test_a_regex_guide_is_matched(triton_server) -> None:
      "the json_schema guide does not compile: properties must be an object; the engine would "
      "fail every request of its step with it"),
     (dict(guide_type="regex", guide="(ab"), "the regex guide does not compile"),
+    # would make every other request's tokens wait on its masks, or drop a keyword
+    (dict(guide_type="json_schema", guide='{"type": "string", "maxLength": 40}'),
+     "the json_schema guide's maxLength is 40, above the 4"),
+    (dict(guide_type="json_schema", guide='{"oneOf": [{"type": "integer"}]}'),
+     "the json_schema guide's oneOf uses 'oneOf'"),
+    (dict(guide_type="regex", guide="[^x]{0,400}"), "the regex guide repeats {0,400}"),
 ])
 def test_a_bad_guide_is_refused_through_the_ensemble(triton_server, guide, words) -> None:
     from qvl_trt.errors import RequestError

@@ -107,7 +107,7 @@ def _guided_requests(client) -> None:
     answer = ask(guide_type="ebnf_grammar", guide=compact_json_schema(json.dumps(SCHEMA)))
     value = json.loads(answer.text)  # validated by hand: the image has no jsonschema
     assert list(value) == SCHEMA["required"] and value["kind"] in ("cat", "dog")
-    assert len(value["name"]) <= 6 and len(value["tags"]) <= 2
+    assert len(value["name"]) <= 4 and len(value["tags"]) <= 2
     assert all(len(t) <= 3 for t in value["tags"]) and value["owner"] in ({"ok": True},
                                                                            {"ok": False})
     assert answer.finish_reason == "stop"

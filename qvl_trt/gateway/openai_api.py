@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InputError, QvlError
+from ..llm.schema_subset import SchemaError, check_schema
 from ..triton import contract as c
-from .schema_subset import SchemaError, check_schema
 
 INT32_MAX = 2**31 - 1
 UINT64_MAX = 2**64 - 1

@@ -61,6 +61,7 @@ from typing import Any
 from ..atomic import write_json_atomic
 from ..deps import require
 from ..errors import ConfigError, InputError
+from .schema_subset import SchemaError, check_pattern, check_schema
 
 # The tensorrt_llm model parameter value that turns guided decoding on (the only backend the
 # C++ runtime takes), and the file name the repository writes the tokenizer info under
@@ -160,6 +161,17 @@ class Guide:
             GuideType.EBNF_GRAMMAR: grammar.from_ebnf,
         }[self.type]
         self.apply(parse, after="; the engine would fail every request of its step with it")
+        # Then the subset a guide holds to cheaply and faithfully (the gateway's too): the
+        # executor would take the rest, and fill its costly masks on its step's thread.
+        try:
+            if self.type is GuideType.JSON_SCHEMA:
+                check_schema(json.loads(self.text))
+            elif self.type is GuideType.REGEX:
+                check_pattern(self.text)
+        except SchemaError as exc:
+            where = f"'s {exc.path}" if exc.path else ""
+            raise GuideError(f"the {self.type.value} guide{where} {exc}; send a guide inside "
+                             "the supported subset (docs/openai.md)") from None
 
     def apply(self, xgrammar_call: Callable[[str | None], Any], *, before: str = "",
               after: str = "") -> Any:

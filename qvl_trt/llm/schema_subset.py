@@ -1,4 +1,5 @@
-"""The JSON Schema subset a guided answer may be held to, checked at the edge: what xgrammar
+"""The JSON Schema subset a guided answer may be held to, checked at the edges (the gateway's
+request, preprocessing's json_schema and regex guides: llm/guided.py Guide.check): what xgrammar
 0.1.25 (TensorRT-LLM 1.2's pin) turns into a grammar that admits exactly the schema's
 instances and does so cheaply, much as OpenAI's structured outputs accept a documented
 subset and refuse the rest. Anything else is a 400 naming the keyword and where it is: a
@@ -225,12 +226,18 @@ def _check_values(node: Mapping[str, Any], path: str, counts: dict[str, int]) ->
     if pattern is not None:
         if not isinstance(pattern, str):
             _refuse(_at(path, "pattern"), "must be a regular expression string")
-        for low, comma, high in _COUNTED.findall(pattern):
-            most = int(high) if high else (None if comma else int(low))
-            if int(low) > MAX_STRING_BOUND or (most or 0) > MAX_STRING_BOUND:
-                _refuse(_at(path, "pattern"), f"repeats {{{low}{comma}{high}}}: counted "
-                        f"repetitions above {MAX_STRING_BOUND} cost every request of the step "
-                        "CPU time per token; use * or + instead")
+        check_pattern(pattern, _at(path, "pattern"))
+
+
+def check_pattern(pattern: str, path: str = "") -> None:
+    """Refuse (SchemaError) a regular expression with a counted repetition above
+    MAX_STRING_BOUND."""
+    for low, comma, high in _COUNTED.findall(pattern):
+        most = int(high) if high else (None if comma else int(low))
+        if int(low) > MAX_STRING_BOUND or (most or 0) > MAX_STRING_BOUND:
+            _refuse(path, f"repeats {{{low}{comma}{high}}}: counted repetitions above "
+                    f"{MAX_STRING_BOUND} cost every request of the step CPU time per token; "
+                    "use * or + instead")
 
 
 def _check_ref(ref: Any, where: str, root: Mapping[str, Any]) -> None:
