@@ -105,7 +105,7 @@ class Gateway:
     # ---- lifecycle ------------------------------------------------------------------------
 
     async def _startup(self, app) -> None:
-        self.upstream = Upstream(self.opts.triton_url)
+        self.upstream = Upstream(self.opts.triton_url, admin_key=self.opts.triton_admin_key)
         self._discovery = asyncio.create_task(self._discover())
 
     async def _discover(self) -> None:

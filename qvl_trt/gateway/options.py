@@ -24,6 +24,9 @@ class GatewayOptions:
     max_body_bytes: int | None = None  # None: from the deployment (see the module doc)
     shutdown_timeout_s: float = 10.0
     api_key: str | None = field(default=None, repr=False)  # None: no key asked
+    # The key of Triton's restricted APIs (triton/restricted.py), which its discovery of the
+    # builds asks (the repository index); None: a Triton that restricts nothing.
+    triton_admin_key: str | None = field(default=None, repr=False)
     # serve's /ready, which this gateway's /ready then forwards (readiness.py); None: ask Triton
     ready_url: str | None = None
 

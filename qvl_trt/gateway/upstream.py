@@ -22,6 +22,7 @@ from typing import Any
 from ..deps import require
 from ..errors import InputError
 from ..triton import contract as c
+from ..triton.restricted import grpc_headers
 from .openai_api import ApiError, ChatCompletionRequest
 
 log = logging.getLogger(__name__)
@@ -140,8 +141,9 @@ class Upstream:
     """One gRPC channel to Triton, shared by every request (create it inside the event loop
     that uses it)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, admin_key: str | None = None) -> None:
         self.url = url
+        self._admin = grpc_headers(admin_key)
         self._grpc = require("tritonclient.grpc", extra="gateway", why="talk to Triton")
         aio = require("tritonclient.grpc.aio", extra="gateway", why="talk to Triton")
         # What a broken stream raises (tritonclient's stream iterator does not wrap it).
@@ -159,7 +161,7 @@ class Upstream:
     async def discover(self) -> dict[str, ServedModel]:
         """The builds Triton serves: every ensemble that has its tensorrt_llm_bls model."""
         index = await self.client.get_model_repository_index(
-            as_json=True, client_timeout=PROBE_TIMEOUT_S)
+            headers=self._admin, as_json=True, client_timeout=PROBE_TIMEOUT_S)
         names = {m["name"] for m in index.get("models", [])}
         served = {}
         for name in sorted(names):

@@ -16,7 +16,8 @@ from ..child import kill_group, popen_owned, signals_held
 from ..errors import ServerError
 from ..gateway.options import API_KEY_ENV, GatewayOptions
 from ..gateway.readiness import READY_PATH, ask_ready
-from .server import client_host
+from ..triton.restricted import ADMIN_KEY_ENV
+from .server import client_host, host_port
 
 # Beyond the gateway's own shutdown timeout, before its group is killed.
 STOP_GRACE_S = 5.0
@@ -49,15 +50,15 @@ class GatewayProcess:
     @property
     def url(self) -> str:
         """Where clients on this machine reach it."""
-        return f"http://{client_host(self.opts.host)}:{self.opts.port}"
+        return f"http://{host_port(client_host(self.opts.host), self.opts.port)}"
 
     def start(self, timeout_s: float = 60.0) -> GatewayProcess:
         """Start it and wait until it listens."""
         out = open(self.log_file, "ab") if self.log_file else None  # noqa: SIM115 (the child's)
-        # The key goes through the environment, not the command line (see API_KEY_ENV).
-        env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
-        if self.opts.api_key is not None:
-            env[API_KEY_ENV] = self.opts.api_key
+        # The keys go through the environment, not the command line (see API_KEY_ENV).
+        keys = {API_KEY_ENV: self.opts.api_key, ADMIN_KEY_ENV: self.opts.triton_admin_key}
+        env = {k: v for k, v in os.environ.items() if k not in keys}
+        env.update({k: v for k, v in keys.items() if v is not None})
         try:
             with signals_held():  # a stop signal now is delivered once stop() can end it
                 self.process = popen_owned(

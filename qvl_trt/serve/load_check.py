@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..triton.pbconfig import CONFIG_FILE, parse_config
-from .server import ServerOptions, TritonServer, free_ports
+from .server import ServerOptions, TritonServer, free_ports, new_admin_key
 
 # Loading runs each model's initialize (the preprocessing kernels compile, the tokenizer
 # loads); a model that takes longer is reported, not waited for.
@@ -44,29 +44,31 @@ def check_model_loads(repo: Path, models: tuple[str, ...] | None = None) -> tupl
     repository, and unload it again."""
     models = python_models(repo) if models is None else models
     with tempfile.TemporaryDirectory(prefix="qvl-load-check-") as tmp:
-        opts = ServerOptions(Path(repo).resolve(), free_ports(), explicit_models=())
+        opts = ServerOptions(Path(repo).resolve(), free_ports(), explicit_models=(),
+                             admin_key=new_admin_key())
         with TritonServer(opts, log_file=Path(tmp) / "server.log") as server:
-            return tuple(_load(f"http://{server.http_url}", name) for name in models)
+            return tuple(_load(f"http://{server.http_url}", server.admin_headers, name)
+                         for name in models)
 
 
-def _load(base: str, model: str) -> ModelLoad:
+def _load(base: str, headers: dict[str, str], model: str) -> ModelLoad:
     url = f"{base}/v2/repository/models/{model}"
     try:
-        _post(f"{url}/load", LOAD_TIMEOUT_S)
+        _post(f"{url}/load", headers, LOAD_TIMEOUT_S)
     except urllib.error.HTTPError as exc:
         return ModelLoad(model, False, load_error_line(_error_text(exc)))
     except (urllib.error.URLError, TimeoutError) as exc:
         return ModelLoad(model, False, f"no answer from tritonserver while loading ({exc})")
     try:
-        _post(f"{url}/unload", 60)
+        _post(f"{url}/unload", headers, 60)
     except (urllib.error.URLError, TimeoutError):
         pass  # the server is stopped right after the check anyway
     return ModelLoad(model, True, "loaded")
 
 
-def _post(url: str, timeout: float) -> None:
+def _post(url: str, headers: dict[str, str], timeout: float) -> None:
     request = urllib.request.Request(url, data=b"{}", method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **headers})
     with urllib.request.urlopen(request, timeout=timeout):
         pass
 

@@ -16,6 +16,9 @@ class ServeOptions:
     ports: Ports = Ports()
     pick_free_ports: bool = False  # instead of `ports`
     host: str = "0.0.0.0"
+    # Triton's HTTP and gRPC endpoints (None: `host`); the metrics and health ones stay on
+    # `host`.
+    inference_host: str | None = None
     world_size: int | None = None  # None: the engines'
     log_file: Path | None = None
     log_verbose: int = 0

@@ -29,6 +29,8 @@ from .server import (
     client_host,
     format_command,
     free_ports,
+    host_port,
+    new_admin_key,
     require_tritonserver,
     server_command,
 )
@@ -61,20 +63,23 @@ def prepare(repo: Path, opts: ServeOptions) -> Serving:
                           "`qvl-trt repo`")
     needs = read_serve_plan(repo)
     install = require_tritonserver()
-    local = client_host(opts.host)
-    ports = free_ports(local) if opts.pick_free_ports else opts.ports
-    server = ServerOptions(repo, ports, host=opts.host,
+    ports = free_ports(client_host(opts.host)) if opts.pick_free_ports else opts.ports
+    server = ServerOptions(repo, ports, host=opts.host, inference_host=opts.inference_host,
                            world_size=resolve_world_size(needs, opts.world_size),
                            llm_models=needs.llm_models, thread_pool_size=needs.thread_pool_size,
-                           log_verbose=opts.log_verbose, drain_timeout_s=opts.drain_timeout_s)
+                           log_verbose=opts.log_verbose, drain_timeout_s=opts.drain_timeout_s,
+                           admin_key=new_admin_key())
     health_port, health_host, gateway = opts.health_port, opts.host, None
     if opts.openai_port is not None:
         if health_port is None:  # the gateway forwards serve's readiness from a private port
             health_port, health_host = free_ports(LOOPBACK).http, LOOPBACK
+        local = client_host(server.endpoint_host)
         gateway = GatewayOptions(
-            f"{local}:{ports.grpc}", host=opts.openai_host or opts.host, port=opts.openai_port,
-            api_key=opts.api_key,
-            ready_url=f"http://{client_host(health_host)}:{health_port}{READY_PATH}")
+            host_port(local, ports.grpc), host=opts.openai_host or opts.host,
+            port=opts.openai_port, api_key=opts.api_key, triton_admin_key=server.admin_key,
+            # Its answers in flight get the drain serve gives Triton's (docs/deployment.md).
+            shutdown_timeout_s=opts.drain_timeout_s,
+            ready_url=f"http://{host_port(client_host(health_host), health_port)}{READY_PATH}")
     return Serving(needs, install, server, health_port, health_host, gateway)
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from ..child import kill_group, popen_owned, signals_held
 from ..errors import ConfigError, DependencyError, ServerError
 from ..machine import PYTRITON_STUBS, TritonInstall, find_tritonserver
+from ..triton.restricted import ADMIN_HEADER, RESTRICTED_APIS, http_headers
 from ..triton.runtime.admission import FOLDER_PREFIX as ADMISSION_PREFIX
 from ..triton.runtime.admission import SHM_DIR, admission_root
 
@@ -81,6 +82,29 @@ class ServerOptions:
     # Explicit model control with only these models loaded at start (None: load the whole
     # repository); models are then loaded one by one through the repository API.
     explicit_models: tuple[str, ...] | None = None
+    # Where the HTTP and gRPC endpoints listen (None: `host`, as the metrics one does): a pod
+    # keeps them on the loopback interface behind its authenticating gateway.
+    inference_host: str | None = None
+    # The value of ADMIN_HEADER that RESTRICTED_APIS (triton/restricted.py) ask for, None: not
+    # restricted. serve draws one for each run (new_admin_key), which only it and its gateway
+    # know; logged masked.
+    admin_key: str | None = field(default=None, repr=False)
+
+    @property
+    def endpoint_host(self) -> str:
+        return self.host if self.inference_host is None else self.inference_host
+
+    def port_hosts(self) -> dict[str, tuple[int, str]]:
+        """Each endpoint's port and listening address."""
+        return {"http": (self.ports.http, self.endpoint_host),
+                "grpc": (self.ports.grpc, self.endpoint_host),
+                "metrics": (self.ports.metrics, self.host)}
+
+
+
+
+def new_admin_key() -> str:
+    return secrets.token_urlsafe(24)
 
 
 def new_shm_prefix() -> str:
@@ -88,12 +112,35 @@ def new_shm_prefix() -> str:
     return f"qvl{os.getpid()}x{secrets.token_hex(3)}_"
 
 
+def is_ipv6(host: str) -> bool:
+    return ":" in host
+
+
+def family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if is_ipv6(host) else socket.AF_INET
+
+
+def host_port(host: str, port: int) -> str:
+    """`host:port` as URLs and gRPC targets write it (an IPv6 address in brackets)."""
+    return f"[{host}]:{port}" if is_ipv6(host) else f"{host}:{port}"
+
+
+def triton_address(host: str, endpoint: str) -> str:
+    """A listening address as tritonserver takes it. Its HTTP and metrics servers (libevhtp)
+    read an IPv6 address only after an `ipv6:` prefix, and then listen on IPv6 alone; its
+    gRPC server joins address and port with a colon, so an IPv6 one needs brackets (both
+    seen with Triton 2.51: a bare `::` gave 255.255.255.255 and ':::8001' respectively)."""
+    if not is_ipv6(host):
+        return host
+    return f"[{host}]" if endpoint == "grpc" else f"ipv6:{host}"
+
+
 def free_ports(host: str = "127.0.0.1") -> Ports:
     """Three ports free right now on `host` (bound together, then released)."""
     socks = []
     try:
         for _ in range(3):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s = socket.socket(family(host), socket.SOCK_STREAM)
             s.bind((host, 0))
             socks.append(s)
         return Ports(*(s.getsockname()[1] for s in socks))
@@ -108,13 +155,13 @@ def check_ports_free(opts: ServerOptions) -> None:
     fails to bind and exits, while the one already there answers the readiness poll on that
     port, so the start looked ready. SO_REUSEADDR as the servers bind: only a listening
     socket makes it fail, not the connections a server just killed left in TIME_WAIT."""
-    for name, port in vars(opts.ports).items():
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    for name, (port, host) in opts.port_hosts().items():
+        with socket.socket(family(host), socket.SOCK_STREAM) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                probe.bind((opts.host, port))
+                probe.bind((host, port))
             except OSError as exc:
-                raise ServerError(f"the {name} port {port} on {opts.host} is taken "
+                raise ServerError(f"the {name} port {port} on {host} is taken "
                                   f"({exc.strerror}): another server runs there; stop it, or "
                                   f"pick another with --{name}-port or --free-ports") from None
 
@@ -122,7 +169,9 @@ def check_ports_free(opts: ServerOptions) -> None:
 def client_host(listen: str) -> str:
     """Where a client on this machine reaches a server listening on `listen`: a server on
     every interface through the loopback one."""
-    return "127.0.0.1" if listen in ("0.0.0.0", "") else listen
+    if listen in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    return "::1" if listen == "::" else listen
 
 
 def require_tritonserver() -> TritonInstall:
@@ -205,11 +254,12 @@ def rank_command(install: TritonInstall, opts: ServerOptions, rank: int) -> list
         "--disable-auto-complete-config",
         f"--backend-config=python,shm-region-prefix-name={opts.shm_prefix}r{rank}_",
         f"--backend-config=python,thread-pool-size={opts.thread_pool_size}",
-        f"--http-port={opts.ports.http}", f"--grpc-port={opts.ports.grpc}",
-        f"--metrics-port={opts.ports.metrics}",
-        f"--http-address={opts.host}", f"--grpc-address={opts.host}",
-        f"--metrics-address={opts.host}",
+        *(f"--{name}-{flag}={value}" for name, (port, host) in opts.port_hosts().items()
+          for flag, value in (("port", port), ("address", triton_address(host, name)))),
         f"--exit-timeout-secs={triton_exit_timeout_s(opts)}",
+        *(f"--{flag}={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={opts.admin_key}"
+          for flag in ("http-restricted-api", "grpc-restricted-protocol")
+          if opts.admin_key is not None),
     ]
     if install.origin == "pytriton":
         cmd += [f"--backend-directory={install.backends}", "--allow-gpu-metrics=false"]
@@ -249,10 +299,13 @@ def server_command(install: TritonInstall, opts: ServerOptions) -> list[str]:
 
 
 def format_command(cmd: list[str], install: TritonInstall) -> str:
-    """The command as a shell line (with the PATH it needs), for --dry-run and logs."""
+    """The command as a shell line (with the PATH it needs), for --dry-run and logs; the
+    admin key shown as KEY."""
     prefix = "".join(f"{key}={shlex.quote(entry)}:${key} "
                      for key, entry in env_prepends(install).items())
-    return prefix + shlex.join(cmd)
+    shown = [arg.split(f":{ADMIN_HEADER}=")[0] + f":{ADMIN_HEADER}=KEY"
+             if f":{ADMIN_HEADER}=" in arg else arg for arg in cmd]
+    return prefix + shlex.join(shown)
 
 
 class TritonServer:
@@ -270,19 +323,25 @@ class TritonServer:
 
     @property
     def client_host(self) -> str:
-        return client_host(self.opts.host)
+        """Where a client here reaches the HTTP and gRPC endpoints."""
+        return client_host(self.opts.endpoint_host)
 
     @property
     def http_url(self) -> str:
-        return f"{self.client_host}:{self.opts.ports.http}"
+        return host_port(self.client_host, self.opts.ports.http)
 
     @property
     def grpc_url(self) -> str:
-        return f"{self.client_host}:{self.opts.ports.grpc}"
+        return host_port(self.client_host, self.opts.ports.grpc)
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{self.client_host}:{self.opts.ports.metrics}/metrics"
+        return f"http://{host_port(client_host(self.opts.host), self.opts.ports.metrics)}/metrics"
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """What an HTTP request to RESTRICTED_APIS carries."""
+        return http_headers(self.opts.admin_key)
 
     def start(self) -> TritonServer:
         check_ports_free(self.opts)

@@ -44,7 +44,7 @@ from ..gateway.readiness import LIVE_PATH, READY, READY_PATH, live_reply, ready_
 from ..triton import contract as c
 from .liveness import Liveness, LivenessRules, Outcome
 from .progress import progress_counters, read_metrics
-from .server import TritonServer
+from .server import TritonServer, family
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,15 @@ def probe(server: TritonServer, ensemble: str, timeout_s: float) -> tuple[Outcom
     if c.TEXT_OUTPUT in answer:
         return Outcome.ANSWERED, ""
     return Outcome.FAILED, f"{ensemble}: no {c.TEXT_OUTPUT} in {answer}"
+
+
+class HealthServer(ThreadingHTTPServer):
+    """/ready and /live on an IPv4 or IPv6 address (`::` takes IPv4 clients too: Linux's
+    dual-stack sockets), as an IPv6 single-stack cluster's kubelet probes them."""
+
+    def __init__(self, address: tuple[str, int], handler: type) -> None:
+        self.address_family = family(address[0])
+        super().__init__(address, handler)
 
 
 class Companion(Protocol):
@@ -165,7 +174,7 @@ class Supervisor:
                 pass
 
         host = self.health_host or self.server.opts.host
-        self._health = ThreadingHTTPServer((host, self.health_port), Handler)
+        self._health = HealthServer((host, self.health_port), Handler)
         threading.Thread(target=self._health.serve_forever, name="health",
                          daemon=True).start()
 
