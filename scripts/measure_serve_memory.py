@@ -207,7 +207,7 @@ def inputs() -> list[Input]:
         return {"type": "image_url", "image_url": {"url": url}}
 
     def sized(data: bytes, w: int, h: int) -> str:
-        return f"{len(data) / MIB:.1f} MiB file, {w}x{h}, {w * h * 3 / MIB:.1f} MiB as RGB"
+        return f"{len(data) / 1024:.0f} KiB file, {w}x{h}, {w * h * 3 / MIB:.1f} MiB as RGB"
 
     made = []
     for w, h in ((1920, 1080), (4000, 3000)):
@@ -227,7 +227,7 @@ def inputs() -> list[Input]:
                                           {"type": "text", "text": "Compare them."}],
                   f"2 x {sized(pair, 1920, 1080)}"),
             Input("video_mp4_1280x720", [video, {"type": "text", "text": ASK}],
-                  f"{len(clip) / MIB:.2f} MiB H.264, 4 s of 1280x720 at 30 fps, sampled at the "
+                  f"{len(clip) / 1024:.0f} KiB H.264, 4 s of 1280x720 at 30 fps, sampled at the "
                   "checkpoint's 2 fps"),
             Input("json_schema", [{"type": "text", "text": "List the objects in a kitchen."}],
                   "text, response_format json_schema (guided)", guided=True)]
