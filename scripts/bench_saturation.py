@@ -45,14 +45,15 @@ from qvl_trt.triton.pbconfig import CONFIG_FILE, parameters, parse_config
 WAIT_BUCKETS = "qvl_llm_queue_wait_seconds_bucket"
 
 
-def build_repo(root: Path, gpu: str) -> Path:
-    """The tiny checkpoint's reference repository for a shipped profile."""
+def build_repo(root: Path, gpu: str, dims: str = "") -> Path:
+    """The tiny checkpoint's reference repository for a shipped profile; `dims` overrides
+    the checkpoint's sizes (make_tiny_checkpoint.py --dims)."""
     from qvl_trt.build import BuildOptions, Stage, run_build
-    from qvl_trt.testing.tiny_checkpoint import write_tiny_checkpoint
+    from qvl_trt.testing.tiny_checkpoint import parse_dims, write_tiny_checkpoint
     from qvl_trt.triton.model_configs import Flavor
     from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo
 
-    ckpt = write_tiny_checkpoint(root / "ckpt")
+    ckpt = write_tiny_checkpoint(root / "ckpt", dims=parse_dims(dims))
     run_build(BuildOptions(model=str(ckpt), gpu=gpu), root / "build",
               only=(Stage.LLM_CHECKPOINT,))
     return write_repo([BuildInput(root / "build")], root / "repo",
