@@ -1,8 +1,24 @@
 """The serving image recipe (qvl_trt/deploy/image.py) against the container it builds on: in
 an environment holding only the TensorRT-LLM container's packages (at its versions, where
-they install here) plus what the recipe adds, every python model of a trt repository loads
-in a real tritonserver, as `qvl-trt doctor --repo` reports it. Broken on purpose (numba left
-out of the recipe) the check fails with a one-line reason."""
+they install here) on the container's Python (3.12) plus what the recipe adds, every python
+model of a trt repository loads in a real tritonserver, as `qvl-trt doctor --repo` reports
+it, and the first requests of each kind (container_first_requests.py) run. Broken on purpose
+(numba left out of the recipe) the check fails with a one-line reason.
+
+What that environment does not reproduce of the image:
+- torch is PyPI's 2.10.0 (a CUDA 12.8 build, run on the CPU), not NVIDIA's 2.10.0a0+nv25.12,
+  with PyPI's CUDA libraries and triton 3.6 instead of the image's own;
+- no tensorrt, tensorrt_llm (NVIDIA's index only) and no GPU: the vision encoder's load may
+  fail on those, and the tensorrt_llm model (the stock backend) is not loaded at all;
+- the server is Triton 2.51 with its python backend stub for 3.12, from nvidia-pytriton, not
+  the 26.07 image's Triton and its backends;
+- the Python is this machine's 3.12 build (pyenv's 3.12.x), not the image's 3.12 patch
+  release, and runs on this machine's glibc and OS, not the image's Ubuntu;
+- the packages the image has beyond trtllm_container.toml (there are many) are absent, and
+  those the data leaves unpinned (pillow, click, huggingface-hub...) are at versions
+  chosen here; a dependency of theirs resolves to PyPI's newest that fits;
+- the image's pip configuration and PIP_BREAK_SYSTEM_PACKAGES system site: here a venv.
+"""
 
 from __future__ import annotations
 
@@ -23,16 +39,20 @@ from qvl_trt.deploy.image import (
 )
 from qvl_trt.machine import find_tritonserver
 from qvl_trt.testing.container_env import (
+    PYTHON_VAR,
     base_env,
     cache_root,
+    container_python,
     env_python,
     image_env_vars,
     layered_env,
+    own_tritonserver,
 )
 from qvl_trt.testing.trt_layout import as_datacenter_vision, linked_copy
 
 pytestmark = pytest.mark.skipif(find_tritonserver() is None,
                                 reason="needs a tritonserver: pip install 'qvl-trt[serve]'")
+FIRST_REQUESTS = Path(__file__).with_name("container_first_requests.py")
 
 # What a row of doctor may fail on in the check environment and still pass in the image:
 # a package the container has that cannot be installed here, or the GPU this machine lacks.
@@ -61,9 +81,36 @@ def unexpected_failures(done: subprocess.CompletedProcess) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def container_base() -> Path:
-    """The container's packages that install here; kept between runs and checkouts."""
-    return base_env(cache_root())
+def container_interpreter():
+    version = load_container_packages().python
+    found = container_python(version)
+    if found is None:
+        pytest.skip(f"needs a Python {version} (the container's): on PATH as python{version}, "
+                    f"in pyenv's versions, or named by ${PYTHON_VAR}")
+    return found
+
+
+@pytest.fixture(scope="session")
+def container_base(container_interpreter) -> Path:
+    """The container's packages that install here, on its Python; kept between runs and
+    checkouts (about 7 GB, most of it torch's CUDA libraries)."""
+    return base_env(cache_root(), container_interpreter)
+
+
+@pytest.fixture(scope="session")
+def container_tritonserver(tmp_path_factory, container_interpreter) -> Path:
+    """The PATH folder of a tritonserver whose python backend runs the container's Python."""
+    return own_tritonserver(find_tritonserver(), tmp_path_factory.mktemp("tritonserver"),
+                            container_interpreter)
+
+
+@pytest.fixture(scope="module")
+def video_file(tmp_path_factory) -> Path:
+    from video_clips import video_file
+
+    path = tmp_path_factory.mktemp("video") / "clip.mp4"
+    path.write_bytes(video_file(12, 64, 48, rate=10, seed=3))
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -71,15 +118,23 @@ def datacenter_repo(tmp_path_factory, trt_repo) -> Path:
     return as_datacenter_vision(linked_copy(trt_repo, tmp_path_factory.mktemp("dc") / "repo"))
 
 
-def run_doctor(env: Path, context: Path, repo: Path) -> subprocess.CompletedProcess:
+def run_doctor(env: Path, context: Path, repo: Path, triton: Path
+               ) -> subprocess.CompletedProcess:
     return subprocess.run([str(env_python(env)), "-m", "qvl_trt.cli", "doctor", "--repo",
                            str(repo), "--json"], capture_output=True, text=True,
-                          env=image_env_vars(env, context), cwd=context, timeout=600)
+                          env=image_env_vars(env, context, triton), cwd=context, timeout=600)
+
+
+def first_requests(env: Path, context: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(env_python(env)), str(FIRST_REQUESTS), *args],
+                          capture_output=True, text=True, env=image_env_vars(env, context),
+                          cwd=context, timeout=600)
 
 
 @pytest.mark.parametrize("profile", ["geforce", "datacenter"])
 def test_every_python_model_loads_in_the_container_environment(
-        tmp_path, container_base, trt_repo, datacenter_repo, profile) -> None:
+        tmp_path, container_base, container_tritonserver, trt_repo, datacenter_repo, video_file,
+        profile) -> None:
     rtx = profile == "geforce"
     repo = trt_repo if rtx else datacenter_repo
     recipe = write_image_recipe(tmp_path / "image", rtx=rtx)
@@ -91,41 +146,48 @@ def test_every_python_model_loads_in_the_container_environment(
     # Nothing the container has is installed again: its versions stay.
     assert not names & load_container_packages().names
     env = layered_env(container_base, recipe.context / REQUIREMENTS, tmp_path / "env")
-    done = run_doctor(env, recipe.context, repo)
+    done = run_doctor(env, recipe.context, repo, container_tritonserver)
     assert unexpected_failures(done) == [], done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["python"].startswith(f"{load_container_packages().python}.")
+    assert report["tritonserver"].startswith(str(container_tritonserver))
     rows = {r["check"]: r for r in json.loads(done.stdout)["serve_checks"]}
     for model in ("preprocessing", "postprocessing", "tensorrt_llm_bls"):
         assert rows[f"{model} loads"]["ok"], rows[f"{model} loads"]
     # The vision engine's edition imports where the recipe installs it (TensorRT-RTX); full
     # TensorRT is the container's own and cannot be installed here.
     assert rows["vision_encoder engine"]["ok"] is rtx
-    # `serve --openai-port` runs the gateway in the same image.
-    gateway = subprocess.run([str(env_python(env)), "-c", "import qvl_trt.gateway.app"],
-                             capture_output=True, text=True,
-                             env=image_env_vars(env, recipe.context))
-    assert gateway.returncode == 0, gateway.stderr[-2000:]
+    # What loading does not import: the first requests of each kind. `serve --openai-port`
+    # runs the gateway in the same image. Neither differs between the profiles: run once.
+    for args in (("preprocessing", str(repo), str(video_file)), ("gateway",)) if rtx else ():
+        done = first_requests(env, recipe.context, *args)
+        assert done.returncode == 0, done.stdout + done.stderr[-2000:]
 
 
 def test_a_recipe_without_numba_fails_the_check_with_the_reason(
-        tmp_path, container_base, trt_repo) -> None:
+        tmp_path, container_base, container_tritonserver, trt_repo) -> None:
     recipe = write_image_recipe(tmp_path / "image", rtx=True)
     broken = tmp_path / "requirements-no-numba.txt"
     broken.write_text("".join(f"{r}\n" for r in recipe.requirements if "numba" not in r))
     env = layered_env(container_base, broken, tmp_path / "env")
-    failures = unexpected_failures(run_doctor(env, recipe.context, trt_repo))
+    failures = unexpected_failures(run_doctor(env, recipe.context, trt_repo,
+                                              container_tritonserver))
     assert len(failures) == 1 and "numba is not installed" in failures[0], failures
     assert "\n" not in failures[0]
 
 
 def test_the_check_passes_a_failure_only_on_what_the_container_has() -> None:
-    """The allowance of `unexpected_failures`, on made-up reports: torch missing passes (the
-    container has it), numba missing and a shape error do not."""
+    """The allowance of `unexpected_failures`, on made-up reports: tensorrt missing passes (the
+    container has it, this environment cannot), torch and numba missing (both installed
+    here) and a shape error do not."""
     def report(*rows):
         return subprocess.CompletedProcess([], 1, json.dumps({"serve_checks": [
             {"check": c, "ok": False, "detail": d} for c, d in rows]}), "")
 
+    trt = "DependencyError: tensorrt is needed to run the vision engine but cannot be imported"
+    assert unexpected_failures(report(("vision_encoder loads", trt))) == []
     torch = "DependencyError: torch is needed to run the vision engine but cannot be imported"
-    assert unexpected_failures(report(("vision_encoder loads", torch))) == []
+    assert unexpected_failures(report(("vision_encoder loads", torch))) != []
     assert unexpected_failures(report(("preprocessing loads", "ModuleNotFoundError: No module "
                                        "named 'numba'"))) == [
         "preprocessing loads: ModuleNotFoundError: No module named 'numba'"]
@@ -135,14 +197,26 @@ def test_the_check_passes_a_failure_only_on_what_the_container_has() -> None:
 def test_the_image_build_checks_its_base_against_the_package_data(tmp_path,
                                                                  container_base) -> None:
     """`check-base`, as the Dockerfile runs it, in the check environment: only what cannot be
-    installed here is missing; a base with another transformers is refused."""
+    installed here (tensorrt, tensorrt-llm) is missing, and only a `here` version the data
+    puts outside upstream's pin is outside it; a base with another transformers is refused."""
+    try:
+        from packaging.specifiers import SpecifierSet
+    except ImportError:  # pip vendors it
+        from pip._vendor.packaging.specifiers import SpecifierSet
+
     data = Path(load_container_packages.__defaults__[0])
     context = write_image_recipe(tmp_path / "image", rtx=False).context
     run = [str(env_python(container_base)), "-m", "qvl_trt.deploy.image", "check-base"]
     done = subprocess.run([*run, str(data)], capture_output=True, text=True,
                           env=image_env_vars(container_base, context))
-    missing = {line.split()[1] for line in done.stderr.splitlines()}
-    assert done.returncode == 1 and missing == set(load_container_packages().not_here)
+    packages = load_container_packages()
+    lines = done.stderr.splitlines()
+    missing = {line.split()[1] for line in lines if " is not installed " in line}
+    outside = {line.split()[1] for line in lines if " is outside " in line}
+    assert done.returncode == 1 and len(lines) == len(missing) + len(outside), lines
+    assert missing == set(packages.not_here) and {"tensorrt", "tensorrt-llm"} >= missing
+    assert outside == {p.name for p in packages.packages if p.here and p.spec and not
+                       SpecifierSet(p.spec, prereleases=True).contains(p.here, prereleases=True)}
     other = tmp_path / "other.toml"
     other.write_text(data.read_text().replace('spec = "==4.57.1"', 'spec = "==4.56.0"'))
     done = subprocess.run([*run, str(other)], capture_output=True, text=True,
