@@ -458,12 +458,12 @@ def _read_tensor_index(root: Path) -> dict[str, TensorInfo]:
                 f"shard {name} listed in {index_path.name} is missing from "
                 f"{root}; the download is incomplete"
             )
-        for tname, (dtype, shape) in _safetensors_header(shard).items():
+        for tname, (dtype, shape) in safetensors_header(shard).items():
             tensors[tname] = TensorInfo(tname, dtype, shape, name)
     return tensors
 
 
-def _safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     """Tensor dtypes and shapes from a safetensors header (8-byte length + JSON)."""
     size = path.stat().st_size
     try:

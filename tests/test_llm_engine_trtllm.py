@@ -4,9 +4,11 @@ stock C++ runtime (ModelRunnerCpp) against the PyTorch reference decoder on the 
 input_ids with fake ids, a prompt table with DeepStack rows and the interleaved MRoPE table,
 all made by qvl_trt.mm. Run: scripts/verify_gpu.sh.
 
-Weight-only INT8 / INT4 engines (float16, WeightOnlyQuantMatmul plugin) are compared the
-same way with the reference decoder on their own weight-only checkpoint, which dequantizes
-as the GEMM does (WEIGHT_ONLY_TOLERANCE).
+Weight-only INT8 / INT4 engines (float16, WeightOnlyQuantMatmul plugin; TensorRT-LLM's loader
+quantizes and lays out the checkpoint's float16 linears) are compared the same way with the
+reference decoder on the same checkpoint, which quantizes with qvl_trt's `quantize` and
+dequantizes as the GEMM does (WEIGHT_ONLY_TOLERANCE); that `quantize` is checked against the
+loader's op on this GPU, to the bit.
 
 Engines are float16 and bfloat16, the only ones that place image tokens (MRoPE is read on the
 fused context path alone; the build refuses float32). Each is compared with the float32
@@ -30,10 +32,12 @@ from gpu_tiers import trtllm_gpu_marks
 from PIL import Image
 
 from qvl_trt.checkpoint import open_checkpoint
+from qvl_trt.dtypes import Dtype, WeightOnly
 from qvl_trt.llm.convert import convert_checkpoint
 from qvl_trt.llm.engine import build_engines, engine_build_config, prompt_table_rows
 from qvl_trt.llm.reference import ReferenceDecoder
 from qvl_trt.llm.sampling import DecodeRequest, SamplingParams
+from qvl_trt.llm.weight_only import quantize
 from qvl_trt.mm.chat import user_message
 from qvl_trt.mm.prompt_table import assemble_prompt_table
 from qvl_trt.mm.request import RequestLimits, RequestPreprocessor
@@ -325,9 +329,8 @@ def test_tensor_parallel_build_writes_every_rank(tiny_ckpt, profile, tmp_path):
 # the same weight-only checkpoint: the reference dequantizes as the GEMM does (q x scale in
 # float16), so only the float16 arithmetic of the engine differs, as for the plain float16
 # engine; the plugin's small-batch GEMV kernels round partial sums in float16 as well, hence
-# twice that engine's tolerance. A wrong GEMM layout (preprocess_weights_for_mixed_gemm for
-# another SM) or scale layout moves the logits by far more (tests/test_llm_weight_only.py:
-# scales off by one channel ~0.35 on these models).
+# twice that engine's tolerance. A wrong GEMM layout or scale layout moves the logits by far
+# more (tests/test_llm_weight_only.py: scales off by one channel ~0.35 on these models).
 WEIGHT_ONLY_TOLERANCE = {"int8": 2e-2, "int4": 2e-2}
 
 
@@ -356,3 +359,32 @@ def test_weight_only_engine_matches_its_reference(built_weight_only, requests, w
     for name, got, want in zip(CASES, _run_engine(engine_dir, batch),
                                _run_reference(reference, batch), strict=True):
         _assert_matches(got, want, WEIGHT_ONLY_TOLERANCE[weights], f"{weights} {name}")
+
+
+@pytest.mark.parametrize("weights", list(WEIGHT_ONLY_TOLERANCE))
+@pytest.mark.parametrize("out_features, in_features", [(256, 64), (6144, 2048)])
+def test_quantize_is_the_loaders_op(weights, out_features, in_features):
+    """The reference decoder's `quantize` against the C++ op TensorRT-LLM's loader quantizes
+    the checkpoint with at engine build (tensorrt_llm/models/convert_utils.py
+    weight_only_quantize: the [in, out] weight through
+    torch.ops.trtllm.symmetric_quantize_last_axis_of_batched_matrix), on this GPU: the op's
+    scales are ours to the bit, and its integers, laid out for this GPU's mixed GEMM, are
+    torch.ops.trtllm.preprocess_weights_for_mixed_gemm of ours (the layout step the op runs
+    after quantizing: cutlass_preprocessors.cpp symmetric_quantize). The weight has a zero
+    channel, exact halves and a channel whose max is negative."""
+    import tensorrt_llm  # noqa: F401  (loads the torch.ops.trtllm operators)
+
+    mode = WeightOnly(weights)
+    kind = torch.int8 if mode is WeightOnly.INT8 else torch.quint4x2
+    generator = torch.Generator().manual_seed(out_features + in_features)
+    weight = (torch.randn(out_features, in_features, generator=generator) * 0.02).half()
+    weight[0] = 0
+    weight[1, :6] = torch.tensor([1.0, 2.5 / 128, -2.5 / 128, 0.5 / 128, 2.5 / 8, -0.5 / 8])
+    weight[1, 6:] = 0
+    weight[2, 0] = -1.0
+    ints, scales = quantize(weight, mode, Dtype.FLOAT16)
+    laid_out, op_scales = torch.ops.trtllm.symmetric_quantize_last_axis_of_batched_matrix(
+        weight.t().contiguous(), kind)
+    assert torch.equal(op_scales.view(torch.int16), scales.view(torch.int16))
+    assert torch.equal(
+        torch.ops.trtllm.preprocess_weights_for_mixed_gemm(ints, kind, torch.float16), laid_out)

@@ -1,6 +1,9 @@
 """Weight-only INT8/INT4: the quantizer against an independent numpy implementation of
-TensorRT-LLM's scheme on real layer shapes, and the reference decoder on weight-only
-checkpoints against the fp16 one (stated tolerances; a broken scale fails them).
+TensorRT-LLM's scheme on real layer shapes, the checkpoint TensorRT-LLM's loader quantizes
+(the linears in the model dtype, config.json's quant_algo) and the refusal of the earlier
+pre-quantized layout, and the reference decoder on weight-only checkpoints against the fp16
+one (stated tolerances; a broken scale fails them). The quantizer against the loader's own op
+is tests/test_llm_engine_trtllm.py (TensorRT-LLM and a GPU).
 
 The scheme, as cpp/tensorrt_llm/kernels/cutlass_kernels/cutlass_preprocessors.cpp
 `symmetric_quantize` states it for the [in, out] (transposed) weight: per column, scale =
@@ -27,7 +30,7 @@ from qvl_trt.llm.agreement import compare_decoders
 from qvl_trt.llm.convert import convert_checkpoint
 from qvl_trt.llm.reference import ReferenceDecoder
 from qvl_trt.llm.sampling import DecodeRequest, SamplingParams
-from qvl_trt.llm.weight_only import dequantize, quantize
+from qvl_trt.llm.weight_only import dequantize, is_quantized, quantize
 from qvl_trt.mm.rope import MropeTable
 
 MODES = (WeightOnly.INT8, WeightOnly.INT4)
@@ -187,15 +190,14 @@ def _broken(src: Path, dst: Path, edit) -> Path:
     return dst
 
 
-def test_a_broken_scale_fails_the_tolerance(checkpoints, baseline, requests, tmp_path):
+def test_a_broken_scale_fails_the_tolerance(checkpoints, baseline, requests, monkeypatch):
     """Scales off by one output channel (a layout slip) leave the logits ~0.35 away."""
-    def edit(weights: dict) -> None:
-        for name in [n for n in weights if n.endswith("per_channel_scale")]:
-            weights[name] = weights[name].roll(1, 0)
+    import qvl_trt.llm.reference as reference
 
-    bad = _broken(checkpoints[WeightOnly.INT8], tmp_path / "bad", edit)
-    agreement = compare_decoders(baseline, ReferenceDecoder.load(bad, dtype="float32"),
-                                 requests)
+    monkeypatch.setattr(reference, "dequantize", lambda ints, scales, mode, dtype: dequantize(
+        ints, scales.roll(1, 0), mode, dtype))
+    candidate = ReferenceDecoder.load(checkpoints[WeightOnly.INT8], dtype="float32")
+    agreement = compare_decoders(baseline, candidate, requests)
     assert agreement.max_logit_diff > TOLERANCE[WeightOnly.INT8], agreement.summary()
 
 
@@ -211,7 +213,8 @@ def test_tensor_parallel_pieces_are_quantized_on_their_own(tiny_ckpt, tmp_path):
     two = convert_checkpoint(ckpt, tmp_path / "tp2", max_seq_len=64, weights="int8",
                              tp_size=2).out
     rank0 = load_file(str(two / "rank0.safetensors"))
-    assert rank0["transformer.layers.0.mlp.proj.weight"].shape == (128, 128)  # [in/2, out]
+    proj = rank0["transformer.layers.0.mlp.proj.weight"]
+    assert proj.dtype == torch.float16 and proj.shape == (128, 128)  # [out, in / 2]
     a = ReferenceDecoder.load(one).layers[0]
     b = ReferenceDecoder.load(two).layers[0]
     assert torch.equal(a.fc, b.fc) and torch.equal(a.qkv, b.qkv)
@@ -219,68 +222,86 @@ def test_tensor_parallel_pieces_are_quantized_on_their_own(tiny_ckpt, tmp_path):
     assert (a.proj - b.proj).abs().max() <= 2 * a.proj.abs().max() / 128
 
 
-def test_missing_or_malformed_scales_are_refused(checkpoints, tmp_path):
-    name = "transformer.layers.0.attention.dense"
+def _earlier_layout(weights: dict, mode: WeightOnly) -> None:
+    """What `convert --weights` wrote before TensorRT-LLM's loader quantized: qvl_trt's own
+    row-major integers and a per_channel_scale beside each linear."""
+    for name in [n for n in weights if is_quantized(n)]:
+        weights[name], weights[name.removesuffix("weight") + "per_channel_scale"] = quantize(
+            weights[name], mode, Dtype.FLOAT16)
 
-    def drop(weights):
-        del weights[f"{name}.per_channel_scale"]
+
+def test_the_earlier_pre_quantized_layout_is_refused(checkpoints, tmp_path):
+    """TensorRT-LLM's loader takes int8 linears as laid out for its GEMM already
+    (weight_only_quantize_dict skips them): the reference decoder and the engine build's rank
+    child (before it imports TensorRT-LLM) refuse such a checkpoint, naming the fix."""
+    from qvl_trt.errors import BuildError
+    from qvl_trt.llm.engine import build_engines, engine_build_config
+    from qvl_trt.profiles import load_profile
+
+    old = _broken(checkpoints[WeightOnly.INT4], tmp_path / "old",
+                  lambda weights: _earlier_layout(weights, WeightOnly.INT4))
+    # The first integer linear or scale in the file's order.
+    reason = (r"rank0\.safetensors holds transformer\.layers\.\d+\.\S+ \((I8|F16)\): the "
+              r"pre-quantized layout of earlier qvl-trt versions, which "
+              r"TensorRT-LLM would take as already laid out for its GEMM; convert the HF "
+              r"checkpoint again \(qvl-trt convert, or qvl-trt build --resume, which converts "
+              r"it again\)")
+    with pytest.raises(CheckpointError, match=reason + "$"):
+        ReferenceDecoder.load(old)
+    settings = engine_build_config(load_profile("4090d"), deepstack_layers=3, weights="int4")
+    with pytest.raises(BuildError, match=reason):
+        build_engines(old, tmp_path / "llm", {**settings, "max_seq_len": MAX_POSITIONS})
+
+
+def test_a_tensor_in_another_dtype_is_refused(checkpoints, tmp_path):
+    name = "transformer.layers.0.mlp.gate.weight"
 
     def widen(weights):
-        weights[f"{name}.per_channel_scale"] = weights[f"{name}.per_channel_scale"].float()
+        weights[name] = weights[name].float()
 
-    source = checkpoints[WeightOnly.INT4]
-    with pytest.raises(CheckpointError, match=f"holds {name}.weight but not "
-                       f"{name}.per_channel_scale"):
-        ReferenceDecoder.load(_broken(source, tmp_path / "drop", drop))
-    with pytest.raises(CheckpointError, match=r"weight-only int4 stores int8 \[in, out \* 4 / "
-                       r"8\] and float16 \[out\]"):
-        ReferenceDecoder.load(_broken(source, tmp_path / "widen", widen))
+    with pytest.raises(CheckpointError, match=f"holds {name} in F32, not the config's "
+                       "float16; convert again"):
+        ReferenceDecoder.load(_broken(checkpoints[WeightOnly.INT8], tmp_path / "f32", widen))
 
 
-@pytest.mark.parametrize("quant_algo, reason", [
-    ("null", "holds int8 transformer.layers.0.attention.qkv.weight but config.json sets no "
-             "quant_algo"),
-    ('"W4A16_AWQ"', "sets quantization .*W4A16_AWQ.*; qvl-trt writes quant_algo W8A16 or "
-                    "W4A16 or none"),
-])
-def test_a_quant_algo_other_than_the_tensors_is_refused(checkpoints, tmp_path, quant_algo,
-                                                       reason):
+def test_a_quant_algo_other_than_w8a16_or_w4a16_is_refused(checkpoints, tmp_path):
     bad = Path(shutil.copytree(checkpoints[WeightOnly.INT8], tmp_path / "relabelled"))
     config = bad / "config.json"
-    config.write_text(config.read_text().replace('"W8A16"', quant_algo))
-    with pytest.raises(CheckpointError, match=reason):
+    config.write_text(config.read_text().replace('"W8A16"', '"W4A16_AWQ"'))
+    with pytest.raises(CheckpointError, match="sets quantization .*W4A16_AWQ.*; qvl-trt writes "
+                       "quant_algo W8A16 or W4A16 or none"):
         ReferenceDecoder.load(bad)
 
 
-def test_convert_writes_the_weight_only_layout(checkpoints):
+# tensorrt_llm/models/convert_utils.py weight_only_quantize_dict's rule: a weight is quantized
+# at engine build when its name contains one of these and it is not int8 already.
+LOADER_QUANTIZES = ("qkv.weight", "dense.weight", "fc.weight", "proj.weight", "gate.weight")
+
+
+def test_convert_writes_what_the_loader_quantizes(checkpoints):
+    """A weight-only checkpoint is the fp16 one, byte for byte, with config.json's quant_algo
+    set: the names TensorRT-LLM's loader quantizes are the linears the reference decoder
+    quantizes, all in the model dtype, and no scales."""
     import json
 
-    sizes = {}
-    for mode, path in checkpoints.items():
+    plain = (checkpoints[WeightOnly.NONE] / "rank0.safetensors").read_bytes()
+    for mode in MODES:
+        path = checkpoints[mode]
         config = json.loads((path / "config.json").read_text())
         assert config["quantization"] == {"quant_algo": mode.quant_algo,
                                           "kv_cache_quant_algo": None}
-        tensors = load_file(str(path / "rank0.safetensors"))
-        sizes[mode] = sum(t.numel() * t.element_size() for t in tensors.values())
-        # The embedding, lm_head and norms stay fp16 in every mode.
-        for name in ("transformer.vocab_embedding.weight", "lm_head.weight",
-                     "transformer.layers.0.input_layernorm.weight"):
-            assert tensors[name].dtype == torch.float16
-        qkv = tensors["transformer.layers.0.attention.qkv.weight"]
-        if mode is WeightOnly.NONE:
-            assert qkv.dtype == torch.float16 and qkv.shape == (256, 64)
-            assert not any(n.endswith("per_channel_scale") for n in tensors)
-        else:
-            assert qkv.dtype == torch.int8 and qkv.shape == (64, 256 * mode.bits // 8)
-            scale = tensors["transformer.layers.0.attention.qkv.per_channel_scale"]
-            assert scale.dtype == torch.float16 and scale.shape == (256,)
-    # Bytes of the decoder's linears: what WeightOnly.linear_bytes counts (the planner's).
-    linears = [(256, 64), (64, 128), (128, 64), (128, 64), (64, 128)]  # qkv dense fc gate proj
+        assert (path / "rank0.safetensors").read_bytes() == plain
+    tensors = load_file(str(checkpoints[WeightOnly.INT8] / "rank0.safetensors"))
+    loader = {n for n in tensors if any(p in n for p in LOADER_QUANTIZES)}
+    assert loader == {n for n in tensors if is_quantized(n)} and len(loader) == 5 * 4
+    assert {t.dtype for t in tensors.values()} == {torch.float16}
+    # The engine's bytes of each linear, as the planner counts them (WeightOnly.linear_bytes).
     for mode in MODES:
-        saved = sizes[WeightOnly.NONE] - sizes[mode]
-        per_layer = sum(WeightOnly.NONE.linear_bytes(i, o, Dtype.FLOAT16)
-                        - mode.linear_bytes(i, o, Dtype.FLOAT16) for o, i in linears)
-        assert saved == 4 * per_layer
+        for name in loader:
+            out_features, in_features = tensors[name].shape
+            ints, scales = quantize(tensors[name], mode, Dtype.FLOAT16)
+            assert ints.nbytes + scales.nbytes == mode.linear_bytes(in_features, out_features,
+                                                                    Dtype.FLOAT16)
 
 
 def test_feature_sizes_that_tensorrt_llm_would_pad_are_refused(tiny_ckpt, tmp_path):

@@ -93,7 +93,11 @@ def _check_llm_checkpoint(ctx: BuildContext) -> None:
 def _llm_checkpoint_inputs(ctx: BuildContext) -> dict[str, Any]:
     o = ctx.options
     # `weights` only when quantized: fp16 conversions made before the option stay current.
-    weights = {} if o.weights is WeightOnly.NONE else {"weights": o.weights.value}
+    # `quantized_by`: weight-only checkpoints of earlier versions held our own integers, which
+    # TensorRT-LLM's loader would take as laid out for its GEMM; a resumed build converts
+    # them again.
+    weights = {} if o.weights is WeightOnly.NONE else {"weights": o.weights.value,
+                                                       "quantized_by": "tensorrt_llm"}
     return {"checkpoint": ctx.manifest.inputs["checkpoint"], "dtype": ENGINE_DTYPE.value,
             "tp_size": o.tp_size, "max_seq_len": ctx.profile.limits.max_seq_len, **weights}
 

@@ -1,9 +1,11 @@
 """HF Qwen3-VL text weights -> TensorRT-LLM checkpoint (config.json + rank{N}.safetensors).
 
 Streaming: each weight is read from the HF shards (memory-mapped, one tensor at a time), cast,
-cut for every rank (and, weight-only, quantized: qvl_trt.llm.weight_only) and appended to the
-rank files, so peak memory is about the largest weight, not the model. The output folder is
-written under a temporary name and renamed when complete.
+cut for every rank and appended to the rank files, so peak memory is about the largest weight,
+not the model. A weight-only checkpoint differs only in config.json's quant_algo: its linears
+stay in the model dtype, and TensorRT-LLM quantizes them at engine build
+(qvl_trt.llm.weight_only). The output folder is written under a temporary name and renamed
+when complete.
 """
 
 from __future__ import annotations
@@ -27,12 +29,12 @@ from .layout import (
     LlmConfig,
     check_tp_size,
     llm_config,
+    rank_shape,
     shard,
-    stored_shapes,
     weight_sources,
 )
 from .safetensors_stream import SafetensorsStream
-from .weight_only import FEATURE_MULTIPLE, is_quantized, quantize, scale_name
+from .weight_only import FEATURE_MULTIPLE
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +65,10 @@ def convert_checkpoint(
     """Convert the language model of an HF Qwen3-VL checkpoint into a TensorRT-LLM checkpoint
     at `out` for `tp_size` ranks. `max_seq_len` (the engine's) becomes
     max_position_embeddings, which sizes the per-request MRoPE table. `weights` int8/int4
-    stores the decoder's linear weights weight-only quantized (embedding and lm_head stay in
-    `dtype`). `out` must not exist unless `force`, which replaces it once the new checkpoint
-    is complete."""
+    makes the decoder's linears weight-only: config.json says W8A16 / W4A16 and the weights
+    stay in `dtype` for TensorRT-LLM's loader to quantize at engine build (embedding and
+    lm_head stay unquantized). `out` must not exist unless `force`, which replaces it
+    once the new checkpoint is complete."""
     started = time.perf_counter()
     require("torch", extra="export", why="convert the checkpoint")
     ckpt = model if isinstance(model, Checkpoint) else open_checkpoint(model)
@@ -75,9 +78,8 @@ def convert_checkpoint(
     _check_out(out, ckpt, force)
     sources = weight_sources(ckpt.text)
     _check_sources(ckpt, sources)
-    shapes: dict[str, tuple[int, ...]] = {}
-    for name, srcs in sources.items():
-        shapes.update(stored_shapes(name, [ckpt.tensors[s].shape for s in srcs], config))
+    shapes = {name: rank_shape(name, [ckpt.tensors[s].shape for s in srcs], config)
+              for name, srcs in sources.items()}
     log.info("converting %s -> %s (%s, weights %s, TP %d, max_position_embeddings %d)",
              ckpt.path, out, config.dtype, config.weight_only, tp_size,
              config.max_position_embeddings)
@@ -172,24 +174,14 @@ def _check_sources(ckpt: Checkpoint, sources: dict[str, tuple[str, ...]]) -> Non
 def _write_ranks(ckpt: Checkpoint, folder: Path, config: LlmConfig,
                  sources: dict[str, tuple[str, ...]],
                  shapes: dict[str, tuple[int, ...]]) -> None:
-    mode = config.weight_only
-    quantized = set() if mode is WeightOnly.NONE else {n for n in sources if is_quantized(n)}
     with contextlib.ExitStack() as stack:
         streams = [stack.enter_context(SafetensorsStream(folder / rank_file(r), config.dtype,
-                                                         shapes, int8=quantized))
+                                                         shapes))
                    for r in range(config.tp_size)]
         for name, names in sources.items():
             tensors = [_cast(ckpt.load(s), config.dtype, s) for s in names]
             for rank, stream in enumerate(streams):
-                piece = shard(name, tensors, config, rank)
-                if name in quantized:
-                    # Each rank's piece is quantized on its own, as TensorRT-LLM's converters
-                    # quantize after splitting: a row-parallel piece has its own scales.
-                    ints, scales = quantize(piece, mode, config.dtype)
-                    stream.write(name, ints)
-                    stream.write(scale_name(name), scales)
-                else:
-                    stream.write(name, piece)
+                stream.write(name, shard(name, tensors, config, rank))
             log.debug("wrote %s", name)
             del tensors
 

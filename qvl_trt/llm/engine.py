@@ -15,11 +15,11 @@ data type"); the unfused path rotates image tokens at their 1-D index, so text s
 right while images land at wrong positions. engine_build_config refuses float32, and each
 rank's child refuses a build_config.json (editable by hand) or checkpoint that would fall back.
 
-Weight-only INT8/INT4 checkpoints (quant_algo W8A16/W4A16) need the WeightOnlyQuantMatmul
-plugin in the engine dtype: INT4 has no other path, and TensorRT-LLM's Q/DQ fallback for INT8
-would read the GEMM-ready integers as plain ones. The child checks that before building and
-lays the checkpoint's row-major integers out for this GPU's mixed GEMM
-(qvl_trt.llm.weight_only).
+Weight-only INT8/INT4 checkpoints (quant_algo W8A16/W4A16) hold their linears in the model
+dtype; TensorRT-LLM's own loader quantizes them and lays them out for this GPU's mixed GEMM
+(qvl_trt.llm.weight_only). They need the WeightOnlyQuantMatmul plugin in the engine dtype:
+INT4 has no other path, and TensorRT-LLM's Q/DQ fallback for INT8 would read the GEMM-ready
+integers as plain ones. The child checks both before building.
 """
 
 from __future__ import annotations
@@ -39,8 +39,7 @@ from ..dtypes import Dtype, WeightOnly, pick
 from ..errors import BuildError, ConfigError
 from ..mm.prompt_table import rows_per_visual_token
 from ..profiles import BuildLimits, GpuProfile
-from .layout import DTYPES, LlmConfig, read_llm_config
-from .weight_only import is_quantized
+from .layout import DTYPES, LlmConfig, rank_files, read_llm_config
 
 log = logging.getLogger(__name__)
 
@@ -191,31 +190,13 @@ def check_weight_only(settings: dict[str, Any], checkpoint: LlmConfig) -> None:
             "the GEMM-ready weights)")
 
 
-def mixed_gemm_layout(weights: dict, checkpoint: LlmConfig) -> dict:
-    """The checkpoint's row-major weight-only integers laid out for this GPU's mixed GEMM, as
-    TensorRT-LLM's own per-channel loader does (tensorrt_llm/_torch/modules/linear.py
-    WeightOnlyQuantLinearMethod: preprocess_weights_for_mixed_gemm(weight [in, out] int8,
-    torch.int8 or torch.quint4x2, activation dtype), SM version of the current GPU). Its
-    from_checkpoint then loads them as they are: weight_only_quantize_dict
-    (tensorrt_llm/models/convert_utils.py) skips weights that are already int8."""
-    torch = require("torch", extra="trtllm", why="build the LLM engine")
-    from tensorrt_llm.quantization.functional import preprocess_weights_for_mixed_gemm
-
-    mode = checkpoint.weight_only
-    if mode is WeightOnly.NONE:
-        return weights
-    kind = torch.int8 if mode is WeightOnly.INT8 else torch.quint4x2
-    activation = checkpoint.dtype.torch()
-    return {name: preprocess_weights_for_mixed_gemm(tensor.contiguous(), kind, activation)
-            if is_quantized(name) else tensor for name, tensor in weights.items()}
-
-
 def _build_rank(checkpoint: Path, engine_dir: Path, rank: int, config_file: Path) -> None:
     settings = json.loads(config_file.read_text())
     converted = read_llm_config(checkpoint)
     # Checked before TensorRT-LLM is imported: refused anywhere, not only in its container.
     check_fused_context_attention(settings, converted.dtype)
     check_weight_only(settings, converted)
+    rank_files(checkpoint, converted)
     require("tensorrt_llm", extra="trtllm", why="build the LLM engine")
     from tensorrt_llm.builder import BuildConfig, build
     from tensorrt_llm.logger import logger
@@ -230,13 +211,14 @@ def _build_rank(checkpoint: Path, engine_dir: Path, rank: int, config_file: Path
         raise BuildError(f"{checkpoint} was converted with max_position_embeddings "
                          f"{config.max_position_embeddings}, the engine needs max_seq_len "
                          f"{settings['max_seq_len']}; convert again with that max_seq_len")
-    # PretrainedModel.__post_init__ swaps the decoder's ColumnLinear/RowLinear for
-    # WeightOnlyQuant(Row)Linear when the config's quant_algo is W8A16/W4A16
-    # (tensorrt_llm/quantization/quantize.py weight_only_quantize; lm_head and the embedding
-    # are excluded by default, and DeepStackEmbedding is no Embedding).
-    model = Qwen3VLForCausalLM.from_checkpoint(
-        str(checkpoint), rank=rank, config=config,
-        preprocess_weights_hook=lambda weights: mixed_gemm_layout(weights, converted))
+    # Weight-only (quant_algo W8A16/W4A16): PretrainedModel.__post_init__ swaps the decoder's
+    # ColumnLinear/RowLinear for WeightOnlyQuant(Row)Linear (tensorrt_llm/quantization/
+    # quantize.py weight_only_quantize; lm_head and the embedding are excluded by default, and
+    # DeepStackEmbedding is no Embedding), and from_checkpoint's preprocess_weights
+    # (tensorrt_llm/models/modeling_utils.py) quantizes the model-dtype linears and lays them
+    # out for this GPU with the C++ op torch.ops.trtllm.symmetric_quantize_last_axis_of_
+    # batched_matrix (tensorrt_llm/models/convert_utils.py weight_only_quantize_dict).
+    model = Qwen3VLForCausalLM.from_checkpoint(str(checkpoint), rank=rank, config=config)
     engine = build(model, BuildConfig.from_dict(settings))
     engine.save(str(engine_dir))
 

@@ -10,19 +10,22 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..checkpoint import TEXT_PREFIX, TextDims
+from ..checkpoint import TEXT_PREFIX, TextDims, safetensors_header
 from ..deps import require
 from ..dtypes import Dtype, WeightOnly
 from ..errors import CheckpointError, ConfigError
 from ..mm.prompt_table import rows_per_visual_token
 from ..typed_config import load_dataclass, to_jsonable
-from .weight_only import is_quantized, packed_shape, scale_name
+from .weight_only import SCALE_SUFFIX, is_quantized
 
 # Our own Qwen3-VL causal LM class (TensorRT-LLM 1.2 has none); the C++ runtime ignores it.
 ARCHITECTURE = "Qwen3VLForCausalLM"
 # What `convert` writes (float32 for tests and the reference decoder).
 DTYPES = (Dtype.FLOAT16, Dtype.BFLOAT16, Dtype.FLOAT32)
 CONFIG_NAME = "config.json"
+# safetensors' tag of int8 tensors: the linears of weight-only checkpoints written before
+# TensorRT-LLM quantized them at engine build.
+INT8_TAG = "I8"
 
 
 @dataclass(frozen=True)
@@ -35,9 +38,10 @@ class MappingConfig:
 @dataclass(frozen=True)
 class QuantizationConfig:
     """TensorRT-LLM's QuantConfig keys (tensorrt_llm/models/modeling_utils.py): quant_algo
-    W8A16 / W4A16 for weight-only INT8 / INT4 linears (qvl_trt.llm.weight_only), None for
-    weights in the model dtype. exclude_modules is left to TensorRT-LLM's default, which
-    keeps lm_head and the embedding in the model dtype."""
+    W8A16 / W4A16 for weight-only INT8 / INT4 linears, which the checkpoint stores in the model
+    dtype and TensorRT-LLM quantizes at engine build (qvl_trt.llm.weight_only), None for
+    none. exclude_modules is left to TensorRT-LLM's default, which keeps lm_head and the
+    embedding in the model dtype."""
 
     quant_algo: str | None = None
     kv_cache_quant_algo: str | None = None
@@ -170,6 +174,29 @@ def read_llm_config(path: Path) -> LlmConfig:
     return config
 
 
+def rank_files(path: Path, config: LlmConfig) -> list[Path]:
+    """The rank files of a converted checkpoint, refused (from their headers) unless every
+    tensor is in the model dtype: weight-only linears too, which TensorRT-LLM's loader
+    quantizes only when they are not int8 (tensorrt_llm/models/convert_utils.py
+    weight_only_quantize_dict) and otherwise takes as laid out for its GEMM already."""
+    files = [Path(path) / f"rank{r}.safetensors" for r in range(config.tp_size)]
+    for file in files:
+        if not file.is_file():
+            raise CheckpointError(f"{file} is missing: config.json declares TP size "
+                                  f"{config.tp_size}; convert again")
+        for name, (tag, _) in safetensors_header(file).items():
+            if name.endswith(SCALE_SUFFIX) or is_quantized(name) and tag == INT8_TAG:
+                raise CheckpointError(
+                    f"{file} holds {name} ({tag}): the pre-quantized layout of earlier "
+                    "qvl-trt versions, which TensorRT-LLM would take as already laid out for "
+                    "its GEMM; convert the HF checkpoint again (qvl-trt convert, or qvl-trt "
+                    "build --resume, which converts it again)")
+            if tag != config.dtype.safetensors:
+                raise CheckpointError(f"{file} holds {name} in {tag}, not the config's "
+                                      f"{config.dtype}; convert again")
+    return files
+
+
 class Split(enum.Enum):
     """How a weight is cut across tensor-parallel ranks."""
 
@@ -238,18 +265,6 @@ def rank_shape(name: str, full: list[tuple[int, ...]], config: LlmConfig) -> tup
     if split is Split.COLS:
         return (rows, cols[0] // tp)
     return full[0]
-
-
-def stored_shapes(name: str, full: list[tuple[int, ...]],
-                  config: LlmConfig) -> dict[str, tuple[int, ...]]:
-    """The tensors one rank file holds for weight `name`: the weight itself, or for a
-    weight-only quantized linear its integers and per-channel scales."""
-    shape = rank_shape(name, full, config)
-    mode = config.weight_only
-    if mode is WeightOnly.NONE or not is_quantized(name):
-        return {name: shape}
-    out_features, in_features = shape
-    return {name: packed_shape(out_features, in_features, mode), scale_name(name): (out_features,)}
 
 
 def shard(name: str, sources: list, config: LlmConfig, rank: int):

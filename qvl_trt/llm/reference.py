@@ -34,7 +34,7 @@ from ..dtypes import WeightOnly
 from ..errors import CheckpointError, InputError
 from ..mm.prompt_table import split_prompt_table, visual_token_positions
 from .guided import NOT_SET_UP, GuidedDecoding, GuideMatcher
-from .layout import LlmConfig, merge, read_llm_config
+from .layout import LlmConfig, merge, rank_files, read_llm_config
 from .sampling import (
     DecodeRequest,
     DecodeResult,
@@ -43,21 +43,18 @@ from .sampling import (
     choose_token,
     make_generator,
 )
-from .weight_only import SCALE_SUFFIX, dequantize, is_quantized, scale_name
+from .weight_only import dequantize, is_quantized, quantize
 
 
 def load_weights(path: Path, config: LlmConfig) -> dict:
     """All weights of a converted checkpoint as unsplit torch tensors (ranks merged); weight-
-    only quantized linears dequantized as the engine's GEMM sees them (q x scale in the model
-    dtype, qvl_trt.llm.weight_only), each rank's piece with its own scales."""
+    only linears as the engine's GEMM sees them: each rank's piece quantized on its own, as
+    TensorRT-LLM's loader quantizes each rank file, and dequantized (q x scale in the model
+    dtype, qvl_trt.llm.weight_only)."""
     require("torch", extra="export", why="load the converted checkpoint")
     safetensors_torch = require("safetensors.torch", extra="export", why="read weights")
-    files = [Path(path) / f"rank{r}.safetensors" for r in range(config.tp_size)]
-    for file in files:
-        if not file.is_file():
-            raise CheckpointError(f"{file} is missing: config.json declares TP size "
-                                  f"{config.tp_size}; convert again")
-    ranks = [_dequantized(safetensors_torch.load_file(str(f)), config, f) for f in files]
+    files = rank_files(path, config)
+    ranks = [_weight_only(safetensors_torch.load_file(str(f)), config) for f in files]
     names = list(ranks[0])
     for file, rank in zip(files, ranks, strict=True):
         if list(rank) != names:
@@ -65,38 +62,14 @@ def load_weights(path: Path, config: LlmConfig) -> dict:
     return {name: merge(name, [rank.pop(name) for rank in ranks], config) for name in names}
 
 
-def _dequantized(tensors: dict, config: LlmConfig, file: Path) -> dict:
-    """One rank file's tensors with its quantized linears (int8 integers + per-channel scales
-    of the layout `convert` writes) replaced by their [out, in] weights in the model dtype."""
+def _weight_only(tensors: dict, config: LlmConfig) -> dict:
+    """One rank file's tensors with each weight-only linear replaced by the dequantized
+    integers `quantize` makes of it."""
     mode = config.weight_only
-    torch = require("torch", extra="export", why="load the converted checkpoint")
     if mode is WeightOnly.NONE:
-        quantized = next((n for n, t in tensors.items() if t.dtype == torch.int8), None)
-        if quantized is not None:
-            raise CheckpointError(f"{file} holds int8 {quantized} but config.json sets no "
-                                  "quant_algo; convert again")
         return tensors
-    out = {}
-    for name, tensor in tensors.items():
-        if name.endswith(SCALE_SUFFIX):
-            continue
-        if not is_quantized(name):
-            out[name] = tensor
-            continue
-        scales = tensors.get(scale_name(name))
-        if scales is None:
-            raise CheckpointError(f"{file} holds {name} but not {scale_name(name)}; convert "
-                                  "again")
-        out_features = scales.shape[0] if scales.ndim == 1 else -1
-        if (tensor.dtype != torch.int8 or scales.ndim != 1 or tensor.ndim != 2
-                or tensor.shape[1] != out_features * mode.bits // 8
-                or scales.dtype != config.dtype.torch()):
-            raise CheckpointError(
-                f"{file}: {name} is {tensor.dtype} {list(tensor.shape)} with scales "
-                f"{scales.dtype} {list(scales.shape)}; weight-only {mode} stores int8 "
-                f"[in, out * {mode.bits} / 8] and {config.dtype} [out]; convert again")
-        out[name] = dequantize(tensor, scales, mode, config.dtype)
-    return out
+    return {name: dequantize(*quantize(tensor, mode, config.dtype), mode, config.dtype)
+            if is_quantized(name) else tensor for name, tensor in tensors.items()}
 
 
 @dataclass

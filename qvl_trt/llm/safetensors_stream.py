@@ -11,36 +11,27 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Collection
 from pathlib import Path
 from typing import BinaryIO
 
 from ..deps import require
 from ..dtypes import Dtype
 
-# safetensors' tag of int8 tensors (weight-only quantized linears).
-INT8_TAG = "I8"
-
 
 class SafetensorsStream:
-    """A safetensors file whose tensors are written in the declared order: all in `dtype`
-    but those named in `int8`."""
+    """A safetensors file whose tensors, all in `dtype`, are written in the declared order."""
 
-    def __init__(self, path: Path, dtype: Dtype | str, shapes: dict[str, tuple[int, ...]],
-                 *, int8: Collection[str] = ()) -> None:
+    def __init__(self, path: Path, dtype: Dtype | str,
+                 shapes: dict[str, tuple[int, ...]]) -> None:
         dtype = Dtype(dtype)
-
-        def tag_and_width(name: str) -> tuple[str, int]:
-            return (INT8_TAG, 1) if name in int8 else (dtype.safetensors, dtype.itemsize)
-
         self.path = path
         self._order = list(shapes)
-        self._sizes = {name: math.prod(shape) * tag_and_width(name)[1]
+        self._sizes = {name: math.prod(shape) * dtype.itemsize
                        for name, shape in shapes.items()}
         header: dict[str, object] = {"__metadata__": {"format": "pt"}}
         offset = 0
         for name, shape in shapes.items():
-            header[name] = {"dtype": tag_and_width(name)[0], "shape": list(shape),
+            header[name] = {"dtype": dtype.safetensors, "shape": list(shape),
                             "data_offsets": [offset, offset + self._sizes[name]]}
             offset += self._sizes[name]
         blob = json.dumps(header, separators=(",", ":")).encode()

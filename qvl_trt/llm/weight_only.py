@@ -1,31 +1,32 @@
-"""Weight-only INT8/INT4 linear weights in TensorRT-LLM 1.2's checkpoint layout, and back.
+"""Weight-only INT8/INT4 linear weights: TensorRT-LLM 1.2's quantization, and its reference.
 
-What TensorRT-LLM does (engine path, QuantAlgo W8A16 / W4A16, no calibration):
-- tensorrt_llm/models/convert_utils.py `weight_only_quantize` transposes each linear weight
-  from [out, in] to [in, out] and calls torch.ops.trtllm.symmetric_quantize_last_axis_of_
-  batched_matrix, i.e. cpp/tensorrt_llm/kernels/cutlass_kernels/cutlass_preprocessors.cpp
-  `symmetric_quantize`: per column (= output channel) the float32 max |w| times
-  1 / 2^(bits-1) is the scale (so max/128 for INT8, max/8 for INT4, not /127 or /7), each
-  value becomes round(w / scale) (C `round`: halves away from zero) clipped to [-128, 127]
-  or [-8, 7], 0 where the scale is 0; the scales are stored in the weight's dtype. INT4
-  values are packed two per byte along the output axis, the even column in the low nibble,
-  two's complement. The checkpoint names them `<linear>.weight` (int8, [in, out * bits/8])
-  and `<linear>.per_channel_scale` ([out]), as WeightOnlyQuantLinear / WeightOnlyQuantRowLinear
-  declare their parameters (tensorrt_llm/quantization/layers.py).
-- The same C++ op then permutes and interleaves the integers for the mixed-type GEMM of the
-  GPU it runs on (`preprocess_weights_for_mixed_gemm`, by SM version). That step needs the
-  target GPU, so `convert` (which runs anywhere) stores the row-major integers above and the
-  engine build applies tensorrt_llm.quantization.functional.preprocess_weights_for_mixed_gemm
-  on the build GPU, as TensorRT-LLM's own loader does for per-channel weight-only checkpoints
-  (tensorrt_llm/_torch/modules/linear.py WeightOnlyQuantLinearMethod).
+Who quantizes and lays out (engine path, QuantAlgo W8A16 / W4A16, no calibration): TensorRT-LLM
+itself, at engine build. `convert` stores the decoder's linears in the model dtype and sets
+`quant_algo` in config.json; `PretrainedModel.from_checkpoint` (tensorrt_llm/models/
+modeling_utils.py) passes the rank file to `preprocess_weights`, which for W8A16 / W4A16 calls
+`weight_only_quantize_dict` (tensorrt_llm/models/convert_utils.py): every weight named
+qkv/dense/fc/proj/gate `.weight` that is not int8 already is transposed to [in, out] and
+quantized by the C++ op torch.ops.trtllm.symmetric_quantize_last_axis_of_batched_matrix,
+which also permutes and interleaves the integers for the mixed GEMM of the GPU it runs on
+(cpp/tensorrt_llm/kernels/cutlass_kernels/cutlass_preprocessors.cpp `symmetric_quantize` ->
+`preprocess_weights_for_mixed_gemm`, by `getSMVersion()`). Its scales become
+`<linear>.per_channel_scale`, as WeightOnlyQuantLinear / WeightOnlyQuantRowLinear declare
+(tensorrt_llm/quantization/layers.py). No arithmetic of ours, and no Python port of the
+layout, stands between the checkpoint and the kernel.
 
-The C++ op needs TensorRT-LLM's libraries; `quantize` below computes the same arithmetic in
-torch float32 (IEEE division, the same max, an exact power-of-two scaling, the same rounding
-and clipping), so its integers and scales are identical to the op's.
+`quantize` below is that op's arithmetic in torch, for the reference decoder: for the
+[in, out] weight, per column (= output channel) the float32 max |w| times 1 / 2^(bits-1) is
+the scale (so max/128 for INT8, max/8 for INT4, not /127 or /7), each value becomes
+round(w / scale) (C `round`: halves away from zero) clipped to [-128, 127] or [-8, 7], 0 where
+the scale is 0; the scales are stored in the weight's dtype. INT4 values are packed two per
+byte along the output axis, the even column in the low nibble, two's complement: the
+op's unprocessed integers. tests/test_llm_engine_trtllm.py checks, where TensorRT-LLM and a
+GPU are, that the op's laid-out integers are torch.ops.trtllm.preprocess_weights_for_mixed_gemm
+of these and its scales are these, to the bit.
 
 `dequantize` is the GEMM's view of a weight: q x scale, multiplied in the model dtype (the
 plugin's kernels convert the integer to the activation type and scale it there), which the
-reference decoder runs.
+reference decoder runs on `quantize`'s integers of the checkpoint's weights.
 """
 
 from __future__ import annotations
@@ -35,12 +36,13 @@ import contextlib
 from ..deps import require
 from ..dtypes import Dtype, WeightOnly
 
-# The quantized linears: the names TensorRT-LLM quantizes at load time
-# (tensorrt_llm/models/convert_utils.py weight_only_quantize_dict: qkv, dense, fc, proj, gate);
-# lm_head and the embedding stay in the model dtype (its quantize_layers excludes *lm_head and
-# *vocab_embedding by default).
+# The quantized linears: the weights TensorRT-LLM quantizes at engine build (tensorrt_llm/
+# models/convert_utils.py weight_only_quantize_dict: names containing qkv.weight, dense.weight,
+# fc.weight, proj.weight or gate.weight); lm_head and the embedding stay in the model dtype
+# (its quantize_layers excludes *lm_head and *vocab_embedding by default).
 QUANTIZED_SUFFIXES = ("attention.qkv.weight", "attention.dense.weight", "mlp.fc.weight",
                       "mlp.gate.weight", "mlp.proj.weight")
+# The scales' name suffix: the loader adds them; a converted checkpoint holds none.
 SCALE_SUFFIX = "per_channel_scale"
 # WeightOnlyQuantLinear pads in/out features that are not multiples of 64 x TP size
 # (tensorrt_llm/quantization/layers.py); the checkpoint holds unpadded weights.
@@ -54,16 +56,6 @@ _BELOW_HALF = 0.49999997
 
 def is_quantized(name: str) -> bool:
     return name.endswith(QUANTIZED_SUFFIXES)
-
-
-def scale_name(weight_name: str) -> str:
-    """`...qkv.weight` -> `...qkv.per_channel_scale`."""
-    return weight_name.removesuffix("weight") + SCALE_SUFFIX
-
-
-def packed_shape(out_features: int, in_features: int, mode: WeightOnly) -> tuple[int, int]:
-    """Shape of the stored integers of an [out, in] weight: [in, out * bits / 8]."""
-    return in_features, out_features * mode.bits // 8
 
 
 def quantize(weight, mode: WeightOnly, dtype: Dtype) -> tuple:
