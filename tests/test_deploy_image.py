@@ -252,3 +252,19 @@ def test_the_image_command_writes_the_recipe_and_prints_how_to_build_and_serve(
                     "--tag", "registry.example/qvl:h100")
     assert plain.returncode == 0 and "docker build -t registry.example/qvl:h100" in plain.stdout
     assert "tensorrt-rtx" not in (out / REQUIREMENTS).read_text()
+
+
+@pytest.mark.parametrize("base_path", [None, "/opt/base/lib"])
+def test_the_image_runs_as_the_pods_user_and_keeps_the_bases_pythonpath(base_path) -> None:
+    """The Dockerfile's ENV PYTHONPATH, expanded as Docker expands ${VAR:+word} (the shell's
+    rule), puts the recipe's folder in front of the base's PYTHONPATH and keeps it; the image's
+    last USER is the non-root ids the pod's securityContext names."""
+    from qvl_trt.deploy.image import IMAGE_HOME, SERVE_GID, SERVE_UID, dockerfile
+
+    text = dockerfile(load_container_packages(), tag="t", rtx=False)
+    value = re.search(r"^ENV PYTHONPATH=(.*)$", text, re.M).group(1)
+    env = {} if base_path is None else {"PYTHONPATH": base_path}
+    done = subprocess.run(["sh", "-c", f'printf %s "{value}"'], capture_output=True,
+                          text=True, env=env)
+    assert done.stdout == ":".join(p for p in (IMAGE_HOME, base_path) if p)
+    assert re.findall(r"^USER (.*)$", text, re.M)[-1] == f"{SERVE_UID}:{SERVE_GID}"

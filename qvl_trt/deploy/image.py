@@ -30,6 +30,10 @@ IMAGE_HOME = "/opt/qvl-trt"
 # vision engines run on TensorRT-RTX, which the container lacks.
 SERVING_EXTRAS = ("gateway", "video")
 RTX_EXTRA = "rtx"
+# The user the image's processes run as: the base image's own non-root user, which Triton's
+# build.py creates with these ids (triton-inference-server/server build.py,
+# create_dockerfile_linux: "useradd $TRITON_SERVER_USER" checked to be 1000:1000).
+SERVE_USER, SERVE_UID, SERVE_GID = "triton-server", 1000, 1000
 DOCKERFILE = "Dockerfile"
 REQUIREMENTS = "requirements.txt"
 
@@ -182,7 +186,7 @@ def dockerfile(packages: ContainerPackages, *, tag: str, rtx: bool) -> str:
 FROM {packages.image}
 COPY qvl-trt {IMAGE_HOME}
 COPY {REQUIREMENTS} {recipe}/{REQUIREMENTS}
-ENV PYTHONPATH={IMAGE_HOME}
+ENV PYTHONPATH={IMAGE_HOME}${{PYTHONPATH:+:${{PYTHONPATH}}}}
 # The base must carry the packages the recipe was written against (their upstream pins).
 RUN {check}
 # Pin every package the base already has, so the additions upgrade none of them (TensorRT-LLM
@@ -194,6 +198,10 @@ RUN python3 -m pip list --format=freeze > {recipe}/constraints.txt \\
 RUN printf '#!/usr/bin/env python3\\nfrom qvl_trt.cli import main\\nmain()\\n' \\
         > /usr/local/bin/qvl-trt && chmod +x /usr/local/bin/qvl-trt \\
  && qvl-trt --version
+# Not root: the base's own user (Pod Security "restricted" refuses root; the pod names the
+# same ids). It only reads what was installed above.
+RUN [ "$(id -u {SERVE_USER})" = {SERVE_UID} ] && [ "$(id -g {SERVE_USER})" = {SERVE_GID} ]
+USER {SERVE_UID}:{SERVE_GID}
 """
 
 
