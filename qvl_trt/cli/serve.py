@@ -296,7 +296,12 @@ def serve(
     = _SERVE.ports.metrics,
     free_ports: Annotated[bool, typer.Option(
         help="Pick three free ports instead of the port options.")] = _SERVE.pick_free_ports,
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = _SERVE.host,
+    host: Annotated[str, typer.Option(
+        help="Address to listen on (IPv4 or IPv6, e.g. :: ).")] = _SERVE.host,
+    inference_host: Annotated[str | None, typer.Option(
+        help="Address of Triton's HTTP and gRPC endpoints, which ask no key (127.0.0.1 keeps "
+        "them to this machine, behind the gateway); metrics and health stay on --host "
+        "[default: --host].", show_default=False)] = _SERVE.inference_host,
     world_size: Annotated[int | None, typer.Option(
         help="GPUs (tensor-parallel ranks) of the LLM engine: > 1 launches one tritonserver "
         "rank per GPU through mpirun [default: the engines' world size; a different value "
@@ -349,8 +354,8 @@ def serve(
     from .console import serving_lines
 
     opts = ServeOptions(Ports(http_port, grpc_port, metrics_port), free_ports, host,
-                        world_size, log_file, log_verbose, health_port, openai_port,
-                        openai_host, api_key=os.environ.get(API_KEY_ENV),
+                        inference_host, world_size, log_file, log_verbose, health_port,
+                        openai_port, openai_host, api_key=os.environ.get(API_KEY_ENV),
                         drain_timeout_s=drain_timeout,
                         liveness=LivenessRules(probe_interval, stall_timeout, probe_deadline))
     if dry_run:
@@ -418,8 +423,19 @@ def deploy(
         help="The autoscaler's target: requests waiting per pod, on average [default: two].",
         show_default=False)] = None,
     api_key_secret: Annotated[str | None, typer.Option(
-        help="Secret whose key `api-key` the gateway asks clients for (optional: without the "
-        "Secret, no key) [default: NAME-api-key].", show_default=False)] = None,
+        help="Secret whose key `api-key` the gateway asks clients for; the pods wait until it "
+        "exists [default: NAME-api-key].", show_default=False)] = None,
+    no_api_key: Annotated[bool, typer.Option(
+        help="The gateway asks no key: anyone who reaches the Service may use it.")] = False,
+    expose_triton: Annotated[bool, typer.Option(
+        help="Also Triton's HTTP and gRPC endpoints in the Service, which ask no key; the "
+        "NetworkPolicy admits only pods labelled qvl-trt/triton-client=NAME to them.")] = False,
+    ipv6: Annotated[bool, typer.Option(
+        help="Listen on IPv6 (a single-stack IPv6 cluster).")] = False,
+    drain_timeout: Annotated[float | None, typer.Option(
+        help="serve's --drain-timeout in the pods: seconds the answers in flight get to finish "
+        "at a rollout; the termination grace period follows [default: 120].",
+        show_default=False)] = None,
     force: Annotated[bool, typer.Option(help="Replace an existing --out folder.")] = False,
 ) -> None:
     """Write Kubernetes manifests that serve a trt repository with `qvl-trt serve`: a
@@ -431,11 +447,12 @@ def deploy(
 
     given = {"name": name, "replicas": replicas, "openai_port": openai_port,
              "health_port": health_port, "max_replicas": max_replicas,
-             "target_pending": target_pending}
+             "target_pending": target_pending, "drain_timeout_s": drain_timeout}
     opts = DeployOptions(
         image=image, namespace=namespace, mount_path=mount_path, claim=claim,
         claim_path=claim_path, host_path=host_path, gpu_product=gpu_product, cpu=cpu,
-        memory_gib=memory_gib, hpa=hpa, api_key_secret=api_key_secret,
+        memory_gib=memory_gib, hpa=hpa, api_key_secret=api_key_secret, no_api_key=no_api_key,
+        expose_triton=expose_triton, ipv6=ipv6,
         **{k: v for k, v in given.items() if v is not None})
     result = write_manifests(repo, out, opts, force=force)
     needs = result.needs
@@ -444,10 +461,10 @@ def deploy(
         console.print(f"  {note}", highlight=False, markup=False)
     where = f"the claim {result.claim}" if result.claim else f"the node folder {host_path}"
     console.print(f"the pods mount {where} at {needs.mount_path} (it must hold the "
-                  f"repository{f' under {claim_path}' if claim_path else ''}); the gateway's "
-                  f"key, if any, comes from the Secret {result.secret} (kubectl create secret "
-                  f"generic {result.secret} --from-file=api-key=KEYFILE)",
+                  f"repository{f' under {claim_path}' if claim_path else ''})",
                   highlight=False, markup=False, soft_wrap=True)
+    for line in result.access:
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
     console.print(f"apply them with: {result.apply_command}", highlight=False, markup=False,
                   soft_wrap=True)
 
@@ -477,10 +494,12 @@ def gateway(
     """OpenAI-compatible endpoint and chat page in front of a running Triton (`qvl-trt serve`,
     or the container): POST /v1/chat/completions, GET /v1/models, the chat page at /, /ready,
     /live and /metrics. With the environment variable QVL_TRT_API_KEY set, /v1/ asks for that
-    key (Authorization: Bearer KEY). Stops on Ctrl-C or SIGTERM."""
+    key (Authorization: Bearer KEY); QVL_TRT_TRITON_ADMIN_KEY is the key of a Triton whose
+    repository API is restricted (serve passes its own). Stops on Ctrl-C or SIGTERM."""
     from ..client.generate import parse_url
     from ..gateway.app import run_gateway
-    from ..serve.server import client_host
+    from ..serve.server import client_host, host_port
+    from ..triton.restricted import ADMIN_KEY_ENV
     from .console import out as console
 
     endpoint = parse_url(url)
@@ -490,8 +509,9 @@ def gateway(
     opts = GatewayOptions(endpoint.address, host=host, port=port,
                           max_concurrency=max_concurrency, max_body_bytes=max_body_bytes,
                           shutdown_timeout_s=shutdown_timeout,
-                          api_key=os.environ.get(API_KEY_ENV), ready_url=ready_url)
-    shown = f"http://{client_host(host)}:{port}"
+                          api_key=os.environ.get(API_KEY_ENV), ready_url=ready_url,
+                          triton_admin_key=os.environ.get(ADMIN_KEY_ENV))
+    shown = f"http://{host_port(client_host(host), port)}"
     run_gateway(opts, on_ready=lambda: console.print(
         f"gateway listening: OpenAI endpoint {shown}/v1, chat page {shown}/ (Triton gRPC "
         f"{endpoint.address}); Ctrl-C stops it", highlight=False))

@@ -2,8 +2,11 @@
 
 One folder for `kubectl apply -f`: a Deployment whose pods run `qvl-trt serve` (tritonserver
 under its supervisor, the OpenAI gateway and the readiness endpoint) from the serving image on
-nodes with the repository's GPU; a Service in front of the gateway and Triton's ports; a
-PodDisruptionBudget; optionally a HorizontalPodAutoscaler on the LLM's queue. What a pod needs
+nodes with the repository's GPU, as Pod Security "restricted" admits them; a Service in front
+of the gateway and the metrics; a NetworkPolicy that admits nothing else; a
+PodDisruptionBudget; optionally a HorizontalPodAutoscaler on the LLM's queue. Triton's own
+HTTP and gRPC endpoints ask no key: they listen on the pod's loopback interface unless
+`expose_triton`, and then only pods labelled TRITON_CLIENT_LABEL may reach them. What a pod needs
 is read from the repository (`read_serve_plan`). Each pod is a whole server on one node (a
 tensor-parallel engine's ranks share it); scaling past one node is replicas behind the
 Service.
@@ -27,7 +30,7 @@ from typing import Any
 from ..atomic import staged_dir
 from ..deps import require
 from ..errors import ConfigError
-from ..gateway.options import API_KEY_ENV, DEFAULT_PORT, GatewayOptions
+from ..gateway.options import API_KEY_ENV, DEFAULT_PORT
 from ..gateway.readiness import LIVE_PATH, READY_PATH
 from ..profiles import check_gpu_product, gpu_product_label
 from ..serve.gateway_process import STOP_GRACE_S
@@ -39,14 +42,22 @@ from ..serve.needs import (
     shm_gib,
     written_root,
 )
-from ..serve.server import SHM_DIR, STARTUP_TIMEOUT_S, UNLOAD_GRACE_S, Ports, ServerOptions
+from ..serve.server import SHM_DIR, STARTUP_TIMEOUT_S, UNLOAD_GRACE_S, Ports
 from ..serve.supervisor import START_ATTEMPTS
+from ..triton.contract import POSTPROCESSING, PREPROCESSING, TENSORRT_LLM_BLS
+from .image import SERVE_GID, SERVE_UID
 
 MIB, GIB = 2**20, 2**30
 DEFAULT_NAME = "qvl-trt"
 # serve's --health-port (GET /ready, /live) in the pod: the port after Triton's three.
 HEALTH_PORT = 8003
-API_KEY_SECRET_KEY = "api-key"  # the key of the optional Secret that holds the API key
+API_KEY_SECRET_KEY = "api-key"  # the key of the Secret that holds the API key
+# Pods that may reach Triton's HTTP and gRPC endpoints (with expose_triton): this label with
+# the deployment's name as its value.
+TRITON_CLIENT_LABEL = "qvl-trt/triton-client"
+# Where the pod writes, its root file system being read-only: emptyDir volumes.
+TMP_DIR = "/tmp"
+CACHE_DIR = "/var/cache/qvl-trt"  # the pixel kernel cache (NUMBA_CACHE_DIR) and other caches
 # The device plugin's resource and GPU feature discovery's product label
 # (NVIDIA/k8s-device-plugin internal/lm/resource.go: fullGPUResourceName, "product").
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -58,14 +69,25 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 # tensorrtllm backend take every request at once and queue it themselves, so it stays at 0.
 QUEUE_METRIC = "qvl_llm_requests_waiting"
 
-# Host memory per process, requested and limited alike (see pod_needs). A python model
-# instance without CUDA: the stubs of a tiny repository held 70 MiB (postprocessing) to
-# 250 MiB (preprocessing: numpy, numba, the tokenizer) resident on a CPU; twice the larger
-# leaves room for a request's own arrays.
-STUB_BYTES = 512 * MIB
+# Host memory per process, requested and limited alike (see pod_needs): 1.5x the peak resident
+# memory measured under load (docs/benchmarks.md, "Served processes' memory":
+# scripts/measure_serve_memory.py, 2x more streams than slots, 3000-token answers, 12 MP
+# images, video, guides), less the /dev/shm pages, which the pod's /dev/shm volume counts.
+SERVE_BYTES = 192 * MIB  # serve itself: the supervisor and the health endpoint (peak 121 MiB)
+GATEWAY_BYTES = 832 * MIB  # base64 bodies and xgrammar (peak 543 MiB)
+PROCESS_BYTES = {  # a python model instance of each kind, a stub process without CUDA
+    PREPROCESSING: 1088 * MIB,  # decoding, resizing, the tokenizer, numba (peak 690 MiB)
+    POSTPROCESSING: 192 * MIB,  # detokenizing (peak 101 MiB)
+    TENSORRT_LLM_BLS: 512 * MIB,  # its own part; plus BLS_TABLE_SHARE, below
+}
+# tensorrt_llm_bls relays every request's prompt and MRoPE tables: its private memory grew with
+# their width (439 MiB with the builds' shm_bytes 1.93 GiB, 1086 MiB with 5.09 GiB), about a
+# fifth of what the builds size /dev/shm for; a quarter of shm_bytes, summed over its instances.
+BLS_TABLE_SHARE = 0.25
 # A process with a CUDA context and TensorRT or TensorRT-LLM loaded (each tritonserver rank,
-# each vision_encoder instance): an allowance, not measured here (no GPU); a CUDA context
-# alone takes a few hundred MiB of host memory, the libraries' pages more once touched.
+# each vision_encoder instance): an allowance, not measured (no GPU here) and published
+# nowhere upstream; a CUDA context alone takes a few hundred MiB of host memory, the
+# libraries' pages more once touched. tritonserver's own part measured 136 MiB.
 CUDA_PROCESS_BYTES = 2 * GIB
 
 # The startup probe must not kill a pod that serve is still starting: serve tries
@@ -78,12 +100,19 @@ STARTUP_WINDOW_S = START_ATTEMPTS * (STARTUP_TIMEOUT_S + LivenessRules.stall_tim
 # Endpoints and proxies drop a terminating pod asynchronously: it keeps serving this long
 # after it is told to stop, before SIGTERM.
 PRESTOP_S = 5
-# On SIGTERM serve drains the gateway first (its shutdown timeout, then STOP_GRACE_S until
-# it is killed), then tritonserver (its drain budget, then UNLOAD_GRACE_S); the kubelet's
-# grace period counts from the preStop hook and must cover all of it.
+# On SIGTERM serve drains the gateway first (the drain timeout, then STOP_GRACE_S until it is
+# killed), then tritonserver (the drain timeout again, for clients of its own endpoints, then
+# UNLOAD_GRACE_S); the kubelet's grace period counts from the preStop hook and must cover all
+# of it.
 DRAIN_MARGIN_S = 10
-GRACE_S = math.ceil(PRESTOP_S + GatewayOptions.shutdown_timeout_s + STOP_GRACE_S
-                    + ServerOptions.drain_timeout_s + UNLOAD_GRACE_S + DRAIN_MARGIN_S)
+# A rollout's drain: long enough for a long answer to finish (4000 tokens at 40 tokens/s a
+# stream on a loaded server take 100 s), where serve's own default (10 s) would cut it.
+DEPLOY_DRAIN_S = 120.0
+
+
+def grace_period_s(drain_timeout_s: float) -> int:
+    return math.ceil(PRESTOP_S + drain_timeout_s + STOP_GRACE_S + drain_timeout_s
+                     + UNLOAD_GRACE_S + DRAIN_MARGIN_S)
 
 # Kubernetes names (k8s.io/apimachinery pkg/util/validation/validation.go): a Service name is
 # a DNS-1035 label, a namespace a DNS-1123 label, a claim or Secret a DNS-1123 subdomain.
@@ -112,6 +141,10 @@ class DeployOptions:
     max_replicas: int = 4
     target_pending: float = 2.0  # the autoscaler's average queued requests per pod
     api_key_secret: str | None = None  # Secret holding the gateway's key [NAME-api-key]
+    no_api_key: bool = False  # the gateway asks no key (instead of the Secret's)
+    expose_triton: bool = False  # Triton's HTTP and gRPC in the Service, for labelled pods
+    ipv6: bool = False  # listen on IPv6 (a single-stack IPv6 cluster)
+    drain_timeout_s: float = DEPLOY_DRAIN_S  # serve's --drain-timeout in the pods
 
     def __post_init__(self) -> None:
         if not self.image or any(ch.isspace() for ch in self.image):
@@ -133,6 +166,11 @@ class DeployOptions:
                               f"{self.replicas} (the autoscaler's minimum); raise it")
         if self.target_pending <= 0:
             raise ConfigError(f"--target-pending {self.target_pending} must be positive")
+        if self.no_api_key and self.api_key_secret is not None:
+            raise ConfigError("--no-api-key and --api-key-secret contradict each other; give "
+                              "one: the Secret whose key the gateway asks, or no key at all")
+        if self.drain_timeout_s < 0:
+            raise ConfigError(f"--drain-timeout {self.drain_timeout_s} must be >= 0")
         ports = {"--openai-port": self.openai_port, "--health-port": self.health_port}
         for option, port in ports.items():
             if not 0 < port < 65536:
@@ -168,8 +206,22 @@ class DeployOptions:
         return self.claim or f"{self.name}-repository"
 
     @property
-    def secret_name(self) -> str:
-        return self.api_key_secret or f"{self.name}-api-key"
+    def secret_name(self) -> str | None:
+        """The Secret the gateway's key comes from; None: no key."""
+        return None if self.no_api_key else self.api_key_secret or f"{self.name}-api-key"
+
+    @property
+    def listen_host(self) -> str:
+        """serve's --host in the pod: every address (the probes, the gateway, metrics)."""
+        return "::" if self.ipv6 else "0.0.0.0"
+
+    @property
+    def inference_host(self) -> str:
+        """serve's --inference-host: Triton's HTTP and gRPC, which ask no key, on the loopback
+        interface unless exposed."""
+        if self.expose_triton:
+            return self.listen_host
+        return "::1" if self.ipv6 else "127.0.0.1"
 
 
 def _name(value: str, pattern: re.Pattern, option: str, rule: str) -> None:
@@ -198,13 +250,16 @@ class PodNeeds:
 def pod_needs(plan: ServePlan, opts: DeployOptions) -> PodNeeds:
     """GPUs, node label, mount path, /dev/shm, CPU and memory of one pod serving `plan`.
 
-    Requests equal limits (the Guaranteed QoS class: the last a node evicts under memory
-    pressure). CPU: one core per process that works at once: each python model instance (a
-    stub process running one request at a time), each tritonserver rank and the gateway.
-    Memory: the memory-backed /dev/shm (its files count against the pod's memory limit;
-    Kubernetes' EmptyDirVolumeSource.sizeLimit), the engines' bytes (each is read into host
-    memory to be deserialized) and an allowance per process (STUB_BYTES,
-    CUDA_PROCESS_BYTES), rounded up to GiB.
+    CPU: one core per process that works at once, each python model instance (a stub process
+    running one request at a time), each tritonserver rank and the gateway, as a request with
+    no limit: a CFS quota throttles the executor's loop and the stubs in bursts (a request's
+    preprocessing is one burst), which shows as latency while the node has idle cores.
+    Memory, requested and limited alike (a limit is what keeps one pod's growth from evicting
+    its neighbours): the memory-backed /dev/shm (its files count against the pod's memory
+    limit; Kubernetes' EmptyDirVolumeSource.sizeLimit), the engines' bytes (each is read into
+    host memory to be deserialized) and an allowance per process, measured where this
+    machine runs it (SERVE_BYTES, GATEWAY_BYTES, PROCESS_BYTES, BLS_TABLE_SHARE) and
+    CUDA_PROCESS_BYTES for the GPU processes, rounded up to GiB.
     """
     repo = plan.repo
     if not plan.llm_models:
@@ -224,23 +279,29 @@ def pod_needs(plan: ServePlan, opts: DeployOptions) -> PodNeeds:
     stubs = sum(plan.instances.values())
     vision = sum(plan.instances.get(m, 0) for m in plan.vision_editions)
     cuda = gpus + vision  # tritonserver ranks and vision_encoder instances
-    plain = stubs - vision + 1  # the other python model instances and the gateway
     notes = [f"GPUs: {gpus}, the LLM engine's world size (one tritonserver rank per GPU), "
              f"on nodes labelled {GPU_PRODUCT_LABEL}={product}"]
     if opts.cpu is None:
         cpu = float(stubs + gpus + 1)
-        notes.append(f"CPU: {cpu:g}, one per python model instance ({stubs}), tritonserver "
-                     f"rank ({gpus}) and the gateway (1)")
+        notes.append(f"CPU: {cpu:g} requested, one per python model instance ({stubs}), "
+                     f"tritonserver rank ({gpus}) and the gateway (1); no limit")
     else:
         cpu = opts.cpu
         notes.append(f"CPU: {cpu:g} (--cpu)")
     if opts.memory_gib is None:
-        need = shm + plan.engine_bytes + plain * STUB_BYTES + cuda * CUDA_PROCESS_BYTES
+        stub_bytes = sum(count * _process_bytes(model) for model, count in plan.instances.items()
+                         if model not in plan.vision_editions)
+        tables = round(plan.shm_bytes * BLS_TABLE_SHARE) if any(
+            _kind(m) == TENSORRT_LLM_BLS for m in plan.instances) else 0
+        need = (shm + plan.engine_bytes + SERVE_BYTES + GATEWAY_BYTES + stub_bytes + tables
+                + cuda * CUDA_PROCESS_BYTES)
         memory = -(-need // GIB) * GIB
         notes.append(
             f"memory: {memory // GIB} GiB, /dev/shm {shm // GIB} GiB + engines "
-            f"{plan.engine_bytes / GIB:.1f} GiB + {STUB_BYTES // MIB} MiB x {plain} processes "
-            f"without CUDA + {CUDA_PROCESS_BYTES // GIB} GiB x {cuda} with CUDA, rounded up")
+            f"{plan.engine_bytes / GIB:.1f} GiB + serve and the gateway "
+            f"{(SERVE_BYTES + GATEWAY_BYTES) // MIB} MiB + {stubs - vision} python model instances "
+            f"{(stub_bytes + tables) // MIB} MiB (measured, docs/benchmarks.md) + "
+            f"{CUDA_PROCESS_BYTES // GIB} GiB x {cuda} with CUDA, rounded up")
     else:
         memory = math.ceil(opts.memory_gib * GIB / MIB) * MIB
         if memory < shm + plan.engine_bytes:
@@ -253,9 +314,20 @@ def pod_needs(plan: ServePlan, opts: DeployOptions) -> PodNeeds:
     notes.append(f"startup: up to {STARTUP_WINDOW_S:.0f} s, serve's {START_ATTEMPTS} starts of "
                  f"{STARTUP_TIMEOUT_S:.0f} s, each with its first probe (the stall timeout, "
                  f"{LivenessRules.stall_timeout_s:.0f} s)")
-    notes.append(f"termination: {GRACE_S} s, the preStop pause, the gateway's and "
-                 "tritonserver's drains and a margin")
+    notes.append(f"termination: {grace_period_s(opts.drain_timeout_s)} s, the preStop pause, "
+                 f"the gateway's and tritonserver's drains ({opts.drain_timeout_s:g} s each) "
+                 "and a margin")
     return PodNeeds(gpus, product, written, shm, cpu, memory, tuple(notes))
+
+
+def _kind(model: str) -> str | None:
+    """The step a python model is (ModelNames: the kind itself, or NAME_kind)."""
+    return next((k for k in PROCESS_BYTES if model == k or model.endswith(f"_{k}")), None)
+
+
+def _process_bytes(model: str) -> int:
+    kind = _kind(model)
+    return PROCESS_BYTES[kind] if kind else max(PROCESS_BYTES.values())
 
 
 def _gpu_product(plan: ServePlan, opts: DeployOptions) -> str:
@@ -288,6 +360,7 @@ def manifests(opts: DeployOptions, needs: PodNeeds) -> dict[str, dict[str, Any]]
             "spec": {"selector": labels, "ports": [
                 {"name": name, "port": port, "targetPort": name}
                 for name, port in _service_ports(opts).items()]}},
+        "networkpolicy.yaml": _network_policy(opts, meta, labels),
         # maxUnavailable, not minAvailable: a single replica must not block node drains.
         "pdb.yaml": {
             "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": meta,
@@ -299,19 +372,45 @@ def manifests(opts: DeployOptions, needs: PodNeeds) -> dict[str, dict[str, Any]]
 
 
 def _service_ports(opts: DeployOptions) -> dict[str, int]:
-    return {"openai": opts.openai_port, **_triton_ports()}
+    """The gateway (which asks the key) and the metrics (for scraping); Triton's HTTP and gRPC
+    endpoints, which ask none, only when exposed."""
+    triton = _triton_ports()
+    open_ = {"openai": opts.openai_port, "metrics": triton["metrics"]}
+    if opts.expose_triton:
+        open_ |= {"http": triton["http"], "grpc": triton["grpc"]}
+    return open_
+
+
+def _network_policy(opts: DeployOptions, meta: dict[str, Any],
+                    labels: dict[str, str]) -> dict[str, Any]:
+    """Ingress to the pods: the gateway, metrics and health ports from anywhere; Triton's HTTP
+    and gRPC (when exposed) from this namespace's pods labelled TRITON_CLIENT_LABEL=NAME
+    alone. Enforced where the cluster's network plugin implements NetworkPolicy."""
+    triton = _triton_ports()
+    anyone = [{"port": port, "protocol": "TCP"} for port in
+              (opts.openai_port, triton["metrics"], opts.health_port)]
+    rules: list[dict[str, Any]] = [{"ports": anyone}]
+    if opts.expose_triton:
+        rules.append({"from": [{"podSelector": {"matchLabels": {TRITON_CLIENT_LABEL: opts.name}}}],
+                      "ports": [{"port": triton[n], "protocol": "TCP"} for n in ("http", "grpc")]})
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta,
+            "spec": {"podSelector": {"matchLabels": labels}, "policyTypes": ["Ingress"],
+                     "ingress": rules}}
 
 
 def _deployment(opts: DeployOptions, needs: PodNeeds, meta: dict[str, Any],
                 labels: dict[str, str]) -> dict[str, Any]:
     ports = Ports()
     mount = str(needs.mount_path)
-    serve = ["qvl-trt", "serve", mount, "--host", "0.0.0.0",
+    serve = ["qvl-trt", "serve", mount, "--host", opts.listen_host,
+             "--inference-host", opts.inference_host,
              "--http-port", str(ports.http), "--grpc-port", str(ports.grpc),
              "--metrics-port", str(ports.metrics),
-             "--health-port", str(opts.health_port), "--openai-port", str(opts.openai_port)]
-    resources = {"cpu": _cpu_quantity(needs.cpu), "memory": _bytes_quantity(needs.memory_bytes),
-                 GPU_RESOURCE: needs.gpus}
+             "--health-port", str(opts.health_port), "--openai-port", str(opts.openai_port),
+             "--drain-timeout", f"{opts.drain_timeout_s:g}"]
+    memory = _bytes_quantity(needs.memory_bytes)
+    requests = {"cpu": _cpu_quantity(needs.cpu), "memory": memory, GPU_RESOURCE: needs.gpus}
+    limits = {"memory": memory, GPU_RESOURCE: needs.gpus}
     repo_mount: dict[str, Any] = {"name": "repository", "mountPath": mount, "readOnly": True}
     if opts.host_path is None:
         volume: dict[str, Any] = {"persistentVolumeClaim": {"claimName": opts.claim_name,
@@ -333,13 +432,13 @@ def _deployment(opts: DeployOptions, needs: PodNeeds, meta: dict[str, Any],
         # setup) and then execs its arguments, so serve still gets the kubelet's SIGTERM
         # (triton-inference-server/server docker/cpu_only/nvidia_entrypoint.sh).
         "args": serve,
-        # The gateway's key from an optional Secret: never on a command line, and without
-        # the Secret the gateway asks for no key.
-        "env": [{"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {
-            "name": opts.secret_name, "key": API_KEY_SECRET_KEY, "optional": True}}}],
+        "env": _environment(opts),
         "ports": [{"name": name, "containerPort": port} for name, port in
                   {**_service_ports(opts), "health": opts.health_port}.items()],
-        "resources": {"requests": resources, "limits": resources},
+        "resources": {"requests": requests, "limits": limits},
+        "securityContext": {
+            "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True, "runAsNonRoot": True},
         "startupProbe": probe(READY_PATH, STARTUP_PERIOD_S,
                               math.ceil(STARTUP_WINDOW_S / STARTUP_PERIOD_S)),
         # 503 while serve restarts a faulty server or the end-to-end probe fails: the pod
@@ -347,7 +446,9 @@ def _deployment(opts: DeployOptions, needs: PodNeeds, meta: dict[str, Any],
         "readinessProbe": probe(READY_PATH, 5, 2),
         "livenessProbe": probe(LIVE_PATH, 10, 3),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_S)]}}},
-        "volumeMounts": [repo_mount, {"name": "dshm", "mountPath": str(SHM_DIR)}],
+        "volumeMounts": [repo_mount, {"name": "dshm", "mountPath": str(SHM_DIR)},
+                         {"name": "tmp", "mountPath": TMP_DIR},
+                         {"name": "cache", "mountPath": CACHE_DIR}],
     }
     spec: dict[str, Any] = {
         "selector": {"matchLabels": labels},
@@ -360,7 +461,11 @@ def _deployment(opts: DeployOptions, needs: PodNeeds, meta: dict[str, Any],
             # GPU nodes are often tainted so that only pods asking for GPUs land there.
             "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists",
                              "effect": "NoSchedule"}],
-            "terminationGracePeriodSeconds": GRACE_S,
+            "terminationGracePeriodSeconds": grace_period_s(opts.drain_timeout_s),
+            # What Pod Security "restricted" asks, as the serving image's user (image.py).
+            "securityContext": {"runAsNonRoot": True, "runAsUser": SERVE_UID,
+                                "runAsGroup": SERVE_GID, "fsGroup": SERVE_GID,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
             # The pod's pause process becomes PID 1 and reaps what a killed tritonserver
             # orphans (python stubs, MPI helpers: serve restarts the server on a fault and
             # waits only for its own children; kubernetes build/pause/linux/pause.c sigreap).
@@ -373,12 +478,26 @@ def _deployment(opts: DeployOptions, needs: PodNeeds, meta: dict[str, Any],
             "volumes": [{"name": "repository", **volume},
                         {"name": "dshm", "emptyDir": {"medium": "Memory",
                                                       "sizeLimit": _bytes_quantity(
-                                                          needs.shm_bytes)}}],
+                                                          needs.shm_bytes)}},
+                        {"name": "tmp", "emptyDir": {}}, {"name": "cache", "emptyDir": {}}],
         }},
     }
     if not opts.hpa:  # the autoscaler owns the count; an apply would reset it
         spec = {"replicas": opts.replicas, **spec}
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": spec}
+
+
+def _environment(opts: DeployOptions) -> list[dict[str, Any]]:
+    """HOME and the caches on the writable volumes; the gateway's key from its Secret (never
+    on a command line), which the pod waits for: a missing Secret never means no key."""
+    env: list[dict[str, Any]] = [
+        {"name": "HOME", "value": TMP_DIR},
+        {"name": "XDG_CACHE_HOME", "value": CACHE_DIR},
+        {"name": "NUMBA_CACHE_DIR", "value": f"{CACHE_DIR}/numba"}]
+    if opts.secret_name is not None:
+        env.append({"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {
+            "name": opts.secret_name, "key": API_KEY_SECRET_KEY}}})
+    return env
 
 
 def _autoscaler(opts: DeployOptions, meta: dict[str, Any]) -> dict[str, Any]:
@@ -412,11 +531,29 @@ class DeployResult:
     files: tuple[str, ...]
     needs: PodNeeds
     claim: str | None  # the claim the pods mount (None: a host path)
-    secret: str
+    secret: str | None  # the Secret of the gateway's key (None: --no-api-key)
+
+    opts: DeployOptions
 
     @property
     def apply_command(self) -> str:
         return f"kubectl apply -f {self.out}"
+
+    @property
+    def access(self) -> tuple[str, ...]:
+        """Who may reach what, as `deploy` prints it."""
+        if self.secret is None:
+            lines = ["warning: the gateway asks NO key (--no-api-key): anyone who reaches the "
+                     "Service's openai port may use it"]
+        else:
+            lines = [f"the gateway asks the key in the Secret {self.secret}; the pods wait "
+                     f"until it exists: kubectl create secret generic {self.secret} "
+                     f"--from-file={API_KEY_SECRET_KEY}=KEYFILE"]
+        if self.opts.expose_triton:
+            lines.append(f"Triton's HTTP and gRPC endpoints (no key) are in the Service, for "
+                         f"pods labelled {TRITON_CLIENT_LABEL}={self.opts.name} (the "
+                         "NetworkPolicy admits no others where the network plugin enforces it)")
+        return tuple(lines)
 
 
 def write_manifests(repo: Path, out: Path, opts: DeployOptions, *,
@@ -446,4 +583,4 @@ def write_manifests(repo: Path, out: Path, opts: DeployOptions, *,
             text = "".join(f"# {line}\n" for line in header.get(name, ()))
             (staging / name).write_text(text + yaml.dump(doc, Dumper=Dumper, sort_keys=False))
     return DeployResult(out, tuple(docs), needs,
-                        None if opts.host_path else opts.claim_name, opts.secret_name)
+                        None if opts.host_path else opts.claim_name, opts.secret_name, opts)
