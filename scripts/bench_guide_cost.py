@@ -1,7 +1,7 @@
 """What a structured-output guide costs the other requests of a step.
 
-1. Per token (default): the compile of schemas at the gateway's bounds, then xgrammar
-   0.1.25's token-mask fill, the work the stock executor (and
+1. Per token (default): the compile of schemas at the gateway's bounds, then xgrammar's
+   token-mask fill (the installed version, printed), the work the stock executor (and
    the reference tensorrt_llm) does on the step's thread for every guided request at every
    token, with Qwen's 151k-token vocabulary, for schema shapes a client may send. Each shape
    is walked through a string value one character at a time (--tokens of them) and the fills
@@ -27,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+from importlib import metadata
 from pathlib import Path
 
 # Shapes of a string property "k" (the value walked), the first the baseline.
@@ -86,14 +87,15 @@ def mask_costs(tokens: int, rounds: int) -> None:
     from qvl_trt.testing.tiny_checkpoint import write_tiny_checkpoint
 
     xgr = __import__("xgrammar")
+    xgrammar_version = metadata.version("xgrammar")
     with tempfile.TemporaryDirectory(prefix="qvl-bench-guide-") as tmp:
         ckpt = write_tiny_checkpoint(Path(tmp) / "ckpt")
         guided = GuidedDecoding(TokenizerInfo.of_tokenizer(ckpt / "tokenizer.json", [151645]),
                                 151936)
         compiled = {name: guided.compiler.compile_grammar(
             compact_json_schema(json.dumps(schema_of(shape)))) for name, shape in SHAPES.items()}
-        print("compile (xgrammar 0.1.25: the gateway's conversion, then the executor's "
-              "compile, first time)")
+        print(f"compile (xgrammar {xgrammar_version}: the gateway's conversion, then the "
+              "executor's compile, first time)")
         for name, schema in COMPILES.items():
             start = time.perf_counter()
             grammar = compact_json_schema(json.dumps(schema))
@@ -113,9 +115,9 @@ def mask_costs(tokens: int, rounds: int) -> None:
                 seconds[name].append(time.perf_counter() - start)
                 matcher.accept_string("v" if name.startswith("enum") else "a")
     base = statistics.mean(seconds["unbounded string"])
-    print(f"token-mask fill, xgrammar 0.1.25, 151936-token vocabulary, {tokens} tokens x "
-          f"{rounds} rounds (mean and slowest fill; ratio of the means to the unbounded "
-          "string's)")
+    print(f"token-mask fill, xgrammar {xgrammar_version}, 151936-token vocabulary, "
+          f"{tokens} tokens x {rounds} rounds (mean and slowest fill; ratio of the means to "
+          "the unbounded string's)")
     print(f"{'shape':<22} {'gateway':>8} {'ms/token':>9} {'max ms':>8} {'ratio':>8}")
     for name, shape in SHAPES.items():
         mean = statistics.mean(seconds[name])

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -197,13 +198,8 @@ def test_the_check_passes_a_failure_only_on_what_the_container_has() -> None:
 def test_the_image_build_checks_its_base_against_the_package_data(tmp_path,
                                                                  container_base) -> None:
     """`check-base`, as the Dockerfile runs it, in the check environment: only what cannot be
-    installed here (tensorrt, tensorrt-llm) is missing, and only a `here` version the data
-    puts outside upstream's pin is outside it; a base with another transformers is refused."""
-    try:
-        from packaging.specifiers import SpecifierSet
-    except ImportError:  # pip vendors it
-        from pip._vendor.packaging.specifiers import SpecifierSet
-
+    installed here (tensorrt, tensorrt-llm) is an error (missing); a `here` version the data
+    puts outside upstream's pin only warns; a base outside what qvl-trt needs is refused."""
     data = Path(load_container_packages.__defaults__[0])
     context = write_image_recipe(tmp_path / "image", rtx=False).context
     run = [str(env_python(container_base)), "-m", "qvl_trt.deploy.image", "check-base"]
@@ -212,24 +208,106 @@ def test_the_image_build_checks_its_base_against_the_package_data(tmp_path,
     packages = load_container_packages()
     lines = done.stderr.splitlines()
     missing = {line.split()[1] for line in lines if " is not installed " in line}
-    outside = {line.split()[1] for line in lines if " is outside " in line}
-    assert done.returncode == 1 and len(lines) == len(missing) + len(outside), lines
+    warned = {line.split()[1] for line in lines if line.startswith("warning: ")}
+    assert done.returncode == 1 and len(lines) == len(missing) + len(warned), lines
     assert missing == set(packages.not_here) and {"tensorrt", "tensorrt-llm"} >= missing
-    assert outside == {p.name for p in packages.packages if p.here and p.spec and not
-                       SpecifierSet(p.spec, prereleases=True).contains(p.here, prereleases=True)}
+    assert warned == {p.name for p in packages.packages
+                      if p.here and p.spec and not inside(p.here, p.spec)}
+    assert all(inside(p.here, p.needs) for p in packages.packages if p.here and p.needs)
     other = tmp_path / "other.toml"
-    other.write_text(data.read_text().replace('spec = "==4.57.1"', 'spec = "==4.56.0"'))
+    other.write_text(data.read_text().replace('needs = ">=4.57"', 'needs = "<4.57"'))
     done = subprocess.run([*run, str(other)], capture_output=True, text=True,
                           env=image_env_vars(container_base, context))
-    assert "error: transformers 4.57.1 is outside ==4.56.0" in done.stderr
-    assert check_base(data) != []  # this environment is not the container either
+    assert "error: transformers 4.57.3 is outside <4.57, which qvl-trt needs" in done.stderr
+    assert check_base(data).errors != ()  # this environment is not the container either
+
+
+def inside(version: str, spec: str) -> bool:
+    try:
+        from packaging.specifiers import SpecifierSet
+    except ImportError:  # pip vendors it
+        from pip._vendor.packaging.specifiers import SpecifierSet
+    return SpecifierSet(spec, prereleases=True).contains(version, prereleases=True)
+
+
+# The 26.07 image's packages as upstream's files give them, written down apart from the data
+# file they check: triton-inference-server/server docs/introduction/compatibility.md (r26.07:
+# torch, TensorRT, TensorRT-LLM), tensorrtllm_backend dockerfile/Dockerfile.triton.trt_llm_backend
+# (r26.07: TRT_VER, PIP_WHL_VER_TORCH, tensorrt_llm==1.2.1), TensorRT-LLM 1.2.1's
+# requirements.txt (transformers==4.57.3, xgrammar==0.1.32, numpy<2: 1.26.4 is the newest such
+# numpy), transformers 4.57.3's own requirements for the rest (versions inside them). No
+# tritonclient, grpcio, protobuf or aiohttp: neither recipe installs them.
+UPSTREAM_26_07 = {
+    "torch": "2.10.0a0+b4e4ee81d3.nv25.12", "tensorrt": "10.14.1.48", "tensorrt_llm": "1.2.1",
+    "transformers": "4.57.3", "xgrammar": "0.1.32", "numpy": "1.26.4", "tokenizers": "0.22.1",
+    "huggingface_hub": "0.36.2", "safetensors": "0.6.2",
+}
+
+
+def fake_site(dest: Path, packages: dict[str, str]) -> Path:
+    """A folder of *.dist-info/METADATA entries only: what importlib.metadata reads."""
+    for name, version in packages.items():
+        info = dest / f"{name}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\n"
+                                       f"Version: {version}\n")
+    return dest
+
+
+def check_base_of(site: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "qvl_trt.deploy.image", "check-base",
+                           str(load_container_packages.__defaults__[0]), "--site", str(site)],
+                          capture_output=True, text=True)
+
+
+def test_check_base_passes_the_base_upstreams_files_describe(tmp_path) -> None:
+    done = check_base_of(fake_site(tmp_path / "site", UPSTREAM_26_07))
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+
+
+@pytest.mark.parametrize(("package", "version", "needs"), [
+    ("transformers", "4.56.0", ">=4.57"),
+    ("numpy", "2.0.2", ">=1.24,<2"),
+    ("tensorrt_llm", "1.3.0", ">=1.2,<1.3"),
+])
+def test_check_base_refuses_what_our_code_cannot_work_with(tmp_path, package, version,
+                                                           needs) -> None:
+    site = fake_site(tmp_path / "site", {**UPSTREAM_26_07, package: version})
+    done = check_base_of(site)
+    name = package.replace("_", "-")
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"error: {name} {version} is outside {needs}, which "
+                                  "qvl-trt needs;"), done.stderr
+
+
+def test_check_base_warns_where_only_upstreams_pin_moved(tmp_path) -> None:
+    """A newer torch or transformers than upstream pins for 26.07 is a warning: the build goes
+    on. A package missing is an error."""
+    site = fake_site(tmp_path / "site", {**UPSTREAM_26_07, "torch": "2.11.0",
+                                         "transformers": "4.57.6"})
+    done = check_base_of(site)
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stderr.splitlines()) == [
+        "warning: torch 2.11.0 is outside >=2.9.1,<=2.10.0a0, upstream's pin for this base; "
+        "qvl-trt works with it",
+        "warning: transformers 4.57.6 is outside ==4.57.3, upstream's pin for this base; "
+        "qvl-trt works with it"]
+    without = {k: v for k, v in UPSTREAM_26_07.items() if k != "xgrammar"}
+    done = check_base_of(fake_site(tmp_path / "without", without))
+    assert done.returncode == 1 and done.stderr.startswith(
+        "error: xgrammar is not installed in the base image;"), done.stderr
 
 
 def test_serving_requirements_skip_what_the_container_has() -> None:
+    """What the base has stays its own; what upstream does not install for the base (the
+    gateway's tritonclient and protobuf) the recipe carries."""
     plain, rtx = serving_requirements(rtx=False), serving_requirements(rtx=True)
     assert set(plain) < set(rtx)
-    assert not any(r.startswith(("numpy", "protobuf", "tritonclient", "transformers"))
+    assert not any(r.startswith(("numpy", "transformers", "torch", "xgrammar", "tensorrt-llm"))
                    for r in rtx)
+    names = {r.split("[")[0].split(">")[0].split("=")[0] for r in plain}
+    assert {"tritonclient", "protobuf", "aiohttp", "prometheus-client"} <= names
+    assert not names & load_container_packages().names
 
 
 def test_the_image_command_writes_the_recipe_and_prints_how_to_build_and_serve(

@@ -344,7 +344,7 @@ def _nested(levels: int) -> dict:
      "only plain references within the schema"),
     (_formatted({"$ref": "#/$defs/missing"}), FORMAT, "points at nothing"),
     (_formatted({"type": "number", "minimum": 0.5, "maximum": 0.6}), FORMAT,
-     "minimum uses 'minimum', which is not supported: xgrammar 0.1.25 builds wrong grammars"),
+     "minimum uses 'minimum', which is not supported: xgrammar 0.1.32 builds wrong grammars"),
     (_formatted({"type": "object", "properties": {"a\\b": {"type": "string"}}}), FORMAT,
      "quote, backslash or control character"),
     (_formatted({"type": "strings"}), FORMAT, "type is \"strings\""),

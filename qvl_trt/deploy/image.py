@@ -46,7 +46,8 @@ def canonical(name: str) -> str:
 @dataclass(frozen=True)
 class ContainerPackage:
     name: str
-    spec: str  # what upstream pins ("" = unpinned, but present)
+    spec: str  # what upstream pins ("" = unpinned, but present); outside it: a warning
+    needs: str  # what qvl-trt's code works with ("" = any); outside it: an error
     here: str | None  # version of the check environment; None = not installable there
 
 
@@ -69,7 +70,7 @@ class ContainerPackages:
 def load_container_packages(path: Path = CONTAINER_PACKAGES) -> ContainerPackages:
     data = tomllib.loads(Path(path).read_text())
     packages = tuple(
-        ContainerPackage(name, entry.get("spec", ""),
+        ContainerPackage(name, entry.get("spec", ""), entry.get("needs", ""),
                          None if entry.get("here", "none") == "none" else entry["here"])
         for name, entry in data["packages"].items())
     return ContainerPackages(data["image"], data["python"], packages)
@@ -77,10 +78,8 @@ def load_container_packages(path: Path = CONTAINER_PACKAGES) -> ContainerPackage
 
 def check_environment_requirements(packages: ContainerPackages) -> list[str]:
     """pip requirements that reproduce the container's packages where they install without
-    the container (`here` versions); tritonclient without its CUDA and perf_analyzer extras."""
-    extras = {"tritonclient": "[grpc,http]"}
-    return [f"{p.name}{extras.get(p.name, '')}=={p.here}" for p in packages.packages
-            if p.here is not None]
+    the container (`here` versions)."""
+    return [f"{p.name}=={p.here}" for p in packages.packages if p.here is not None]
 
 
 def serving_requirements(*, rtx: bool, packages: ContainerPackages | None = None
@@ -187,7 +186,8 @@ FROM {packages.image}
 COPY qvl-trt {IMAGE_HOME}
 COPY {REQUIREMENTS} {recipe}/{REQUIREMENTS}
 ENV PYTHONPATH={IMAGE_HOME}${{PYTHONPATH:+:${{PYTHONPATH}}}}
-# The base must carry the packages the recipe was written against (their upstream pins).
+# The base must carry the packages the recipe relies on, at versions qvl-trt works with
+# (a version other than upstream's pin only warns).
 RUN {check}
 # Pin every package the base already has, so the additions upgrade none of them (TensorRT-LLM
 # and the stock backend were built against those); the image's Python is system-managed.
@@ -205,42 +205,63 @@ USER {SERVE_UID}:{SERVE_GID}
 """
 
 
-def check_base(path: Path) -> list[str]:
-    """Inside the image build: where the installed packages differ from the data file, one
-    line each (missing, or outside upstream's pin)."""
-    from importlib.metadata import PackageNotFoundError, version
+@dataclass(frozen=True)
+class BaseCheck:
+    """What `check_base` found: errors stop the image build, warnings do not."""
+    errors: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+
+def check_base(path: Path, site: Path | None = None) -> BaseCheck:
+    """Inside the image build: the installed packages (those of the folder `site`, else this
+    interpreter's) against the data file, one line each. A package missing or outside what
+    qvl-trt needs is an error; outside upstream's pin only, a warning."""
+    from importlib.metadata import distributions
 
     try:
         from packaging.specifiers import SpecifierSet
     except ImportError:  # pip vendors it
         from pip._vendor.packaging.specifiers import SpecifierSet
 
-    problems = []
+    found = distributions(path=[str(site)]) if site is not None else distributions()
+    installed: dict[str, str] = {}
+    for dist in found:
+        # The first on the path is the one imported, as importlib.metadata.version picks.
+        installed.setdefault(canonical(dist.metadata["Name"] or ""), dist.version)
+
+    def inside(have: str, spec: str) -> bool:
+        return SpecifierSet(spec, prereleases=True).contains(have, prereleases=True)
+
+    errors, warnings = [], []
     for package in load_container_packages(path).packages:
-        try:
-            have = version(package.name)
-        except PackageNotFoundError:
-            problems.append(f"{package.name} is not installed in the base image")
-            continue
-        if package.spec and not SpecifierSet(package.spec, prereleases=True).contains(
-                have, prereleases=True):
-            problems.append(f"{package.name} {have} is outside {package.spec}")
-    return problems
+        have = installed.get(canonical(package.name))
+        if have is None:
+            errors.append(f"{package.name} is not installed in the base image")
+        elif package.needs and not inside(have, package.needs):
+            errors.append(f"{package.name} {have} is outside {package.needs}, "
+                          "which qvl-trt needs")
+        elif package.spec and not inside(have, package.spec):
+            warnings.append(f"{package.name} {have} is outside {package.spec}, upstream's "
+                            "pin for this base; qvl-trt works with it")
+    return BaseCheck(tuple(errors), tuple(warnings))
 
 
-USAGE = ("usage: python3 -m qvl_trt.deploy.image check-base PACKAGES.toml\n"
+USAGE = ("usage: python3 -m qvl_trt.deploy.image check-base PACKAGES.toml [--site DIR]\n"
          "       python3 -m qvl_trt.deploy.image write DIR [--rtx]")
 
 
 def _main(argv: list[str]) -> int:
     """The two steps that run without qvl-trt's CLI dependencies: the image build's base
     check, and writing a recipe from a source checkout (scripts/verify_gpu.sh)."""
-    if len(argv) == 2 and argv[0] == "check-base":
-        problems = check_base(Path(argv[1]))
-        for line in problems:
+    if argv[:1] == ["check-base"] and (len(argv) == 2 or (len(argv) == 4
+                                                          and argv[2] == "--site")):
+        found = check_base(Path(argv[1]), Path(argv[3]) if len(argv) == 4 else None)
+        for line in found.warnings:
+            print(f"warning: {line}", file=sys.stderr)
+        for line in found.errors:
             print(f"error: {line}; this recipe was written for another base image: "
                   "regenerate it with `qvl-trt image` of a matching qvl-trt", file=sys.stderr)
-        return 1 if problems else 0
+        return 1 if found.errors else 0
     if len(argv) in (2, 3) and argv[0] == "write" and argv[2:] in ([], ["--rtx"]):
         recipe = write_image_recipe(Path(argv[1]), rtx=argv[2:] == ["--rtx"])
         print(recipe.tag)

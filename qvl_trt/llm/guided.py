@@ -1,7 +1,7 @@
 """Guided decoding (structured output) as the stock TensorRT-LLM 1.2 runtime does it, with
-xgrammar 0.1.25 (the version TensorRT-LLM 1.2's requirements.txt pins): the guide types and
-their request-time rules, xgrammar's tokenizer info file, and the per-request grammar matcher
-whose token bitmask masks the logits before sampling.
+xgrammar 0.1.32 (TensorRT-LLM 1.2.1's requirements.txt pin, and the version its C++ library
+is built from): the guide types and their request-time rules, xgrammar's tokenizer info file,
+and the per-request grammar matcher whose token bitmask masks the logits before sampling.
 
 Upstream, in NVIDIA/TensorRT-LLM (the 1.2 line: the two versions of each file read, before
 and after the structural_tag and cache-limit changes of guidedDecoder.cpp, agree on this):
@@ -72,7 +72,7 @@ TOKENIZER_INFO_NAME = "xgrammar_tokenizer_info.json"
 NOT_SET_UP = ("Request is specified with GuidedDecodingParams, but GuidedDecoder is not "
               "setup")
 FORWARD_ERROR = "Encountered an error in forwardAsync function: "
-# The compiled grammars a process keeps, least recently used first out (xgrammar 0.1.25
+# The compiled grammars a process keeps, least recently used first out (xgrammar's
 # GrammarCompiler cache_limit_bytes, sized by CompiledGrammar.MemorySizeBytes).
 GRAMMAR_CACHE_BYTES = 256 * 2**20
 # Guides compiling at once, off the step thread (each compile also runs xgrammar's own
