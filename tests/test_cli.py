@@ -75,6 +75,12 @@ def test_require_names_the_extra():
     assert "build the vision engine" in str(err.value) and "\n" not in str(err.value)
 
 
+def test_require_of_a_container_package_names_the_container_not_pip():
+    with pytest.raises(DependencyError, match="TensorRT-LLM container") as err:
+        require("no_such_module_qvl", extra="trtllm", why="build the LLM engine")
+    assert "pip install" not in str(err.value) and "qvl-trt image" in str(err.value)
+
+
 def test_version():
     from qvl_trt import __version__
 

@@ -4,6 +4,8 @@ of qvl_trt resolve after a rename), each shell script parses (`bash -n`)."""
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -53,3 +55,60 @@ def test_a_shell_syntax_error_is_caught(tmp_path):
     broken.write_text("if true; then\n  echo never closed\n")
     assert subprocess.run(["bash", "-n", str(broken)], capture_output=True,
                           check=False).returncode != 0
+
+
+# ---- scripts/verify_gpu.sh: which tests a run with no arguments selects ---------------------
+
+VERIFY_GPU = REPO / "scripts" / "verify_gpu.sh"
+TIER_MARKERS = ("gpu", "trt", "trtllm", "torchvision")
+# Records each collected test's file and markers before and after `-m` deselects.
+MARKER_PROBE = '''
+import pytest
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    for item in items:
+        marks = ",".join(sorted({m.name for m in item.iter_markers()}))
+        print("ALL", item.nodeid.split("::")[0], marks)
+
+def pytest_collection_finish(session):
+    for item in session.items:
+        print("SELECTED", item.nodeid.split("::")[0])
+'''
+
+
+def verify_gpu_default() -> tuple[str, list[str]]:
+    """The marker expression and the pytest arguments that scripts/verify_gpu.sh passes when
+    run with no arguments, read from the script."""
+    text = VERIFY_GPU.read_text()
+    (tiers,) = re.findall(r'^TIERS="([^"]+)"$', text, re.M)
+    (default,) = re.findall(r'^if \[ "\$#" -eq 0 \]; then\n\s+set -- ([^\n]+)\nfi$', text, re.M)
+    assert '-m "$TIERS"' in text, "verify_gpu.sh no longer selects by TIERS"
+    return tiers, shlex.split(default)
+
+
+def test_verify_gpu_selects_every_test_file_with_a_tier_marker(tmp_path):
+    tiers, default = verify_gpu_default()
+    (tmp_path / "marker_probe.py").write_text(MARKER_PROBE)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         "-p", "marker_probe", "-m", tiers, *default], cwd=REPO,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])},
+        capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    marked, selected = set(), set()
+    for line in result.stdout.splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind == "ALL":
+            path, _, marks = rest.partition(" ")
+            if set(marks.split(",")) & set(TIER_MARKERS):
+                marked.add(path)
+        elif kind == "SELECTED":
+            selected.add(rest)
+    # The files' own text, as a check that the probe saw the markers at all.
+    pattern = re.compile(r"mark\.(" + "|".join(TIER_MARKERS) + r")\b|trtllm_gpu_marks\(")
+    in_source = {f"tests/{p.name}" for p in (REPO / "tests").glob("test_*.py")
+                 if pattern.search(p.read_text())}
+    assert in_source and in_source <= marked, sorted(in_source - marked)
+    assert marked == selected, (f"marked, not selected: {sorted(marked - selected)}; "
+                                f"selected, not marked: {sorted(selected - marked)}")

@@ -138,7 +138,8 @@ def _run_llm(ctx: BuildContext, work: Path) -> dict[str, Any]:
     except StageUnavailable as exc:
         raise StageUnavailable(
             f"stage llm: {exc}; the converted checkpoint is kept in {checkpoint}. Finish the "
-            f"build inside the TensorRT-LLM 1.2 container: {ctx.container_command()}"
+            f"build inside the serving image, the TensorRT-LLM 1.2 container with qvl-trt: "
+            f"{ctx.container_command()}"
         ) from None
     return {"tp_size": result.tp_size, "engine_bytes": result.engine_bytes}
 

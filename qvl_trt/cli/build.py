@@ -305,8 +305,9 @@ def export_vision(
         "[default: build/vision-onnx-DTYPE].", show_default=False)] = None,
     trt_edition: Annotated[TrtEdition, typer.Option(
         help="The TensorRT edition the graph is for: tensorrt_rtx writes attention as the "
-        "ONNX Attention op (opset 23), tensorrt as MatMul-Softmax-MatMul (opset 18, "
-        "TensorRT 10.13).")] = TrtEdition.TENSORRT_RTX,
+        "ONNX Attention op (opset 23), tensorrt as MatMul-Softmax-MatMul (opset 18; the "
+        "container's TensorRT 10.14 parses the Attention op, not yet tried on a GPU).")] = (
+            TrtEdition.TENSORRT_RTX),
 ) -> None:
     """Export the vision tower to ONNX with a dynamic patch count, then check it against the
     Hugging Face tower: one line per output with the max difference and PASS/FAIL."""

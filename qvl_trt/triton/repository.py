@@ -5,11 +5,14 @@ chained by an ensemble, and tensorrt_llm_bls, the same chain run by BLS from one
 (cancellable by its client). The repository is self-contained: each python model's version
 folder holds its model.py (from `triton_repo/`), a zip of the qvl_trt package it imports
 (pure Python, pinned to the qvl-trt that wrote it), and the files it reads (tokenizer and
-configs, weights or engine), all found relative to model.py. A stock Triton container runs it
-without installing qvl-trt. The only absolute paths are the tensorrtllm backend's
-gpt_model_path and xgrammar_tokenizer_info_path (the backend takes no relative ones): they
-name where the repository will be mounted (`mount_path`, default: where it is written), and
-`qvl-trt serve` re-points them when the repository was moved.
+configs, weights or engine), all found relative to model.py. The models put that zip first on
+sys.path, so they run the qvl_trt that wrote the repository even where another is installed;
+the packages it imports come from where it is served: the serving image (`qvl-trt image`: the
+TensorRT-LLM container plus what the models import) or the environment of `qvl-trt serve`.
+The only absolute paths are the tensorrtllm backend's gpt_model_path and
+xgrammar_tokenizer_info_path (the backend takes no relative ones): they name where the
+repository will be mounted (`mount_path`, default: where it is written), and `qvl-trt serve`
+re-points them when the repository was moved.
 
 Large files (engines, weights) are hard-linked from the build when on the same filesystem.
 The repository is written beside `out` and renamed into place when complete.

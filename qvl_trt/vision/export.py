@@ -44,10 +44,12 @@ ONNX_NAME = "model.onnx"
 META_NAME = "onnx.json"
 VALIDATION_NAME = "validation.txt"
 # Attention in the graph: TensorRT-RTX 1.7 parses the ONNX `Attention` op (opset 23) into its
-# fused attention layer. Full TensorRT parses that op only from 10.14 ("Parsers: Added support
-# for the Attention operator", TensorRT CHANGELOG 10.14) and the TensorRT-LLM 1.2 container
-# pins 10.13, so its graph keeps opset 18, where attention is MatMul-Softmax-MatMul (which
-# TensorRT also fuses in fp16). Built with TensorRT-RTX at the 2B dims, the opset-23 graph
+# fused attention layer. Full TensorRT parses that op from 10.14 ("Parsers: Added support for
+# the Attention operator", TensorRT CHANGELOG 10.14), the release the TensorRT-LLM 1.2.1
+# container carries (10.14.1.48). Its graph still keeps opset 18, where attention is
+# MatMul-Softmax-MatMul (which TensorRT also fuses in fp16), until the opset-23 graph has been
+# built and compared with full TensorRT on a GPU (tests/test_vision_gpu.py, whose full-TensorRT
+# case exports with this table). Built with TensorRT-RTX at the 2B dims, the opset-23 graph
 # takes ~25% less build time and 180 instead of 228 MiB of activations at 8192 patches
 # (scripts/bench_vision_build.py --compare).
 OPSETS = {TrtEdition.TENSORRT_RTX: 23, TrtEdition.TENSORRT: 18}
