@@ -484,10 +484,10 @@ def validate_json(report: ValidationReport) -> dict[str, Any]:
 def serving_lines(server: TritonServer, gateway: GatewayProcess | None, *,
                   health_port: int | None) -> str:
     """What `qvl-trt serve` prints once it serves."""
-    from ..serve.server import client_host, host_port
+    from ..serve.server import local_address
 
     health = "" if health_port is None else \
-        f", readiness http://{host_port(client_host(server.opts.host), health_port)}/ready"
+        f", readiness http://{local_address(server.opts.host, health_port)}/ready"
     lines = [f"tritonserver ({server.install.origin}) ready: HTTP {server.http_url}, gRPC "
              f"{server.grpc_url}, metrics {server.metrics_url}{health}; Ctrl-C stops it"]
     if gateway is not None:

@@ -498,7 +498,7 @@ def gateway(
     repository API is restricted (serve passes its own). Stops on Ctrl-C or SIGTERM."""
     from ..client.generate import parse_url
     from ..gateway.app import run_gateway
-    from ..serve.server import client_host, host_port
+    from ..serve.server import local_address
     from ..triton.restricted import ADMIN_KEY_ENV
     from .console import out as console
 
@@ -511,7 +511,7 @@ def gateway(
                           shutdown_timeout_s=shutdown_timeout,
                           api_key=os.environ.get(API_KEY_ENV), ready_url=ready_url,
                           triton_admin_key=os.environ.get(ADMIN_KEY_ENV))
-    shown = f"http://{host_port(client_host(host), port)}"
+    shown = f"http://{local_address(host, port)}"
     run_gateway(opts, on_ready=lambda: console.print(
         f"gateway listening: OpenAI endpoint {shown}/v1, chat page {shown}/ (Triton gRPC "
         f"{endpoint.address}); Ctrl-C stops it", highlight=False))

@@ -42,7 +42,7 @@ from ..serve.needs import (
     shm_gib,
     written_root,
 )
-from ..serve.server import SHM_DIR, STARTUP_TIMEOUT_S, UNLOAD_GRACE_S, Ports
+from ..serve.server import SHM_DIR, STARTUP_TIMEOUT_S, UNLOAD_GRACE_S, Ports, client_host
 from ..serve.supervisor import START_ATTEMPTS
 from ..triton.contract import POSTPROCESSING, PREPROCESSING, TENSORRT_LLM_BLS
 from .image import SERVE_GID, SERVE_UID
@@ -219,9 +219,7 @@ class DeployOptions:
     def inference_host(self) -> str:
         """serve's --inference-host: Triton's HTTP and gRPC, which ask no key, on the loopback
         interface unless exposed."""
-        if self.expose_triton:
-            return self.listen_host
-        return "::1" if self.ipv6 else "127.0.0.1"
+        return self.listen_host if self.expose_triton else client_host(self.listen_host)
 
 
 def _name(value: str, pattern: re.Pattern, option: str, rule: str) -> None:

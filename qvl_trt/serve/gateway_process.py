@@ -17,7 +17,7 @@ from ..errors import ServerError
 from ..gateway.options import API_KEY_ENV, GatewayOptions
 from ..gateway.readiness import READY_PATH, ask_ready
 from ..triton.restricted import ADMIN_KEY_ENV
-from .server import client_host, host_port
+from .server import local_address
 
 # Beyond the gateway's own shutdown timeout, before its group is killed.
 STOP_GRACE_S = 5.0
@@ -50,7 +50,7 @@ class GatewayProcess:
     @property
     def url(self) -> str:
         """Where clients on this machine reach it."""
-        return f"http://{host_port(client_host(self.opts.host), self.opts.port)}"
+        return f"http://{local_address(self.opts.host, self.opts.port)}"
 
     def start(self, timeout_s: float = 60.0) -> GatewayProcess:
         """Start it and wait until it listens."""

@@ -29,7 +29,7 @@ from .server import (
     client_host,
     format_command,
     free_ports,
-    host_port,
+    local_address,
     new_admin_key,
     require_tritonserver,
     server_command,
@@ -73,13 +73,12 @@ def prepare(repo: Path, opts: ServeOptions) -> Serving:
     if opts.openai_port is not None:
         if health_port is None:  # the gateway forwards serve's readiness from a private port
             health_port, health_host = free_ports(LOOPBACK).http, LOOPBACK
-        local = client_host(server.endpoint_host)
         gateway = GatewayOptions(
-            host_port(local, ports.grpc), host=opts.openai_host or opts.host,
+            local_address(server.endpoint_host, ports.grpc), host=opts.openai_host or opts.host,
             port=opts.openai_port, api_key=opts.api_key, triton_admin_key=server.admin_key,
             # Its answers in flight get the drain serve gives Triton's (docs/deployment.md).
             shutdown_timeout_s=opts.drain_timeout_s,
-            ready_url=f"http://{host_port(client_host(health_host), health_port)}{READY_PATH}")
+            ready_url=f"http://{local_address(health_host, health_port)}{READY_PATH}")
     return Serving(needs, install, server, health_port, health_host, gateway)
 
 

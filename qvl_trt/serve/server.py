@@ -101,8 +101,6 @@ class ServerOptions:
                 "metrics": (self.ports.metrics, self.host)}
 
 
-
-
 def new_admin_key() -> str:
     return secrets.token_urlsafe(24)
 
@@ -172,6 +170,11 @@ def client_host(listen: str) -> str:
     if listen in ("0.0.0.0", ""):
         return "127.0.0.1"
     return "::1" if listen == "::" else listen
+
+
+def local_address(listen: str, port: int) -> str:
+    """`host:port` where a client on this machine reaches a server listening on `listen`."""
+    return host_port(client_host(listen), port)
 
 
 def require_tritonserver() -> TritonInstall:
@@ -322,21 +325,16 @@ class TritonServer:
         self._log_handle = None
 
     @property
-    def client_host(self) -> str:
-        """Where a client here reaches the HTTP and gRPC endpoints."""
-        return client_host(self.opts.endpoint_host)
-
-    @property
     def http_url(self) -> str:
-        return host_port(self.client_host, self.opts.ports.http)
+        return local_address(self.opts.endpoint_host, self.opts.ports.http)
 
     @property
     def grpc_url(self) -> str:
-        return host_port(self.client_host, self.opts.ports.grpc)
+        return local_address(self.opts.endpoint_host, self.opts.ports.grpc)
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{host_port(client_host(self.opts.host), self.opts.ports.metrics)}/metrics"
+        return f"http://{local_address(self.opts.host, self.opts.ports.metrics)}/metrics"
 
     @property
     def admin_headers(self) -> dict[str, str]:
