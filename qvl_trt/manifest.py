@@ -25,6 +25,7 @@ from .profiles import GpuProfile, TrtEdition
 from .typed_config import load_dataclass
 from .vision.engine import BUILD_LOG_NAME, CONFIG_NAME, ENGINE_NAME, TIMING_CACHE_NAME
 from .vision.validate import EXPORT_CONFIG_NAME, EXPORT_LOG_NAME
+from .workload import Workload
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = 1
@@ -209,13 +210,17 @@ class Manifest:
         write_json_atomic(build_dir / MANIFEST_NAME, data)
 
 
-def build_name(profile: str, weights: WeightOnly) -> str:
-    """A build's profile and weight precision in one name: `4090d` in the engine dtype (the
-    name builds had before the option, so their cache keys and folders stay), `4090d.int8`
-    quantized. Cache keys start with it and build folders are named after it. A '.', not a
-    '-': the restore prefix of one name (`qvl-trt-4090d-`) must match no key of another
+def build_name(profile: str, weights: WeightOnly,
+               workload: Workload = Workload.CHAT) -> str:
+    """A build's profile, weight precision and workload in one name: `4090d` in the engine
+    dtype for chat (the name builds had before the options, so their cache keys and folders
+    stay), `4090d.int8` quantized, `h200.video` or `h200.int8.long` for another workload.
+    Cache keys start with it and build folders are named after it. A '.', not a '-': the
+    restore prefix of one name (`qvl-trt-4090d-`) must match no key of another
     (`qvl-trt-4090d.int8-...`)."""
-    return profile if weights is WeightOnly.NONE else f"{profile}.{weights.value}"
+    parts = [profile] + [str(o) for o in (weights, workload)
+                         if o not in (WeightOnly.NONE, Workload.CHAT)]
+    return ".".join(parts)
 
 
 def cache_key(build_inputs: dict[str, Any]) -> str:
@@ -223,9 +228,13 @@ def cache_key(build_inputs: dict[str, Any]) -> str:
     version; the prefix lets a CI cache restore the newest build of the same profile and
     weights, whose unchanged stages are then skipped."""
     digest = fingerprint({"inputs": build_inputs, "qvl_trt": __version__})
-    # The options hold `weights` only when quantized (BuildOptions.to_json).
-    weights = WeightOnly(build_inputs["options"].get("weights", WeightOnly.NONE))
-    return f"qvl-trt-{build_name(build_inputs['profile']['name'], weights)}-{digest[:32]}"
+    # The options hold `weights` only when quantized, `workload` only when not chat
+    # (BuildOptions.to_json).
+    opts = build_inputs["options"]
+    name = build_name(build_inputs["profile"]["name"],
+                      WeightOnly(opts.get("weights", WeightOnly.NONE)),
+                      Workload(opts.get("workload", Workload.CHAT)))
+    return f"qvl-trt-{name}-{digest[:32]}"
 
 
 def tool_versions() -> dict[str, Any]:
@@ -262,6 +271,8 @@ def write_reproduce_script(manifest: Manifest, path: Path) -> Path:
         build.append(f"--trt-edition {shlex.quote(opts['trt_edition'])}")
     if opts.get("weights"):
         build.append(f"--weights {shlex.quote(opts['weights'])}")
+    if opts.get("workload"):
+        build.append(f"--workload {shlex.quote(opts['workload'])}")
     used = ", ".join(
         f"{name} {tools[name]}"
         for name in ("tensorrt", "tensorrt_rtx", "tensorrt_llm", "cuda", "driver")

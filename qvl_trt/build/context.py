@@ -20,6 +20,7 @@ from ..plan import make_plan
 from ..profiles import GpuProfile, TrtEdition
 from ..typed_config import to_jsonable
 from ..vision.spec import ENGINE_DTYPES
+from ..workload import Workload
 
 STAGES = tuple(Stage)
 # The serving image recipe in a build folder, written when the build must go on in it.
@@ -41,6 +42,8 @@ class BuildOptions:
     tp_size: int = 1
     # The LLM's linear weights: in the engine dtype, or weight-only INT8/INT4.
     weights: WeightOnly = WeightOnly.NONE
+    # What the limits are sized for (qvl_trt.workload): the planner derives them from it.
+    workload: Workload = Workload.CHAT
 
     def __post_init__(self) -> None:
         if self.vision_dtype not in ENGINE_DTYPES:
@@ -48,12 +51,16 @@ class BuildOptions:
                               f"{' or '.join(ENGINE_DTYPES)}")
         object.__setattr__(self, "vision_dtype", Dtype(self.vision_dtype))
         object.__setattr__(self, "weights", WeightOnly.parse(self.weights))
+        object.__setattr__(self, "workload", Workload.parse(self.workload))
 
     def to_json(self) -> dict[str, Any]:
         data = to_jsonable(asdict(self))
-        # Absent when none, so the cache keys of builds made before the option are unchanged.
+        # Absent when the default, so the cache keys of builds made before the options are
+        # unchanged.
         if self.weights is WeightOnly.NONE:
             del data["weights"]
+        if self.workload is Workload.CHAT:
+            del data["workload"]
         return data
 
     @classmethod
