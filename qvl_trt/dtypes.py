@@ -15,6 +15,7 @@ from typing import Any
 
 from .deps import require
 from .errors import ConfigError
+from .typed_config import OptionChoice
 
 
 class Dtype(str, enum.Enum):
@@ -81,7 +82,7 @@ def pick(value: Any, allowed: Sequence[Dtype], what: str) -> Dtype:
     return Dtype(value)
 
 
-class WeightOnly(str, enum.Enum):
+class WeightOnly(OptionChoice):
     """How the language model's linear-layer weights are stored: in the model dtype, or
     quantized weight-only (TensorRT-LLM's QuantAlgo W8A16 / W4A16: integer weights with one
     scale per output channel in the model dtype, activations and everything else in the
@@ -91,28 +92,9 @@ class WeightOnly(str, enum.Enum):
     INT8 = "int8"
     INT4 = "int4"
 
-    def __str__(self) -> str:
-        return self.value
-
     @classmethod
-    def parse(cls, value: Any) -> WeightOnly:
-        """`value` (a name or a member) as a member; otherwise ConfigError naming the choices."""
-        if value not in tuple(cls):
-            raise ConfigError(f"--weights {value}: one of {', '.join(w.value for w in cls)}")
-        return cls(value)
-
-    @classmethod
-    def parse_list(cls, text: str) -> tuple[WeightOnly, ...]:
-        """`--weights none,int8` -> (NONE, INT8), each once, in the order given."""
-        names = [n.strip() for n in text.split(",") if n.strip()]
-        if not names:
-            raise ConfigError(f"--weights {text!r} names no precision; pass one or more of "
-                              f"{', '.join(w.value for w in cls)}, comma-separated")
-        twice = sorted({n for n in names if names.count(n) > 1})
-        if twice:
-            raise ConfigError(f"--weights {text}: {', '.join(twice)} given more than once; "
-                              "name each precision once")
-        return tuple(cls.parse(n) for n in names)
+    def option(cls) -> str:
+        return "--weights"
 
     @property
     def quant_algo(self) -> str | None:

@@ -24,12 +24,13 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from fractions import Fraction
 from pathlib import Path
 
 from .atomic import staged_file
 from .checkpoint import (
+    PIXELS_PER_VIDEO_TOKEN,
     TEMPORAL_PATCH_SIZE,
     VISION_PREFIX,
     Checkpoint,
@@ -39,7 +40,12 @@ from .checkpoint import (
 )
 from .dtypes import WeightOnly
 from .errors import PlanError
-from .llm.engine import ENGINE_DTYPE, prompt_table_rows
+from .llm.engine import (
+    ENGINE_DTYPE,
+    engine_build_config,
+    prompt_table_element_bound,
+    prompt_table_rows,
+)
 from .llm.layout import (
     LlmConfig,
     Split,
@@ -52,7 +58,10 @@ from .llm.layout import (
 )
 from .llm.weight_only import FEATURE_MULTIPLE, is_quantized
 from .mm.geometry import image_token_count, video_token_count
+from .mm.prompt_table import rows_per_visual_token
+from .mm.video import RELEASED_CLIP_PIXELS, VideoConfig
 from .profiles import BuildLimits, GpuProfile, load_profile, profile_names, profile_toml
+from .workload import Workload
 
 GIB = 1024**3
 FP16 = 2
@@ -65,8 +74,15 @@ RUNTIME_OVERHEAD_BYTES = 1 * GIB
 # TensorRT runtime (its activations are vision_activation_bytes), on rank 0's card. A rule
 # of thumb as well.
 VISION_PROCESS_OVERHEAD_BYTES = GIB // 2
-# A gather input above 2^31 elements is unverified in TensorRT (STOCK_BACKEND.md).
-MAX_TABLE_ELEMENTS = 2**31
+# The video workload lowers max_batch_size until PromptTuningBuffers::fill's copy of every
+# active request's table (each step, context and generation alike; TRTLLM.md "Prompt table and
+# MRoPE costs") adds at most this share to the decode step's memory read at the caps. The copy
+# grows with the batch as the KV reads do, so this bounds the inter-token latency the table
+# costs; it does not raise throughput.
+MAX_TABLE_COPY_SHARE = 0.25
+# The long workload's contexts, longest first: Qwen3-VL's 256K where the KV cache holds one such
+# sequence beside the batch, else 128K.
+LONG_CONTEXTS = (262144, 131072)
 
 # The requests the capacity lines are stated for: the two workloads users measure, an image
 # with a question and a short clip (10 s sampled at 3 fps).
@@ -96,7 +112,8 @@ class TypicalRequest:
         return self.visual_tokens + self.text_tokens
 
 
-# The limits the planner may lower, in the order a profile's limits are lowered when a
+# The limits the planner may lower, in the order a profile's limits (for a workload other
+# than chat: the limits the workload derives from them, `workload_limits`) are lowered when a
 # checkpoint does not fit them: at the profile's context length first, how many requests run
 # at once, one at a time down to 1 (what one request may carry, a full-size clip included,
 # stays the profile's); when even batch 1 does not fit, the context is halved
@@ -138,6 +155,15 @@ class Plan:
     # generation) with every slot holding a request at the cap: device to device, each
     # request's table having been moved to the GPU once at its context step.
     prompt_table_copy_bytes_per_step: int
+    # The same with the KV cache full of the workload's typical request (its own rows, at most
+    # max_batch_size of them).
+    prompt_table_copy_bytes_typical: int
+    # What a decode step reads at the caps: the weights once and every slot's KV, each slot a
+    # request at the visual cap with the typical text and answer. The copy's share is of this.
+    decode_step_bytes_at_caps: int
+    # The most elements the engine's table may hold (llm/engine.py prompt_table_element_bound
+    # for the build's plugins); None: no bound.
+    prompt_table_element_bound: int | None
     mrope_table_bytes_per_request: int
     mrope_table_bytes: int
     # /dev/shm the python backend needs with a full batch of requests at the caps in flight:
@@ -164,10 +190,29 @@ class Plan:
     # Tensor-parallel ranks, one a card: the figures (weights, KV bytes per token,
     # activations) are rank 0's card's, the most loaded (module docstring).
     tp_size: int = 1
+    workload: Workload = Workload.CHAT
+    # The limits the workload set apart from the profile's (before any was lowered).
+    raised: tuple[LoweredLimit, ...] = ()
 
     @property
     def fits(self) -> bool:
         return not self.problems
+
+    @property
+    def table_copy_share_of_weights(self) -> float:
+        """The copy at the caps against the decode step's weight read: a copy reads and writes
+        each byte, the weights are read once, both at the card's bandwidth."""
+        return 2 * self.prompt_table_copy_bytes_per_step / self.llm_weight_bytes
+
+    @property
+    def table_copy_share_of_step(self) -> float:
+        """The copy at the caps against all that a decode step at the caps reads."""
+        return 2 * self.prompt_table_copy_bytes_per_step / self.decode_step_bytes_at_caps
+
+    @property
+    def full_sequences(self) -> int:
+        """max_seq_len sequences the KV budget holds at once."""
+        return self.kv_capacity_tokens // self.limits.max_seq_len
 
     @property
     def resident_bytes(self) -> int:
@@ -189,20 +234,70 @@ class Plan:
 
 
 def make_plan(ckpt: Checkpoint, profile: GpuProfile,
-              weights: WeightOnly = WeightOnly.NONE, tp_size: int = 1) -> Plan:
-    """The plan at the largest limits up to the profile's that fit (LOWERED_LIMITS); when none
-    do, `problems` says why at the smallest, with the fix. With `tp_size` ranks, one a card of
-    the profile, for the most loaded card; raises ConfigError for a TP size the conversion
-    refuses."""
+              weights: WeightOnly = WeightOnly.NONE, tp_size: int = 1,
+              workload: Workload = Workload.CHAT) -> Plan:
+    """The plan at the largest limits up to the workload's (workload_limits) that fit
+    (LOWERED_LIMITS); when none do, `problems` says why at the smallest, with the fix. With
+    `tp_size` ranks, one a card of the profile, for the most loaded card; raises ConfigError
+    for a TP size the conversion refuses, PlanError for a workload the checkpoint cannot
+    serve."""
     check_tp_size(ckpt.text, tp_size)
-    return _fit([(ckpt, weights)], profile, tp_size)[0][0]
+    return _fit([(ckpt, weights, workload)], profile, tp_size)[0][0]
 
 
 def planned_profile(ckpt: Checkpoint, profile: GpuProfile,
-                    weights: WeightOnly = WeightOnly.NONE, tp_size: int = 1) -> GpuProfile:
-    """`profile` with the limits make_plan derives for the checkpoint, weights and TP size:
-    the profile a build uses."""
-    return profile_for_plan(profile, make_plan(ckpt, profile, weights, tp_size))
+                    weights: WeightOnly = WeightOnly.NONE, tp_size: int = 1,
+                    workload: Workload = Workload.CHAT) -> GpuProfile:
+    """`profile` with the limits make_plan derives for the checkpoint, weights, TP size and
+    workload: the profile a build uses."""
+    return profile_for_plan(profile, make_plan(ckpt, profile, weights, tp_size, workload))
+
+
+def workload_limits(ckpt: Checkpoint, lim: BuildLimits,
+                    workload: Workload) -> list[BuildLimits]:
+    """The limits a workload asks of a profile's `lim`, largest first (the planner tries the
+    next when one does not fit at batch 1). A limit the profile already meets is kept, so the
+    limits a plan derived are a fixed point. The room a profile leaves for text beside its
+    visual cap, and for the answer beside the prompt, is kept.
+    - chat: the profile's limits, then its context halved (_context_levels).
+    - video: one request may carry the checkpoint's whole clip budget (its
+      video_preprocessor_config.json's, in merged tokens), the prompt grown by that.
+    - long: LONG_CONTEXTS up to the checkpoint's max_position_embeddings; chunked context
+      (the repository's enable_chunked_context) takes prompts up to max_seq_len - 1 in
+      chunks of max_num_tokens."""
+    block = lim.tokens_per_block
+    answer = lim.max_seq_len - lim.max_input_len
+    if workload is Workload.CHAT:
+        return list(_context_levels(lim))
+    if workload is Workload.VIDEO:
+        clip = clip_budget_tokens(ckpt)
+        cap = max(lim.max_visual_tokens_per_request, clip)
+        text = lim.max_input_len - lim.max_visual_tokens_per_request
+        prompt = max(lim.max_input_len, -(-(cap + text) // block) * block)
+        return [replace(lim, max_videos_per_request=max(lim.max_videos_per_request, 1),
+                        video_max_tokens=max(lim.video_max_tokens, clip),
+                        max_visual_tokens_per_request=cap, max_input_len=prompt,
+                        max_seq_len=prompt + answer)]
+    most = ckpt.text.max_position_embeddings
+    if lim.max_seq_len >= LONG_CONTEXTS[-1]:
+        return [lim]
+    contexts = [n for n in LONG_CONTEXTS if n <= most]
+    if not contexts:
+        raise PlanError(f"the checkpoint's max_position_embeddings ({most}) is below "
+                        f"{LONG_CONTEXTS[-1]}: --workload long needs a checkpoint trained for "
+                        "that context; use --workload chat")
+    return [replace(lim, max_seq_len=n, max_input_len=n - answer) for n in contexts]
+
+
+def clip_budget_tokens(ckpt: Checkpoint) -> int:
+    """Merged tokens of one video at the checkpoint's own clip budget: its video processor's
+    (or, as transformers falls back, its image processor's), the released checkpoints' for a
+    folder with config.json alone."""
+    if ckpt.video_preprocessor_config or ckpt.preprocessor_config:
+        pixels = VideoConfig.of_checkpoint(ckpt).pixels.max_pixels
+    else:
+        pixels = RELEASED_CLIP_PIXELS[1]
+    return pixels // PIXELS_PER_VIDEO_TOKEN
 
 
 def profile_for_plan(profile: GpuProfile, plan: Plan) -> GpuProfile:
@@ -212,18 +307,20 @@ def profile_for_plan(profile: GpuProfile, plan: Plan) -> GpuProfile:
 
 
 def plan_every_profile(ckpt: Checkpoint, weights: WeightOnly = WeightOnly.NONE,
-                       tp_size: int = 1) -> list[tuple[GpuProfile, Plan]]:
+                       tp_size: int = 1, workload: Workload = Workload.CHAT) \
+        -> list[tuple[GpuProfile, Plan]]:
     """The checkpoint against every shipped profile, in profile_names() order: the table a
     platform engineer picks a card from."""
     profiles = [load_profile(name) for name in profile_names()]
-    return [(p, make_plan(ckpt, p, weights, tp_size)) for p in profiles]
+    return [(p, make_plan(ckpt, p, weights, tp_size, workload)) for p in profiles]
 
 
-def plan_every_precision(ckpt: Checkpoint, tp_size: int = 1) \
+def plan_every_precision(ckpt: Checkpoint, tp_size: int = 1,
+                         workload: Workload = Workload.CHAT) \
         -> list[tuple[GpuProfile, dict[WeightOnly, Plan]]]:
     """plan_every_profile for each weight precision: which card takes the checkpoint in
     which precision, and with what KV budget."""
-    return [(p, {w: make_plan(ckpt, p, w, tp_size) for w in WeightOnly})
+    return [(p, {w: make_plan(ckpt, p, w, tp_size, workload) for w in WeightOnly})
             for p in (load_profile(name) for name in profile_names())]
 
 
@@ -252,22 +349,24 @@ class SharedPlan:
                      for p, b in zip(self.plans, self.kv_budgets, strict=True))
 
 
-def plan_together(models: Sequence[tuple[str, Checkpoint, WeightOnly]],
+def plan_together(models: Sequence[tuple[str, Checkpoint, WeightOnly, Workload]],
                   profile: GpuProfile) -> SharedPlan:
-    """Plan builds (name, checkpoint, weights) that one server serves on one card, lowering
-    limits in the single-card order (LOWERED_LIMITS) for all of them at once: at each
-    context length the largest max_batch_size among them is lowered by one (or the batch of
-    the build whose prompt table is too large), the later build first on a tie. Their KV
-    budgets are repository_kv_budgets'."""
-    names = tuple(name for name, _, _ in models)
+    """Plan builds (name, checkpoint, weights, workload) that one server serves on one card
+    (a chat and a video build of one checkpoint, say), lowering limits in the single-card
+    order (LOWERED_LIMITS) for all of them at once: at each context length the largest
+    max_batch_size among them is lowered by one (or the batch of the build whose prompt table
+    costs too much), the later build first on a tie. Their KV budgets are
+    repository_kv_budgets'."""
+    names = tuple(model[0] for model in models)
     if len(set(names)) != len(names):
         raise PlanError(f"two models are named alike in {', '.join(names)}; name each "
                         "--model NAME=PATH")
-    alone = tuple(make_plan(ckpt, profile, weights) for _, ckpt, weights in models)
+    alone = tuple(make_plan(ckpt, profile, weights, workload=workload)
+                  for _, ckpt, weights, workload in models)
     for name, plan in zip(names, alone, strict=True):
         if not plan.fits:
             return SharedPlan(names, alone, (0,) * len(alone), (f"{name}: {plan.problems[0]}",))
-    plans, problems = _fit([(ckpt, weights) for _, ckpt, weights in models], profile)
+    plans, problems = _fit([model[1:] for model in models], profile)
     if problems:
         return SharedPlan(names, tuple(plans), (0,) * len(plans), (
             f"{' and '.join(names)} do not fit together on one {profile.name} "
@@ -289,9 +388,12 @@ def save_planned_profiles(folder: Path, profile: GpuProfile,
         others = [n for n, _ in plans if n != name]
         beside = f", beside {' and '.join(others)}" if others else ""
         comment = (f"{profile.gpu.description} for {name} ({plan.variant}, "
-                   f"{plan.weights.value} weights{beside}): the profile {profile.name} with "
-                   "the limits `qvl-trt plan` derived.\n" + "\n".join(
-                       f"{c.key}: {c.profile_value} in the profile" for c in plan.lowered))
+                   f"{plan.weights.value} weights, {plan.workload} workload{beside}): the "
+                   f"profile {profile.name} with the limits `qvl-trt plan` derived.\n"
+                   + "\n".join(f"{f.name}: {getattr(profile.limits, f.name)} in the profile"
+                                for f in fields(BuildLimits)
+                                if getattr(plan.limits, f.name) != getattr(profile.limits,
+                                                                           f.name)))
         with staged_file(path, "w") as f:
             f.write(profile_toml(replace(profile, limits=plan.limits), comment))
         written.append(path)
@@ -319,23 +421,29 @@ class _Problem:
     build: int | None = None  # the build whose own batch relieves it; None: any
 
 
-def _fit(models: Sequence[tuple[Checkpoint, WeightOnly]], profile: GpuProfile,
+def _fit(models: Sequence[tuple[Checkpoint, WeightOnly, Workload]], profile: GpuProfile,
          tp_size: int = 1) -> tuple[list[Plan], tuple[str, ...]]:
     """Plans for builds sharing the card at the largest limits (LOWERED_LIMITS) where no
     build has a problem; with the problems at the smallest limits tried when there are none.
-    One build is the single-card plan (with `tp_size` ranks, rank 0's card)."""
-    before: _Problem | None = None
-    for level in _context_levels(profile.limits):
-        limits: list[BuildLimits] | None = [level] * len(models)
+    One build is the single-card plan (with `tp_size` ranks, rank 0's card). A build whose
+    workload has fewer context levels than another's stays at its last one."""
+    levels = [workload_limits(ckpt, profile.limits, workload) for ckpt, _, workload in models]
+    left: _Problem | None = None  # why the previous context level was left
+    for depth in range(max(len(each) for each in levels)):
+        limits: list[BuildLimits] | None = [each[min(depth, len(each) - 1)] for each in levels]
+        before: _Problem | None = None  # what failed at the next larger batch
         while limits is not None:
-            plans = [_figures(ckpt, replace(profile, limits=lim), weights, tp_size)
-                     for (ckpt, weights), lim in zip(models, limits, strict=True)]
+            plans = [_figures(ckpt, replace(profile, limits=lim), weights, tp_size, workload)
+                     for (ckpt, weights, workload), lim in zip(models, limits, strict=True)]
             problem = _problem(plans)
             if problem is None:
-                return [_with_lowered(p, profile.limits, before) for p in plans], ()
+                return [_with_lowered(p, profile.limits, each[0], (left, before))
+                        for p, each in zip(plans, levels, strict=True)], ()
             before = problem
             limits = _lower_batch(limits, problem)
-    plans = [_with_lowered(p, profile.limits, before) for p in plans]
+        left = problem
+    plans = [_with_lowered(p, profile.limits, each[0], (left,))
+             for p, each in zip(plans, levels, strict=True)]
     if len(plans) == 1:
         plans[0] = replace(plans[0], problems=(problem.message,))
     return plans, (problem.message,)
@@ -369,12 +477,19 @@ def _lower_batch(limits: Sequence[BuildLimits], problem: _Problem) -> list[Build
     return out
 
 
-def _with_lowered(plan: Plan, profile: BuildLimits, because: _Problem | None) -> Plan:
-    lowered = tuple(LoweredLimit(key, getattr(profile, key), getattr(plan.limits, key))
+def _with_lowered(plan: Plan, profile: BuildLimits, largest: BuildLimits,
+                  because: Sequence[_Problem | None]) -> Plan:
+    """`plan` with the limits its workload raised above the profile's (to `largest`) and
+    those lowered below `largest`, and why (each distinct reason once)."""
+    raised = tuple(LoweredLimit(f.name, getattr(profile, f.name), getattr(largest, f.name))
+                   for f in fields(BuildLimits)
+                   if getattr(largest, f.name) != getattr(profile, f.name))
+    lowered = tuple(LoweredLimit(key, getattr(largest, key), getattr(plan.limits, key))
                     for key in LOWERED_LIMITS
-                    if getattr(plan.limits, key) != getattr(profile, key))
-    return replace(plan, lowered=lowered,
-                   lowered_because=because.binds if lowered and because else "")
+                    if getattr(plan.limits, key) != getattr(largest, key))
+    reasons = dict.fromkeys(p.binds for p in because if p is not None)
+    return replace(plan, raised=raised, lowered=lowered,
+                   lowered_because="; ".join(reasons) if lowered else "")
 
 
 def _weights_words(weights: WeightOnly) -> str:
@@ -412,30 +527,59 @@ def _problem(plans: Sequence[Plan]) -> _Problem | None:
             f"{plans[0].profile} even at {at}: {fix}use a smaller checkpoint or a card with "
             "more memory, or lower limits.max_num_tokens (activations)")
     for i, p in enumerate(plans):
-        if p.prompt_table_elements >= MAX_TABLE_ELEMENTS:
+        bound = p.prompt_table_element_bound
+        if bound is not None and p.prompt_table_elements >= bound:
             return _Problem(
-                "prompt table at 2^31 elements",
-                f"the prompt table holds {p.prompt_table_elements:,} elements, at or above 2^31 "
-                f"where TensorRT gathers are unverified, even at {at}: lower "
-                "limits.vision_max_pixels", build=i)
+                f"prompt table at {bound:,} elements (lookup_plugin)",
+                f"the prompt table holds {p.prompt_table_elements:,} elements{_of(p, plans)}, "
+                f"at or above the {bound:,} lookup_plugin indexes, even at {at}: build "
+                "without lookup_plugin, or lower limits.max_visual_tokens_per_request",
+                build=i)
+        if p.workload is Workload.VIDEO and p.table_copy_share_of_step > MAX_TABLE_COPY_SHARE:
+            return _Problem(
+                f"the prompt-table copy at the caps would add {p.table_copy_share_of_step:.1%} "
+                f"to the decode step at batch {p.limits.max_batch_size} (at most "
+                f"{MAX_TABLE_COPY_SHARE:.0%})",
+                f"the prompt-table copy at the caps adds {p.table_copy_share_of_step:.0%} to "
+                f"the decode step{_of(p, plans)} even at {at}, more than "
+                f"{MAX_TABLE_COPY_SHARE:.0%}: lower limits.max_visual_tokens_per_request",
+                build=i)
     budgets = [_whole_blocks(b, p) for b, p in zip(_kv_shares(plans), plans, strict=True)]
     for p, tokens in zip(plans, budgets, strict=True):
         lim = p.limits
-        if tokens < lim.max_seq_len:
+        typical = workload_typical(p)
+        # The long workload promises one full-length sequence while the rest of the batch
+        # runs typical requests; the others one full-length sequence at all.
+        need = lim.max_seq_len + (lim.max_batch_size - 1) * typical.kv_tokens \
+            if p.workload is Workload.LONG else lim.max_seq_len
+        if tokens < need:
+            if p.workload is not Workload.LONG:
+                return _Problem(
+                    "KV cache below one max_seq_len sequence",
+                    f"the KV cache holds {tokens} tokens{_of(p, plans)}, less than one request "
+                    f"of limits.max_seq_len ({lim.max_seq_len}) even at {at}: {fix}lower "
+                    "limits.max_seq_len, or use a card with more memory")
+            others = lim.max_batch_size - 1
+            beside = f" beside {others} typical requests" if others else ""
             return _Problem(
-                "KV cache below one max_seq_len sequence",
-                f"the KV cache holds {tokens} tokens{_of(p, plans)}, less than one request of "
-                f"limits.max_seq_len ({lim.max_seq_len}) even at {at}: {fix}lower "
-                "limits.max_seq_len, or use a card with more memory")
-        if tokens // p.typical_request.kv_tokens < lim.max_batch_size:
+                f"KV cache below one {lim.max_seq_len}-token sequence{beside}",
+                f"the KV cache holds {tokens} tokens{_of(p, plans)}, less than one "
+                f"{lim.max_seq_len}-token sequence{beside} even at {at}: {fix}use a card with "
+                "more memory, tensor parallelism (--tp-size), or --workload chat")
+        if tokens // typical.kv_tokens < lim.max_batch_size:
             return _Problem(
                 "KV cache below max_batch_size typical requests",
-                f"the KV cache holds {tokens // p.typical_request.kv_tokens} concurrent "
-                f"typical requests{_of(p, plans)} ({p.typical_request.media}, "
-                f"{p.typical_request.kv_tokens} tokens), fewer than limits.max_batch_size "
+                f"the KV cache holds {tokens // typical.kv_tokens} concurrent "
+                f"typical requests{_of(p, plans)} ({typical.media}, "
+                f"{typical.kv_tokens} tokens), fewer than limits.max_batch_size "
                 f"({lim.max_batch_size}): {fix}lower limits.vision_max_pixels, or use a card "
                 "with more memory")
     return None
+
+
+def workload_typical(plan: Plan) -> TypicalRequest:
+    """The request a workload's batch is sized for: the clip for video, else the image."""
+    return plan.typical_video if plan.workload is Workload.VIDEO else plan.typical_request
 
 
 def _of(plan: Plan, plans: Sequence[Plan]) -> str:
@@ -489,7 +633,7 @@ def _vision_parameters(text: TextDims, vision: VisionDims) -> int:
 
 
 def _figures(ckpt: Checkpoint, profile: GpuProfile, weights: WeightOnly,
-             tp_size: int = 1) -> Plan:
+             tp_size: int = 1, workload: Workload = Workload.CHAT) -> Plan:
     """Rank 0's card (module docstring): its share of the language model, the whole vision
     model, and the buffers every rank holds whole (the prompt table: the embedding is not
     split; the MRoPE tables)."""
@@ -507,6 +651,9 @@ def _figures(ckpt: Checkpoint, profile: GpuProfile, weights: WeightOnly,
     )  # fp32 logits of the last tokens
     rows = prompt_table_rows(lim, v.deepstack_count)
     row_bytes = t.hidden_size * FP16
+    per_token = rows_per_visual_token(v.deepstack_count) * row_bytes
+    kv_per_token = 2 * t.num_layers * qkv_rows(config)[1] * FP16
+    at_cap = _typical(lim, "", lim.max_visual_tokens_per_request, TYPICAL_TEXT_TOKENS, "")
     # (cos, sin) per position and frequency, fp32, positions bounded by max_seq_len.
     mrope_per_request = lim.max_seq_len * t.head_dim * 4
     plan = Plan(
@@ -527,6 +674,12 @@ def _figures(ckpt: Checkpoint, profile: GpuProfile, weights: WeightOnly,
         prompt_table_bytes=rows * row_bytes,
         prompt_table_copy_bytes_per_step=lim.max_batch_size
         * (rows // lim.max_batch_size) * row_bytes,
+        prompt_table_copy_bytes_typical=0,
+        decode_step_bytes_at_caps=llm_weight_bytes(t, v, weights, tp_size)
+        + lim.max_batch_size * min(at_cap.kv_tokens, lim.max_seq_len) * kv_per_token,
+        prompt_table_element_bound=prompt_table_element_bound(
+            engine_build_config(profile, deepstack_layers=v.deepstack_count,
+                                weights=weights)["plugin_config"]),
         mrope_table_bytes_per_request=mrope_per_request,
         mrope_table_bytes=mrope_per_request * lim.max_batch_size,
         shm_bytes=lim.max_batch_size * (
@@ -536,7 +689,7 @@ def _figures(ckpt: Checkpoint, profile: GpuProfile, weights: WeightOnly,
         # K and V of this rank's KV heads in every layer, fp16. TensorRT-LLM gives a rank
         # ceil(KV heads / TP) heads (tensorrt_llm/_torch/pyexecutor/resource_manager.py,
         # KVCacheManager num_kv_heads_per_layer); check_tp_size keeps that exact.
-        kv_bytes_per_token=2 * t.num_layers * qkv_rows(config)[1] * FP16,
+        kv_bytes_per_token=kv_per_token,
         kv_cache_bytes=0,
         kv_capacity_tokens=0,
         typical_request=_typical_request(profile),
@@ -545,11 +698,12 @@ def _figures(ckpt: Checkpoint, profile: GpuProfile, weights: WeightOnly,
         concurrent_typical_videos=0,
         problems=(),
         tp_size=tp_size,
+        workload=workload,
     )
     kv_bytes = _kv_shares([plan])[0]
     capacity = _whole_blocks(kv_bytes, plan)
     video = plan.typical_video
-    return replace(
+    plan = replace(
         plan,
         kv_cache_bytes=kv_bytes,
         kv_capacity_tokens=capacity,
@@ -557,6 +711,10 @@ def _figures(ckpt: Checkpoint, profile: GpuProfile, weights: WeightOnly,
         concurrent_typical_videos=0 if video.refused
         else min(capacity // video.kv_tokens, lim.max_batch_size),
     )
+    typical = workload_typical(plan)
+    at_once = 0 if typical.refused else min(capacity // typical.kv_tokens, lim.max_batch_size)
+    return replace(plan, prompt_table_copy_bytes_typical=at_once * typical.visual_tokens
+                   * per_token)
 
 
 def repository_kv_budgets(plans: Sequence[Plan]) -> tuple[int, ...]:

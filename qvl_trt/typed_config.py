@@ -12,6 +12,39 @@ from typing import Any, TypeVar
 from .errors import ConfigError
 
 T = TypeVar("T")
+C = TypeVar("C", bound="OptionChoice")
+
+
+class OptionChoice(str, enum.Enum):
+    """A choice a CLI option takes by value (`--weights int8`); a subclass names its option in
+    `option()` for the errors."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def option(cls) -> str:
+        raise NotImplementedError
+
+    @classmethod
+    def parse(cls: type[C], value: Any) -> C:
+        """`value` (a name or a member) as a member; otherwise ConfigError naming the choices."""
+        if value not in tuple(cls):
+            raise ConfigError(f"{cls.option()} {value}: one of {', '.join(c.value for c in cls)}")
+        return cls(value)
+
+    @classmethod
+    def parse_list(cls: type[C], text: str) -> tuple[C, ...]:
+        """`none,int8` -> (NONE, INT8), each once, in the order given."""
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        if not names:
+            raise ConfigError(f"{cls.option()} {text!r} names no choice; pass one or more of "
+                              f"{', '.join(c.value for c in cls)}, comma-separated")
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ConfigError(f"{cls.option()} {text}: {', '.join(twice)} given more than once; "
+                              "name each once")
+        return tuple(cls.parse(n) for n in names)
 
 
 def load_dataclass(cls: type[T], data: Any, where: str) -> T:

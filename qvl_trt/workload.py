@@ -4,13 +4,10 @@ which the planner derives the limits per card and checkpoint (plan.py, docs/buil
 
 from __future__ import annotations
 
-import enum
-from typing import Any
-
-from .errors import ConfigError
+from .typed_config import OptionChoice
 
 
-class Workload(str, enum.Enum):
+class Workload(OptionChoice):
     # The profile's limits: images and short clips at the card's full batch.
     CHAT = "chat"
     # The checkpoint's whole video budget in one request (a 30-frame 1280x720 clip at the
@@ -20,12 +17,6 @@ class Workload(str, enum.Enum):
     # (chunked context; the MRoPE table sized to it).
     LONG = "long"
 
-    def __str__(self) -> str:
-        return self.value
-
     @classmethod
-    def parse(cls, value: Any) -> Workload:
-        """`value` (a name or a member) as a member; otherwise ConfigError naming the choices."""
-        if value not in tuple(cls):
-            raise ConfigError(f"--workload {value}: one of {', '.join(w.value for w in cls)}")
-        return cls(value)
+    def option(cls) -> str:
+        return "--workload"

@@ -167,11 +167,11 @@ def test_pairs_the_planner_does_not_fit_are_left_out_with_the_reason(tmp_path):
     done = run_cli("matrix", "--model", str(model), "--gpus", "4060ti")
     assert done.returncode == 1 and done.stdout == ""
     (line,) = done.stderr.strip().splitlines()
-    assert line.startswith("error: the matrix has no job, no (GPU, weights) pair asked for "
-                           "fits: 4060ti with --weights none: 8b checkpoint does not fit")
+    assert line.startswith("error: the matrix has no job, no (GPU, weights, workload) asked "
+                           "for fits: 4060ti with --weights none: 8b checkpoint does not fit")
     small_card = tmp_path / "small-card.toml"
     small_card.write_text(small_profile_toml().replace("memory_mib = 24564", "memory_mib = 8192"))
-    with pytest.raises(PlanError, match=r"\(and 1 more pairs\): 4060ti with --weights none: "
+    with pytest.raises(PlanError, match=r"\(and 1 more\): 4060ti with --weights none: "
                        "8b checkpoint does not fit profile 4060ti"):
         ci_matrix(model, f"4060ti,{small_card}", (WeightOnly.NONE,))
 
@@ -191,9 +191,8 @@ def test_unknown_gpu_is_a_one_line_error(tiny_ckpt):
 
 @pytest.mark.parametrize("weights, message", [
     ("fp8", "--weights fp8: one of none, int8, int4"),  # as `build --weights fp8` says
-    (" , ", "--weights ' , ' names no precision; pass one or more of none, int8, int4"),
-    ("int8,none,int8", "--weights int8,none,int8: int8 given more than once; name each "
-     "precision once"),
+    (" , ", "--weights ' , ' names no choice; pass one or more of none, int8, int4"),
+    ("int8,none,int8", "--weights int8,none,int8: int8 given more than once; name each once"),
 ])
 def test_bad_weights_are_a_one_line_error(weights, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

@@ -18,11 +18,12 @@ from qvl_trt.atomic import leftovers
 from qvl_trt.build import BuildOptions, Stage, run_build
 from qvl_trt.build.runner import os_error_line
 from qvl_trt.cli import app
-from qvl_trt.dtypes import Dtype, WeightOnly
+from qvl_trt.dtypes import Dtype
 from qvl_trt.errors import BuildError, ConfigError
 from qvl_trt.manifest import BuildFolder
 from qvl_trt.profiles import load_profile
 from qvl_trt.testing.tiny_checkpoint import write_config_only
+from qvl_trt.workload import Workload
 
 
 def test_inspect_and_plan_build_then_skip(tiny_ckpt, tmp_path):
@@ -64,25 +65,31 @@ def test_a_failing_stage_leaves_nothing_half_written(tmp_path):
 def test_the_build_uses_and_records_the_limits_planned_for_its_checkpoint(tmp_path):
     model = write_config_only(tmp_path / "8b", "8b")
     out = tmp_path / "b"
-    run_build(BuildOptions(str(model), "4090d", weights=WeightOnly.INT8), out,
+    run_build(BuildOptions(str(model), "h200", workload=Workload.VIDEO), out,
               only=(Stage.PLAN,))
-    # 12 slots of 4 x 12288 rows of 4096 pass 2^31 table elements: the build takes 10.
+    # The video workload lets a request carry the clip budget (12288 tokens, the prompt grown
+    # by as much); 13 slots of its table would add more than 25% to a decode step: 12.
+    shipped = load_profile("h200").limits
+    video = replace(shipped, max_visual_tokens_per_request=12288, video_max_tokens=12288,
+                    max_input_len=20480, max_seq_len=26624, max_batch_size=12)
     profile = json.loads((out / "plan" / "profile.json").read_text())
-    assert profile["limits"]["max_batch_size"] == 10
-    assert BuildFolder(out).profile().limits == replace(load_profile("4090d").limits,
-                                                        max_batch_size=10)
+    assert BuildFolder(out).profile().limits == video
     plan = json.loads((out / "plan" / "plan.json").read_text())
-    assert plan["weights"] == "int8" and plan["limits"] == profile["limits"]
-    assert plan["lowered"] == [{"key": "max_batch_size", "profile_value": 12, "value": 10}]
+    assert plan["workload"] == "video" and plan["limits"] == profile["limits"]
+    assert plan["lowered"] == [{"key": "max_batch_size", "profile_value": 48, "value": 12}]
+    assert {c["key"] for c in plan["raised"]} == {
+        "max_visual_tokens_per_request", "video_max_tokens", "max_input_len", "max_seq_len"}
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["stages"]["plan"]["summary"]["lowered"] == {"max_batch_size": [12, 10]}
-    assert manifest["inputs"]["profile"]["limits"]["max_batch_size"] == 10
+    assert manifest["stages"]["plan"]["summary"]["lowered"] == {"max_batch_size": [48, 12]}
+    assert manifest["inputs"]["profile"]["limits"]["max_batch_size"] == 12
+    assert manifest["options"]["workload"] == "video"
+    assert manifest["cache_key"].startswith("qvl-trt-h200.video-")
     # What the LLM engine is built with follows the same limits.
     from qvl_trt.llm.engine import engine_build_config
 
     config = engine_build_config(BuildFolder(out).profile(), deepstack_layers=3)
-    assert config["max_batch_size"] == 10
-    assert config["max_prompt_embedding_table_size"] == 10 * 4 * 12288
+    assert config["max_batch_size"] == 12 and config["max_seq_len"] == 26624
+    assert config["max_prompt_embedding_table_size"] == 12 * 4 * 12288
 
 
 def test_out_folder_of_another_model_is_refused(tiny_ckpt, tmp_path):

@@ -13,9 +13,9 @@ from qvl_trt.checkpoint import open_checkpoint
 from qvl_trt.cli import app
 from qvl_trt.dtypes import WeightOnly
 from qvl_trt.errors import PlanError
+from qvl_trt.llm.engine import TABLE_ELEMENT_LIMIT
 from qvl_trt.plan import (
     GIB,
-    MAX_TABLE_ELEMENTS,
     LoweredLimit,
     make_plan,
     plan_together,
@@ -23,6 +23,7 @@ from qvl_trt.plan import (
 )
 from qvl_trt.profiles import load_profile, profile_names
 from qvl_trt.testing.tiny_checkpoint import write_config_only
+from qvl_trt.workload import Workload
 
 
 @pytest.fixture(scope="module")
@@ -98,14 +99,14 @@ def test_8b_on_a_24gb_card_gets_its_own_limits(released):
     result = CliRunner().invoke(app, ["plan", "--model", str(released["8b"]), "--gpu", "4090d",
                                       "--weights", "int8"])
     assert result.exit_code == 0, result.output
-    # The profile's 12 x 4 x 12288 rows of 4096 are 2,415,919,104 elements, above 2^31;
-    # 11 slots still are (2,214,592,512), 10 are not (2,013,265,920).
-    assert 11 * 4 * 12288 * 4096 >= MAX_TABLE_ELEMENTS > 10 * 4 * 12288 * 4096
-    assert ("limits lowered for this checkpoint (prompt table at 2^31 elements at the next "
-            "larger limits): max_batch_size 12 -> 10; the build uses them") in result.output
+    # The profile's 12 x 4 x 12288 rows of 4096 are 2,415,919,104 elements, above 2^31: no
+    # bound in the container's TensorRT 10.14 without lookup_plugin, so the batch stays.
+    assert 12 * 4 * 12288 * 4096 > TABLE_ELEMENT_LIMIT
+    assert "limits lowered" not in result.output
+    assert "2,415,919,104" in result.output and "no element bound" in result.output
     plan = make_plan(open_checkpoint(released["8b"]), load_profile("4090d"), WeightOnly.INT8)
-    assert plan.fits and plan.limits.max_batch_size == 10
-    assert plan.lowered == (LoweredLimit("max_batch_size", 12, 10),)
+    assert plan.fits and plan.limits.max_batch_size == 12 and plan.lowered == ()
+    assert plan.prompt_table_element_bound is None
     # In FP16 the weights leave less memory: the batch goes on down to what the KV cache
     # holds typical requests for.
     fp16 = make_plan(open_checkpoint(released["8b"]), load_profile("4090d"))
@@ -118,7 +119,7 @@ def test_8b_on_a_24gb_card_gets_its_own_limits(released):
 
 def test_derived_limits_are_a_fixed_point(released):
     # The build plans again on the limits the plan derived (profile.json): nothing moves.
-    for gpu, weights in (("4090d", WeightOnly.NONE), ("a10g", WeightOnly.INT4)):
+    for gpu, weights in (("4090d", WeightOnly.NONE), ("a10g", WeightOnly.NONE)):
         profile = load_profile(gpu)
         plan = make_plan(open_checkpoint(released["8b"]), profile, weights)
         again = make_plan(open_checkpoint(released["8b"]),
@@ -300,13 +301,27 @@ def _profile_file(tmp_path, name, **limits):
     return load_profile(str(path))
 
 
-def test_a_prompt_table_at_2_31_elements_lowers_the_batch(released, tmp_path):
-    # The old sizing: h100's batch 32 x 4 x four 2048-token images x 2048 wide = 2^31 for 2B.
+def test_2_31_elements_bound_the_table_only_through_lookup_plugin(released, tmp_path,
+                                                                  monkeypatch):
+    # h100's batch 32 x 4 x four 2048-token images x 2048 wide = 2^31 for 2B.
     old = _profile_file(tmp_path, "h100", max_visual_tokens_per_request=8192)
-    assert 32 * 4 * 8192 * 2048 == MAX_TABLE_ELEMENTS
+    assert 32 * 4 * 8192 * 2048 == TABLE_ELEMENT_LIMIT
+    plan = make_plan(open_checkpoint(released["2b"]), old)
+    assert plan.fits and not plan.lowered and plan.prompt_table_element_bound is None
+    # An engine whose lookup went through lookup_plugin (32-bit indexing) could not hold it.
+    import qvl_trt.plan as planner
+
+    real = planner.engine_build_config
+
+    def with_lookup_plugin(*args, **kwargs):
+        config = real(*args, **kwargs)
+        config["plugin_config"]["lookup_plugin"] = "float16"
+        return config
+
+    monkeypatch.setattr(planner, "engine_build_config", with_lookup_plugin)
     plan = make_plan(open_checkpoint(released["2b"]), old)
     assert plan.fits and plan.lowered == (LoweredLimit("max_batch_size", 32, 31),)
-    assert plan.lowered_because == "prompt table at 2^31 elements"
+    assert plan.lowered_because == "prompt table at 2,147,483,648 elements (lookup_plugin)"
     assert plan.prompt_table_elements == 31 * 4 * 8192 * 2048
     # One row per request less per slot is below the limit again: nothing is lowered.
     below = _profile_file(tmp_path, "h100", max_visual_tokens_per_request=8191)
@@ -494,7 +509,7 @@ def test_plan_gpu_all_shows_each_precision(released):
     free = 16380 * 2**20 - others - _8b_llm_bytes(4)
     assert int4.kv_capacity_tokens == int(0.9 * free) // 147456 // 64 * 64 > 4096
     int8 = make_plan(ckpt, load_profile("4090d"), WeightOnly.INT8)
-    assert eight["4090d"][2] == f"10* / {int8.kv_capacity_tokens:,}"
+    assert eight["4090d"][2] == f"12 / {int8.kv_capacity_tokens:,}"
     assert int8.kv_capacity_tokens == int(0.9 * (24564 * 2**20 - int8.fixed_bytes)) \
         // 147456 // 64 * 64
     assert int8.fixed_bytes - int8.llm_weight_bytes + _8b_llm_bytes(8) == int8.fixed_bytes
@@ -513,8 +528,8 @@ def test_plan_weights_is_one_for_all_or_one_per_model(released):
 # --- several models on one card -----------------------------------------------------------
 
 def test_a_4b_and_an_8b_share_a_4090d_in_int8(released):
-    models = [("4b", open_checkpoint(released["4b"]), WeightOnly.INT8),
-              ("8b", open_checkpoint(released["8b"]), WeightOnly.INT8)]
+    models = [("4b", open_checkpoint(released["4b"]), WeightOnly.INT8, Workload.CHAT),
+              ("8b", open_checkpoint(released["8b"]), WeightOnly.INT8, Workload.CHAT)]
     shared = plan_together(models, load_profile("4090d"))
     assert shared.fits, shared.problems
     four, eight = shared.plans
@@ -573,11 +588,12 @@ def test_saved_profiles_build_the_pair_for_its_card(released, tmp_path):
     saved = {n: tmp_path / "profiles" / f"4090d-{n}.toml" for n in ("4b", "8b")}
     assert f"wrote {saved['8b']}; build with: qvl-trt build --model {released['8b']} --gpu " \
         f"{saved['8b']} --weights int8" in " ".join(result.output.split())
-    models = [(n, open_checkpoint(released[n]), WeightOnly.INT8) for n in ("4b", "8b")]
+    models = [(n, open_checkpoint(released[n]), WeightOnly.INT8, Workload.CHAT)
+              for n in ("4b", "8b")]
     shared = plan_together(models, load_profile("4090d"))
     # What each build plans on its saved profile (alone on the card, as the build does)
     # keeps the pair's limits, and the repository of the two gets the pair's KV budgets.
-    alone = [make_plan(ckpt, load_profile(str(saved[n])), w) for n, ckpt, w in models]
+    alone = [make_plan(ckpt, load_profile(str(saved[n])), w) for n, ckpt, w, _ in models]
     assert [p.limits for p in alone] == [p.limits for p in shared.plans]
     assert all(p.fits and not p.lowered for p in alone)
     assert repository_kv_budgets(alone) == shared.kv_budgets

@@ -122,7 +122,8 @@ class BuildContext:
         run = container_command(self.out, inputs, image=recipe.tag,
                                 shm_bytes=make_plan(self.checkpoint, self.profile,
                                                     self.options.weights,
-                                                    self.options.tp_size).shm_bytes)
+                                                    self.options.tp_size,
+                                                    self.options.workload).shm_bytes)
         return f"{recipe.build_command} && {run}"
 
     @cached_property

@@ -1,5 +1,5 @@
-"""`qvl-trt matrix`: one CI job per (GPU profile, weight precision), as JSON a CI system
-fans out.
+"""`qvl-trt matrix`: one CI job per (GPU profile, weight precision, workload), as JSON a CI
+system fans out.
 
 GitHub Actions takes the result as `strategy.matrix: ${{ fromJSON(...) }}` (the `include`
 list); `.github/workflows/engines.yml` is the worked example. Each job carries the runner
@@ -24,6 +24,7 @@ from ..manifest import build_name, cache_key
 from ..plan import check_fits, make_plan, profile_for_plan
 from ..profiles import GpuProfile, TrtEdition, load_profile, profile_names, sm_digits
 from ..typed_config import to_jsonable
+from ..workload import Workload
 from .context import BuildOptions
 from .runner import build_inputs
 
@@ -35,13 +36,14 @@ from .runner import build_inputs
 class MatrixJob:
     gpu: str  # profile name, the value of `qvl-trt build --gpu`
     weights: str  # the value of `qvl-trt build --weights`
+    workload: str  # the value of `qvl-trt build --workload`
     description: str
     compute_capability: str
     runner: tuple[str, ...]  # runs-on labels: a self-hosted runner with such a GPU
     container: str
     trt_edition: str
     extras: str  # `pip install "qvl-trt[<extras>]"` inside the container
-    build_dir: str  # <build root>/<manifest.build_name>: 4090d, 4090d.int8
+    build_dir: str  # <build root>/<manifest.build_name>: 4090d, 4090d.int8, h200.video
     cache_key: str  # equals the `cache_key` in the finished build's manifest.json
     cache_prefix: str  # restores the newest older build of this profile and weights
 
@@ -50,8 +52,8 @@ class MatrixJob:
 class CiMatrix:
     model: str
     jobs: tuple[MatrixJob, ...]
-    # One line per (profile, weights) pair left out because the checkpoint does not fit the
-    # card in that precision: the planner's reason and fix.
+    # One line per (profile, weights, workload) left out because the checkpoint does not fit
+    # the card so: the planner's reason and fix.
     left_out: tuple[str, ...]
 
     def to_json(self) -> dict[str, Any]:
@@ -81,10 +83,11 @@ def select_profiles(gpus: str) -> list[tuple[str, GpuProfile]]:
 
 
 def ci_matrix(model: Path, gpus: str = "all",
-              weights: Sequence[WeightOnly] = (WeightOnly.NONE,), *,
+              weights: Sequence[WeightOnly] = (WeightOnly.NONE,),
+              workloads: Sequence[Workload] = (Workload.CHAT,), *,
               build_root: str = "build") -> CiMatrix:
     """The matrix for building `model` on each selected profile in each weight precision
-    (hashes the checkpoint once).
+    and workload (hashes the checkpoint once).
 
     A pair the planner does not fit (what `qvl-trt plan --gpu all` shows as `-`) is left out
     with its reason in `left_out` rather than refused: `--gpus all --weights none,int8,int4`
@@ -95,33 +98,36 @@ def ci_matrix(model: Path, gpus: str = "all",
     hasher = FileHasher()
     jobs, left_out = [], []
     for gpu, profile in select_profiles(gpus):
-        for w in weights:
-            plan = make_plan(ckpt, profile, w)
+        for w, load in ((w, load) for w in weights for load in workloads):
+            plan = make_plan(ckpt, profile, w, workload=load)
             try:
                 check_fits(plan)
             except PlanError as exc:
-                left_out.append(f"{gpu} with --weights {w}: {exc}")
+                words = "" if load is Workload.CHAT else f" --workload {load}"
+                left_out.append(f"{gpu} with --weights {w}{words}: {exc}")
                 continue
-            options = BuildOptions(model=str(Path(model).resolve()), gpu=gpu, weights=w)
+            options = BuildOptions(model=str(Path(model).resolve()), gpu=gpu, weights=w,
+                                   workload=load)
             key = cache_key(build_inputs(options, ckpt, profile_for_plan(profile, plan), hasher))
             rtx = profile.gpu.trt_edition is TrtEdition.TENSORRT_RTX
             jobs.append(
                 MatrixJob(
                     gpu=gpu,
                     weights=w.value,
+                    workload=load.value,
                     description=profile.gpu.description,
                     compute_capability=profile.gpu.compute_capability,
                     runner=runner_labels(profile.gpu.compute_capability),
                     container=TRTLLM_CONTAINER,
                     trt_edition=profile.gpu.trt_edition.value,
                     extras="export,serve,rtx" if rtx else "export,serve",
-                    build_dir=f"{build_root}/{build_name(profile.name, w)}",
+                    build_dir=f"{build_root}/{build_name(profile.name, w, load)}",
                     cache_key=key,
                     cache_prefix=key.rsplit("-", 1)[0] + "-",
                 )
             )
     if not jobs:
-        more = f" (and {len(left_out) - 1} more pairs)" if len(left_out) > 1 else ""
-        raise PlanError(f"the matrix has no job, no (GPU, weights) pair asked for fits"
+        more = f" (and {len(left_out) - 1} more)" if len(left_out) > 1 else ""
+        raise PlanError(f"the matrix has no job, no (GPU, weights, workload) asked for fits"
                         f"{more}: {left_out[0]}")
     return CiMatrix(str(model), tuple(jobs), tuple(left_out))

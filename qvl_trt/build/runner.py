@@ -36,6 +36,7 @@ from ..plan import planned_profile
 from ..profiles import GpuProfile, load_profile
 from ..triton.options import Flavor
 from ..typed_config import to_jsonable
+from ..workload import Workload
 from .context import (
     NEEDS,
     PREREQUISITES,
@@ -86,7 +87,7 @@ def _build(options: BuildOptions, out: Path, only: tuple[Stage, ...] | None,
             out,
             checkpoint,
             planned_profile(checkpoint, load_profile(options.gpu), options.weights,
-                            options.tp_size),
+                            options.tp_size, options.workload),
             manifest,
             hasher,
         )
@@ -194,10 +195,11 @@ def build_inputs(
 
 
 def resume_build(out: Path, *, only: tuple[Stage, ...] | None = None,
-                 force: bool = False, weights: WeightOnly | None = None) -> BuildResult:
+                 force: bool = False, weights: WeightOnly | None = None,
+                 workload: Workload | None = None) -> BuildResult:
     """Continue the build recorded in `out/manifest.json` with its own options (`only` as
-    in `run_build`); `weights`, when given, must be the build's (a CI job resuming a
-    folder restored from a cache checks it holds the variant it is for)."""
+    in `run_build`); `weights` and `workload`, when given, must be the build's (a CI job
+    resuming a folder restored from a cache checks it holds the variant it is for)."""
     manifest = Manifest.load(Path(out))
     if manifest is None or not manifest.options:
         raise BuildError(
@@ -207,6 +209,10 @@ def resume_build(out: Path, *, only: tuple[Stage, ...] | None = None,
     if weights is not None and WeightOnly.parse(weights) is not options.weights:
         raise ConfigError(f"{out} holds a build with --weights {options.weights}, not "
                           f"{weights}; drop --weights to resume it, or build {weights} into "
+                          "its own --out folder")
+    if workload is not None and Workload.parse(workload) is not options.workload:
+        raise ConfigError(f"{out} holds a build with --workload {options.workload}, not "
+                          f"{workload}; drop --workload to resume it, or build {workload} into "
                           "its own --out folder")
     return run_build(options, Path(out), only=only, force=force)
 

@@ -50,7 +50,7 @@ def _run_plan(ctx: BuildContext, work: Path) -> dict[str, Any]:
     # Planned against the profile as shipped, so that plan.json names what was lowered;
     # its limits are ctx.profile's, which profile.json records and every later stage uses.
     plan = make_plan(ctx.checkpoint, load_profile(ctx.options.gpu), ctx.options.weights,
-                     ctx.options.tp_size)
+                     ctx.options.tp_size, ctx.options.workload)
     check_fits(plan)
     write_json_atomic(work / "plan.json", to_jsonable(plan))
     write_json_atomic(work / PROFILE_NAME, to_jsonable(ctx.profile))

@@ -60,6 +60,10 @@ WEIGHTS_HELP = ("Language-model linear weights: none (the engine dtype), or int8
                 "weight-only (per-channel scales, no calibration; embedding and lm_head stay "
                 "fp16).")
 WeightsOpt = Annotated[WeightOnly, typer.Option("--weights", help=WEIGHTS_HELP)]
+WORKLOAD_HELP = ("What the limits are sized for: chat (the profile's), video (one request "
+                 "may carry the checkpoint's whole clip budget; the batch lowered where the "
+                 "prompt table costs) or long (256K context where the KV cache holds it, else "
+                 "128K); docs/build.md \"Workloads\".")
 
 
 def _user_errors(fn: F) -> F:

@@ -13,8 +13,10 @@ from ..dtypes import Dtype, WeightOnly
 from ..errors import ConfigError
 from ..profiles import TrtEdition
 from ..triton.options import BuildInput, Flavor, RepoOptions
+from ..workload import Workload
 from .app import (
     WEIGHTS_HELP,
+    WORKLOAD_HELP,
     JsonOpt,
     ModelOpt,
     WeightsOpt,
@@ -35,6 +37,10 @@ def plan(
         help="Language-model weights as `build --weights` stores them: none (the model "
         "dtype), int8 or int4 (weight-only). Once for every --model or once per --model "
         "[default: none; with --gpu all and one model: a column per precision].")] = None,
+    workload: Annotated[list[Workload] | None, typer.Option(
+        help=f"{WORKLOAD_HELP} Once for every --model or once per --model: `-m chat=CKPT -m "
+        "video=CKPT --workload chat --workload video` plans two builds of one checkpoint "
+        "that one endpoint serves [default: chat].", show_default=False)] = None,
     save_profiles: Annotated[Path | None, typer.Option(
         help="Folder to write each model's profile with the limits of this plan into "
         "(GPU-NAME.toml, NAME: the model's name or folder), for `qvl-trt build --gpu`: how "
@@ -65,8 +71,12 @@ def plan(
     if weights and len(weights) not in (1, len(named)):
         raise ConfigError(f"{len(weights)} --weights for {len(named)} --model: give one for "
                           "all of them, or one per --model in the same order")
+    if workload and len(workload) not in (1, len(named)):
+        raise ConfigError(f"{len(workload)} --workload for {len(named)} --model: give one for "
+                          "all of them, or one per --model in the same order")
     given = weights or [WeightOnly.NONE]
     precisions = given * len(named) if len(given) == 1 else given
+    workloads = (workload or [Workload.CHAT]) * (len(named) if len(workload or ()) < 2 else 1)
     if tp_size != 1 and len(named) > 1:
         raise ConfigError("--tp-size plans one --model across its own cards; plan models "
                           "that share a card with --tp-size 1")
@@ -76,12 +86,14 @@ def plan(
             raise ConfigError("--gpu all plans one --model on every card; to plan several "
                               "models onto one card or save profiles, name the card: --gpu "
                               "4090d")
-        _plan_every_card(ckpts[0], weights[0] if weights else None, tp_size, json_out)
+        _plan_every_card(ckpts[0], weights[0] if weights else None, tp_size, workloads[0],
+                         json_out)
         return
     profile = load_profile(gpu)
     names = [m.name or m.path.resolve().name for m in named]
     if len(ckpts) > 1:
-        shared = plan_together(list(zip(names, ckpts, precisions, strict=True)), profile)
+        shared = plan_together(list(zip(names, ckpts, precisions, workloads, strict=True)),
+                               profile)
         if json_out:
             print_json(shared_plan_json(shared, profile))
         elif shared.fits:
@@ -92,7 +104,7 @@ def plan(
         check_fits_together(shared)
         plans = list(shared.plans)
     else:
-        plans = [make_plan(ckpts[0], profile, precisions[0], tp_size)]
+        plans = [make_plan(ckpts[0], profile, precisions[0], tp_size, workloads[0])]
         if json_out:
             print_json(plan_json(plans[0]))
         else:
@@ -109,11 +121,13 @@ def plan(
         for m, p, path in zip(named, plans, written, strict=True):
             (err if json_out else out).print(
                 f"wrote {path}; build with: qvl-trt build --model {m.path} --gpu {path} "
-                f"--weights {p.weights.value}{tp}", markup=False, highlight=False,
+                f"--weights {p.weights.value} --workload {p.workload}{tp}", markup=False,
+                highlight=False,
                 soft_wrap=True)
 
 
-def _plan_every_card(ckpt, weights: WeightOnly | None, tp_size: int, json_out: bool) -> None:
+def _plan_every_card(ckpt, weights: WeightOnly | None, tp_size: int, workload: Workload,
+                     json_out: bool) -> None:
     """`plan --gpu all`: every precision side by side, or one in detail."""
     from ..plan import plan_every_precision, plan_every_profile
     from .console import (
@@ -126,13 +140,13 @@ def _plan_every_card(ckpt, weights: WeightOnly | None, tp_size: int, json_out: b
     )
 
     if weights is None:
-        table = plan_every_precision(ckpt, tp_size)
+        table = plan_every_precision(ckpt, tp_size, workload)
         if json_out:
             print_json([plan_json(p) for _, plans in table for p in plans.values()])
         else:
             out.print(plan_precision_table(table))
         return
-    rows = plan_every_profile(ckpt, weights, tp_size)
+    rows = plan_every_profile(ckpt, weights, tp_size, workload)
     if json_out:
         print_json([plan_json(p) for _, p in rows])
         return
@@ -158,8 +172,8 @@ def build(
     out: Annotated[
         Path | None,
         typer.Option(
-            "--out", "-o", help="Build folder [default: build/GPU, build/GPU.WEIGHTS with "
-            "int8 or int4 weights]."
+            "--out", "-o", help="Build folder [default: build/GPU, with .WEIGHTS for int8 "
+            "or int4 weights and .WORKLOAD for video or long: build/h200.int8.video]."
         ),
     ] = None,
     only: Annotated[
@@ -192,6 +206,9 @@ def build(
     weights: Annotated[WeightOnly | None, typer.Option(
         help=f"{WEIGHTS_HELP} With --resume: checked against the build's [default: none].",
         show_default=False)] = None,
+    workload: Annotated[Workload | None, typer.Option(
+        help=f"{WORKLOAD_HELP} With --resume: checked against the build's [default: chat].",
+        show_default=False)] = None,
     force: Annotated[
         bool, typer.Option(help="Rebuild stages whose inputs did not change.")
     ] = False,
@@ -212,7 +229,8 @@ def build(
             raise ConfigError(
                 "--resume takes its options from the manifest; drop --model and --gpu"
             )
-        result = resume_build(resume, only=stages, force=force, weights=weights)
+        result = resume_build(resume, only=stages, force=force, weights=weights,
+                              workload=workload)
     else:
         if model is None or gpu is None:
             raise ConfigError("build needs --model and --gpu (or --resume DIR)")
@@ -223,8 +241,10 @@ def build(
             vision_dtype=vision_dtype,
             tp_size=tp_size,
             weights=weights or WeightOnly.NONE,
+            workload=workload or Workload.CHAT,
         )
-        default_out = Path("build") / build_name(Path(gpu).stem, options.weights)
+        default_out = Path("build") / build_name(Path(gpu).stem, options.weights,
+                                                 options.workload)
         result = run_build(options, out or default_out, only=stages, force=force)
     console.print(build_line(result, time.perf_counter() - started))
 
@@ -274,8 +294,11 @@ def matrix(
     weights: Annotated[str, typer.Option(help="Comma-separated language-model weights, as "
                                          "`build --weights` takes them: none, int8, int4; a "
                                          "job per profile and precision.")] = "none",
+    workloads: Annotated[str, typer.Option(help="Comma-separated workloads, as `build "
+                                           "--workload` takes them: chat, video, long; a job "
+                                           "per profile, precision and workload.")] = "chat",
     build_root: Annotated[str, typer.Option(help="Folder holding one build folder per "
-                                            "profile and precision.")] = "build",
+                                            "profile, precision and workload.")] = "build",
 ) -> None:
     """Print a CI job matrix as JSON: one job per GPU profile and weight precision with runner
     labels by compute capability, container image and the build's cache key (computed
@@ -287,7 +310,8 @@ def matrix(
     from ..build.matrix import ci_matrix
     from .console import err
 
-    result = ci_matrix(model, gpus, WeightOnly.parse_list(weights), build_root=build_root)
+    result = ci_matrix(model, gpus, WeightOnly.parse_list(weights),
+                       Workload.parse_list(workloads), build_root=build_root)
     for line in result.left_out:
         err.print(f"left out of the matrix: {line}", markup=False, highlight=False,
                   soft_wrap=True)

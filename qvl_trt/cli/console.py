@@ -18,7 +18,7 @@ from ..client.metrics import (
 )
 from ..dtypes import WeightOnly
 from ..machine import Report
-from ..plan import GIB, Plan, SharedPlan, TypicalRequest
+from ..plan import GIB, Plan, SharedPlan, TypicalRequest, workload_typical
 from ..profiles import GpuProfile
 from ..typed_config import to_jsonable
 
@@ -62,10 +62,29 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
-def _copy_ms(plan: Plan, profile: GpuProfile) -> float:
+def _copy_ms(copy_bytes: int, profile: GpuProfile) -> float:
     """A device-to-device copy reads and writes every byte once."""
-    seconds = 2 * plan.prompt_table_copy_bytes_per_step / (profile.gpu.memory_bandwidth_gbs * 1e9)
-    return seconds * 1e3
+    return 2 * copy_bytes / (profile.gpu.memory_bandwidth_gbs * 1e9) * 1e3
+
+
+def _copy_basis(plan: Plan, profile: GpuProfile) -> str:
+    typical = workload_typical(plan)
+    return (
+        f"device to device on every step (context and generation), every slot at the cap: "
+        f"~{_copy_ms(plan.prompt_table_copy_bytes_per_step, profile):.2f} ms at "
+        f"{profile.gpu.memory_bandwidth_gbs:g} GB/s, {plan.table_copy_share_of_weights:.0%} of "
+        f"the decode step's weight read, {plan.table_copy_share_of_step:.0%} of all it reads "
+        f"(weights and KV at the caps); with the KV cache full of {typical.media}s: "
+        f"{_gib(plan.prompt_table_copy_bytes_typical)}, "
+        f"~{_copy_ms(plan.prompt_table_copy_bytes_typical, profile):.2f} ms")
+
+
+def _element_basis(plan: Plan) -> str:
+    bound = plan.prompt_table_element_bound
+    if bound is None:
+        return ("no element bound: the container's TensorRT takes inputs above 2^31 "
+                "elements (10.11 on) and the lookup is no lookup_plugin")
+    return f"at most {bound:,} through lookup_plugin (32-bit indexing)"
 
 
 def _precision(weights: WeightOnly) -> str:
@@ -89,7 +108,8 @@ def _tp_title(plan: Plan) -> str:
 def plan_table(plan: Plan, profile: GpuProfile) -> Table:
     lim = plan.limits
     t = Table(
-        title=f"plan: {plan.variant} checkpoint, {_precision(plan.weights)} weights, on "
+        title=f"plan: {plan.variant} checkpoint, {_precision(plan.weights)} weights, "
+        f"{plan.workload} workload, on "
         f"{profile.name} ({profile.gpu.description}, {profile.gpu.memory_mib} MiB)"
         f"{_tp_title(plan)}"
     )
@@ -119,7 +139,7 @@ def plan_table(plan: Plan, profile: GpuProfile) -> Table:
             _gib(plan.prompt_table_bytes),
             f"{plan.prompt_table_rows:,} rows = batch {lim.max_batch_size} x (1+DeepStack) x "
             f"{lim.max_visual_tokens_per_request} visual tokens per request; "
-            f"{plan.prompt_table_elements:,} elements (limit 2^31)",
+            f"{plan.prompt_table_elements:,} elements, {_element_basis(plan)}",
         ),
         (
             "table rows per request",
@@ -129,13 +149,13 @@ def plan_table(plan: Plan, profile: GpuProfile) -> Table:
         (
             "table copy per step",
             _gib(plan.prompt_table_copy_bytes_per_step),
-            "device to device, every slot at the cap (context and generation steps); "
-            f"~{_copy_ms(plan, profile):.2f} ms at {profile.gpu.memory_bandwidth_gbs:g} GB/s",
+            _copy_basis(plan, profile),
         ),
         (
             "MRoPE tables",
             _gib(plan.mrope_table_bytes),
-            f"{plan.mrope_table_bytes_per_request / 2**20:.1f} MiB per request x batch",
+            f"{plan.mrope_table_bytes_per_request / 2**20:.1f} MiB per request (fp32 cos/sin "
+            f"at max_seq_len {lim.max_seq_len}) x batch; copied whole at every context chunk",
         ),
         (
             "shared memory",
@@ -160,6 +180,14 @@ def plan_table(plan: Plan, profile: GpuProfile) -> Table:
             f"max_tokens_in_paged_kv_cache alone on the card, blocks of {lim.tokens_per_block}",
         ),
         (
+            "full-length sequences",
+            str(plan.full_sequences),
+            f"max_seq_len {lim.max_seq_len} sequences at once "
+            f"({_gib(lim.max_seq_len * plan.kv_bytes_per_token)} of KV each); prompts up to "
+            f"max_seq_len - 1 in chunks of max_num_tokens {lim.max_num_tokens} "
+            "(chunked context)",
+        ),
+        (
             "typical requests at once",
             str(plan.concurrent_typical_requests),
             _typical(plan.typical_request),
@@ -182,14 +210,19 @@ def _typical(request: TypicalRequest) -> str:
 
 
 def lowered_lines(plan: Plan) -> list[str]:
-    """The limits the plan lowered below the profile's, and why (empty when none)."""
+    """The limits the workload set and those the plan lowered below them, and why (empty
+    when none)."""
+    lines = []
+    if plan.raised:
+        changes = ", ".join(f"{c.key} {c.profile_value} -> {c.value}" for c in plan.raised)
+        lines.append(f"{plan.workload} workload: {changes} (the profile's -> the workload's)")
     if not plan.lowered:
-        return []
+        return lines
     changes = ", ".join(f"{c.key} {c.profile_value} -> {c.value}" for c in plan.lowered)
     why = f" ({plan.lowered_because} at the next larger limits)" if plan.lowered_because else ""
     if not plan.fits:
-        return [f"limits lowered as far as they go for this checkpoint{why}: {changes}"]
-    return [f"limits lowered for this checkpoint{why}: {changes}; the build uses them"]
+        return [*lines, f"limits lowered as far as they go for this checkpoint{why}: {changes}"]
+    return [*lines, f"limits lowered for this checkpoint{why}: {changes}; the build uses them"]
 
 
 def plan_all_table(rows: list[tuple[GpuProfile, Plan]]) -> Table:
@@ -197,12 +230,14 @@ def plan_all_table(rows: list[tuple[GpuProfile, Plan]]) -> Table:
     reasons for a "no" are plan_all_notes, printed unwrapped below the table)."""
     variant = rows[0][1].variant if rows else "?"
     weights = _precision(rows[0][1].weights) if rows else "?"
-    t = Table(title=f"plan: {variant} checkpoint, {weights} weights, on every shipped GPU "
-              f"profile{_tp_title(rows[0][1]) if rows else ''}")
+    workload = rows[0][1].workload if rows else "?"
+    t = Table(title=f"plan: {variant} checkpoint, {weights} weights, {workload} workload, on "
+              f"every shipped GPU profile{_tp_title(rows[0][1]) if rows else ''}")
     t.caption = ("images, videos: typical requests (a 1920x1080 image, a 30-frame 1280x720 "
                  "clip) the KV cache holds at once; clip: its visual tokens as the profile "
-                 "admits it (- refused)")
-    for col in ("profile", "MiB", "fits", "batch", "images", "videos", "clip", "KV budget"):
+                 "admits it (- refused); context: max_seq_len")
+    for col in ("profile", "MiB", "fits", "batch", "images", "videos", "clip", "context",
+                "KV budget"):
         t.add_column(col, justify="left" if col in ("profile", "fits") else "right",
                      no_wrap=True)
     for profile, plan in rows:
@@ -214,6 +249,7 @@ def plan_all_table(rows: list[tuple[GpuProfile, Plan]]) -> Table:
             str(plan.concurrent_typical_requests),
             str(plan.concurrent_typical_videos),
             "-" if plan.typical_video.refused else str(plan.typical_video.visual_tokens),
+            str(plan.limits.max_seq_len),
             f"{plan.kv_capacity_tokens:,}",
         )
     return t

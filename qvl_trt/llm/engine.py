@@ -56,6 +56,21 @@ FUSED_ATTENTION_DTYPES = (Dtype.FLOAT16, Dtype.BFLOAT16)
 ENGINE_DTYPE = Dtype.FLOAT16
 
 
+# TensorRT refused a network input of 2^31 elements or more through 10.10 (NvInfer.h); the
+# TensorRT-LLM container's 10.14 takes larger ones. The table lookup (functional.embedding in
+# tensorrt_llm/functional.py) goes through lookup_plugin when the engine has it, whose kernel
+# indexes rows in 32 bits (cpp/tensorrt_llm/kernels/lookupKernels.cu, word_index * n_embed).
+TABLE_ELEMENT_LIMIT = 2**31
+
+
+def prompt_table_element_bound(plugin_config: dict[str, Any]) -> int | None:
+    """The most elements the engine's prompt table may hold: TABLE_ELEMENT_LIMIT when the
+    lookup goes through lookup_plugin, else no bound (None). engine_build_config leaves the
+    plugin off; a hand-edited build_config.json may turn it on."""
+    return None if plugin_config.get("lookup_plugin") in (None, False, "disable") \
+        else TABLE_ELEMENT_LIMIT
+
+
 @dataclass(frozen=True)
 class EngineBuild:
     engine_dir: Path

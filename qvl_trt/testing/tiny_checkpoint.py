@@ -264,7 +264,6 @@ def write_tiny_checkpoint(
             raise ConfigError(f"shards must be <= {len(tensors)} (the tensor count), got {shards}")
         _write_metadata(directory, config)
         write_json_atomic(directory / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
-        write_json_atomic(directory / "video_preprocessor_config.json", VIDEO_PREPROCESSOR_CONFIG)
         write_tokenizer_files(directory)
         _write_safetensors(directory, tensors, shards)
 
@@ -272,8 +271,9 @@ def write_tiny_checkpoint(
 
 
 def write_config_only(out: Path, variant: str) -> Path:
-    """Write the released config.json, generation_config.json and preprocessor_config.json of
-    Qwen3-VL-{2B,4B,8B}-Instruct (`variant` "2b", "4b" or "8b") at `out`, without weights."""
+    """Write the released config.json, generation_config.json, preprocessor_config.json and
+    video_preprocessor_config.json of Qwen3-VL-{2B,4B,8B}-Instruct (`variant` "2b", "4b" or
+    "8b") at `out`, without weights."""
     config = released_config(variant)
     return _write_atomically(Path(out), lambda directory: _write_metadata(directory, config))
 
@@ -398,6 +398,7 @@ def _write_metadata(directory: Path, config: dict) -> None:
     write_json_atomic(directory / "config.json", config)
     write_json_atomic(directory / "generation_config.json", GENERATION_CONFIG)
     write_json_atomic(directory / "preprocessor_config.json", PREPROCESSOR_CONFIG)
+    write_json_atomic(directory / "video_preprocessor_config.json", VIDEO_PREPROCESSOR_CONFIG)
 
 
 def _write_atomically(out: Path, fill: Callable[[Path], None]) -> Path:

@@ -45,6 +45,7 @@ from ..plan import Plan, make_plan, repository_kv_budgets
 from ..profiles import GpuProfile, TrtEdition
 from ..resources import data_dir
 from ..typed_config import load_dataclass, to_jsonable
+from ..workload import Workload
 from . import contract as c
 from .model_configs import (
     CANCELLATION_CHECK_PERIOD_MS,
@@ -193,8 +194,10 @@ def _open_build(path: Path) -> _Build:
     checkpoint = open_checkpoint(manifest.options["model"], validate=False)
     # profile.json holds the limits the build planned and used: planning again keeps them.
     weights = WeightOnly(manifest.options.get("weights", WeightOnly.NONE.value))
+    workload = Workload(manifest.options.get("workload", Workload.CHAT.value))
     return _Build(folder, manifest, checkpoint, profile,
-                  make_plan(checkpoint, profile, weights, manifest.options.get("tp_size", 1)))
+                  make_plan(checkpoint, profile, weights, manifest.options.get("tp_size", 1),
+                            workload))
 
 
 def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOptions,
