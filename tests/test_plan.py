@@ -598,3 +598,140 @@ def test_saved_profiles_build_the_pair_for_its_card(released, tmp_path):
     assert all(p.fits and not p.lowered for p in alone)
     assert repository_kv_budgets(alone) == shared.kv_budgets
     assert "# max_seq_len: 16384 in the profile" in saved["8b"].read_text()
+
+
+# --- workloads ----------------------------------------------------------------------------
+
+def test_the_video_workload_serves_the_whole_clip_on_the_h200(released):
+    result = CliRunner().invoke(app, ["plan", "-m", str(released["2b"]), "-g", "h200",
+                                      "--workload", "video", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    # The chat profile scales the clip into its 2048-token video budget; the video workload
+    # gives it the checkpoint's 12288: the size its own processor makes (768 tokens a frame
+    # at most: 640x1152 frames, 15 pairs of 20 x 36 tokens).
+    chat = make_plan(open_checkpoint(released["2b"]), load_profile("h200"))
+    assert chat.typical_video.visual_tokens == 1800
+    assert data["typical_video"]["visual_tokens"] == 15 * 20 * 36 == 10800
+    assert not data["typical_video"]["refused"]
+    lim = data["limits"]
+    assert lim["video_max_tokens"] == lim["max_visual_tokens_per_request"] == 12288
+    # The chat profile's room for text (10240 - 2048) and for the answer (16384 - 10240) stay.
+    assert (lim["max_input_len"], lim["max_seq_len"]) == (12288 + 8192, 12288 + 8192 + 6144)
+    # Batch 48 at the caps would copy 48 x 4 x 12288 rows of 4096 bytes twice per step: the
+    # planner lowers it until the copy adds at most 25% to a decode step, and says so.
+    assert lim["max_batch_size"] == 30
+    assert data["lowered"] == [{"key": "max_batch_size", "profile_value": 48, "value": 30}]
+    plan = make_plan(open_checkpoint(released["2b"]), load_profile("h200"),
+                     workload=Workload.VIDEO)
+    copy = 30 * 4 * 12288 * 2048 * 2
+    assert plan.prompt_table_copy_bytes_per_step == copy
+    kv = 30 * (12288 + 64 + 512) * plan.kv_bytes_per_token  # 12864: whole 64-token blocks
+    assert plan.decode_step_bytes_at_caps == plan.llm_weight_bytes + kv
+    assert plan.table_copy_share_of_step == 2 * copy / (plan.llm_weight_bytes + kv) <= 0.25
+    assert plan.table_copy_share_of_weights == pytest.approx(2 * copy / plan.llm_weight_bytes)
+    one_more = make_plan(open_checkpoint(released["2b"]), replace(
+        load_profile("h200"), limits=replace(plan.limits, max_batch_size=31)))
+    assert one_more.table_copy_share_of_step > 0.25
+    assert plan.lowered_because.startswith("the prompt-table copy at the caps would add 25.")
+    # The typical mix: the KV cache holds 30 clips, each copying its own 4 x 10800 rows.
+    assert plan.prompt_table_copy_bytes_typical == 30 * 10800 * 4 * 2048 * 2
+    text = CliRunner().invoke(app, ["plan", "-m", str(released["2b"]), "-g", "h200",
+                                    "--workload", "video"]).output
+    assert "video workload: max_input_len 10240 -> 20480" in text
+    assert "max_batch_size 48 -> 30; the build uses them" in " ".join(text.split())
+    assert "weight read" in text and "table copy per step" in text
+
+
+@pytest.mark.parametrize("variant", ["2b", "4b", "8b"])
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_the_long_workload_gives_256k_on_the_hopper_cards(released, variant, gpu):
+    ckpt = open_checkpoint(released[variant])
+    plan = make_plan(ckpt, load_profile(gpu), workload=Workload.LONG)
+    assert plan.fits, plan.problems
+    lim = plan.limits
+    assert lim.max_seq_len == ckpt.text.max_position_embeddings == 262144
+    assert lim.max_input_len == 262144 - (16384 - 10240)  # the profile's room for the answer
+    # One full-length sequence beside a batch of typical requests, and the MRoPE table of
+    # every slot at that length (fp32 cos and sin of 128 dims per position).
+    assert plan.kv_capacity_tokens >= 262144 + (lim.max_batch_size - 1) * \
+        plan.typical_request.kv_tokens
+    assert plan.full_sequences == plan.kv_capacity_tokens // 262144 >= 1
+    assert plan.mrope_table_bytes == lim.max_batch_size * 262144 * 128 * 4
+    result = CliRunner().invoke(app, ["plan", "-m", str(released[variant]), "-g", gpu,
+                                      "--workload", "long"])
+    assert "full-length sequences" in result.output
+    assert "long workload: max_input_len 10240 -> 256000, max_seq_len 16384 -> 262144" in \
+        result.output
+
+
+def test_the_long_workload_falls_back_to_128k_and_says_why(released):
+    # A 24 GB card holds no 256K sequence of the 2B (28 GiB of KV): 128K at a lower batch.
+    plan = make_plan(open_checkpoint(released["2b"]), load_profile("4090d"),
+                     workload=Workload.LONG)
+    assert plan.fits and plan.limits.max_seq_len == 131072
+    assert plan.kv_capacity_tokens >= 131072 + (plan.limits.max_batch_size - 1) * \
+        plan.typical_request.kv_tokens
+    keys = {c.key: (c.profile_value, c.value) for c in plan.lowered}
+    assert keys["max_seq_len"] == (262144, 131072) and keys["max_batch_size"][0] == 12
+    assert plan.lowered_because.startswith("KV cache below one 262144-token sequence; ")
+    # Where not even 128K fits, the plan refuses with the fix.
+    small = make_plan(open_checkpoint(released["8b"]), load_profile("4090d"),
+                      workload=Workload.LONG)
+    assert not small.fits
+    assert "less than one 131072-token sequence" in small.problems[0]
+    assert "--workload chat" in small.problems[0]
+
+
+def test_a_short_context_checkpoint_has_no_long_workload(released, tmp_path):
+    config = json.loads((released["2b"] / "config.json").read_text())
+    config["text_config"]["max_position_embeddings"] = 32768
+    short = tmp_path / "short"
+    short.mkdir()
+    for f in released["2b"].iterdir():
+        (short / f.name).write_text(f.read_text())
+    (short / "config.json").write_text(json.dumps(config))
+    with pytest.raises(PlanError, match=r"max_position_embeddings \(32768\) is below 131072"):
+        make_plan(open_checkpoint(short), load_profile("h200"), workload=Workload.LONG)
+
+
+@pytest.mark.parametrize("workload", [Workload.VIDEO, Workload.LONG])
+def test_workload_limits_are_a_fixed_point(released, workload):
+    # The build plans again on the limits the plan derived (profile.json): nothing moves.
+    for variant, gpu in (("2b", "h200"), ("8b", "h100"), ("2b", "4090d")):
+        profile = load_profile(gpu)
+        plan = make_plan(open_checkpoint(released[variant]), profile, workload=workload)
+        again = make_plan(open_checkpoint(released[variant]),
+                          replace(profile, limits=plan.limits), workload=workload)
+        assert again.limits == plan.limits and not again.lowered and not again.raised
+
+
+def test_the_chat_workload_is_the_profile(released):
+    for gpu in ("h200", "4090d", "4060ti"):
+        for variant in ("2b", "8b"):
+            ckpt = open_checkpoint(released[variant])
+            assert make_plan(ckpt, load_profile(gpu), workload=Workload.CHAT) == \
+                make_plan(ckpt, load_profile(gpu))
+            assert make_plan(ckpt, load_profile(gpu)).raised == ()
+
+
+def test_a_chat_and_a_video_build_of_one_checkpoint_share_an_h200(released):
+    ckpt = open_checkpoint(released["2b"])
+    result = CliRunner().invoke(app, ["plan", "-m", f"chat={released['2b']}", "-m",
+                                      f"video={released['2b']}", "-g", "h200", "--workload",
+                                      "chat", "--workload", "video", "--json"])
+    assert result.exit_code == 0, result.output
+    builds = {b["name"]: b for b in json.loads(result.output)["builds"]}
+    assert builds["chat"]["workload"] == "chat" and builds["video"]["workload"] == "video"
+    assert builds["chat"]["limits"]["max_visual_tokens_per_request"] == 2048
+    assert builds["video"]["typical_video"]["visual_tokens"] == 10800
+    shared = plan_together([("chat", ckpt, WeightOnly.NONE, Workload.CHAT),
+                            ("video", ckpt, WeightOnly.NONE, Workload.VIDEO)],
+                           load_profile("h200"))
+    assert [p.limits.max_batch_size for p in shared.plans] == [
+        b["limits"]["max_batch_size"] for b in builds.values()]
+    assert sum(shared.kv_budgets) <= make_plan(ckpt, load_profile("h200")).kv_capacity_tokens
+    bad = CliRunner().invoke(app, ["plan", "-m", str(released["2b"]), "-m", str(released["4b"]),
+                                   "-m", str(released["8b"]), "-g", "h200", "--workload",
+                                   "chat", "--workload", "video"])
+    assert bad.exit_code == 1 and "2 --workload for 3 --model" in bad.output
