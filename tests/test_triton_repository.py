@@ -397,6 +397,11 @@ BREAKAGES = {
     "table rows": (_edit_engine_config(
         lambda c: c["build_config"].update(max_prompt_embedding_table_size=7)),
         "max_prompt_embedding_table_size is 7, the plan for its profile says"),
+    # 2^31 / 64 rows of the tiny model's 64 wide: at the 32-bit bound of lookup_plugin.
+    "lookup plugin": (_edit_engine_config(lambda c: (
+        c["build_config"]["plugin_config"].update(lookup_plugin="float16"),
+        c["build_config"].update(max_prompt_embedding_table_size=2**31 // 64))),
+        "LLM engine was built with lookup_plugin, which indexes the prompt table in 32 bits"),
     "build.json key": (_replace_in("ensemble/1/build.json", '"shm_bytes"', '"shm"'),
                        "unknown key 'shm'"),
     "build.json type": (_replace_in("ensemble/1/build.json", '"tp_size": 1', '"tp_size": "1"'),

@@ -24,7 +24,7 @@ from ..checkpoint import PIXELS_PER_PATCH, PREPROCESSING_REQUIRED_FILES
 from ..dtypes import Dtype
 from ..errors import ConfigError, QvlError
 from ..generation_config import GenerationConfig
-from ..llm.engine import FUSED_ATTENTION_DTYPES
+from ..llm.engine import FUSED_ATTENTION_DTYPES, prompt_table_element_bound
 from ..llm.guided import BACKEND as GUIDED_DECODING_BACKEND
 from ..llm.guided import TOKENIZER_INFO_NAME, TokenizerInfo
 from ..mm.vision_index import PIXEL_VALUES
@@ -621,7 +621,7 @@ def _check_llm_engine(name: str, config: Any, folder: Path, info: BuildInfo,
     _check_weight_only_engine(name, pretrained, build, info, report)
     for caller, params in callers.items():
         _check_mrope_table(caller, params, name, pretrained, report)
-    _check_budgets(name, parameters(config), build, info, report)
+    _check_budgets(name, parameters(config), pretrained, build, info, report)
 
 
 def _check_mrope_engine(name: str, pretrained: dict[str, Any], build: dict[str, Any],
@@ -713,10 +713,10 @@ def _check_mrope_table(caller: str, params: c.PostprocessingParameters, llm: str
                      "from the build that made it")
 
 
-def _check_budgets(name: str, params: dict[str, str], build: dict[str, Any],
-                   info: BuildInfo, report: ValidationReport) -> None:
-    """The KV budget, the prompt table and the longest prompt against what `qvl-trt repo`
-    planned."""
+def _check_budgets(name: str, params: dict[str, str], pretrained: dict[str, Any],
+                   build: dict[str, Any], info: BuildInfo, report: ValidationReport) -> None:
+    """The KV budget, the prompt table (its size, and its elements where lookup_plugin
+    indexes them) and the longest prompt against what `qvl-trt repo` planned."""
     if parse_bool(params.get("enable_chunked_context", "false")):
         report.check(build.get("plugin_config", {}).get("use_paged_context_fmha") is True, name,
                      "enable_chunked_context needs an engine built with use_paged_context_fmha; "
@@ -740,3 +740,11 @@ def _check_budgets(name: str, params: dict[str, str], build: dict[str, Any],
     report.check(rows == info.prompt_table_rows, name,
                  f"LLM engine's max_prompt_embedding_table_size is {rows}, the plan for its "
                  f"profile says {info.prompt_table_rows} rows; rebuild the engine")
+    bound = prompt_table_element_bound(build.get("plugin_config", {}))
+    elements = rows * pretrained.get("hidden_size", 0)
+    if bound is not None:
+        report.check(elements < bound, name,
+                     f"LLM engine was built with lookup_plugin, which indexes the prompt table "
+                     f"in 32 bits: {rows} rows x hidden {pretrained.get('hidden_size')} = "
+                     f"{elements:,} elements reach {bound:,}; rebuild without lookup_plugin "
+                     "(`qvl-trt build` leaves it off)")
