@@ -1,6 +1,7 @@
 """Write the "which variant fits which card" section of docs/support-matrix.md from the
 planner: the released 2B/4B/8B configs (no weights) on every shipped GPU profile in each
-weight precision, with the batch and KV budget the plan gives and the limits it lowered.
+weight precision, with the batch and KV budget the plan gives and the limits it lowered, and
+in FP16 for each workload (`--workload`).
 
     python scripts/support_matrix.py            # rewrite the section in docs/support-matrix.md
     python scripts/support_matrix.py --check    # exit 1 when the section is stale
@@ -48,8 +49,34 @@ def render() -> str:
             lines.append("")
             if lowered:
                 lines += ["Limits lowered below the profile's (`*`):", "", *lowered, ""]
+            lines += _workloads(open_checkpoint(Path(root) / variant))
         lines += _pairs(root, precisions)
     return "\n".join([*lines, END])
+
+
+def _workloads(ckpt) -> list[str]:
+    """The checkpoint in FP16 on each card for each workload: batch @ max_seq_len, with the
+    typical clip's visual tokens (chat, video) or the full-length sequences the KV cache holds
+    (long)."""
+    from qvl_trt.plan import plan_every_profile
+    from qvl_trt.workload import Workload
+
+    plans = {w: plan_every_profile(ckpt, workload=w) for w in Workload}
+    lines = [f"{ckpt.variant.upper()} in FP16 by workload: max_batch_size @ max_seq_len, and the "
+             "30-frame 1280x720 clip's visual tokens (chat, video) or the max_seq_len "
+             "sequences the KV cache holds (long); `-`: does not fit.", "",
+             "| profile | " + " | ".join(w.value for w in Workload) + " |",
+             "|---|" + "---:|" * len(Workload)]
+    for row in zip(*(plans[w] for w in Workload), strict=True):
+        cells = []
+        for _, plan in row:
+            lim = plan.limits
+            extra = (f"{plan.full_sequences} seqs" if plan.workload is Workload.LONG
+                     else f"clip {plan.typical_video.visual_tokens}")
+            cells.append(f"{lim.max_batch_size} @ {lim.max_seq_len}, {extra}" if plan.fits
+                         else "-")
+        lines.append(f"| `{row[0][0].name}` | " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def _pairs(root: str, precisions: list) -> list[str]:
@@ -58,6 +85,7 @@ def _pairs(root: str, precisions: list) -> list[str]:
     from qvl_trt.checkpoint import open_checkpoint
     from qvl_trt.plan import plan_together
     from qvl_trt.profiles import load_profile, profile_names
+    from qvl_trt.workload import Workload
 
     models = [(v, open_checkpoint(Path(root) / v)) for v in ("4b", "8b")]
     lines = ["### 4B + 8B on one card", "",
@@ -69,7 +97,7 @@ def _pairs(root: str, precisions: list) -> list[str]:
         profile = load_profile(name)
         cells = []
         for _, w in precisions:
-            shared = plan_together([(v, c, w) for v, c in models], profile)
+            shared = plan_together([(v, c, w, Workload.CHAT) for v, c in models], profile)
             four, eight = shared.plans
             cells.append(f"{four.limits.max_batch_size} + {eight.limits.max_batch_size} @ "
                          f"{eight.limits.max_seq_len}" if shared.fits else "-")

@@ -61,7 +61,7 @@ def test_light_commands_run_without_heavy_packages(tiny_ckpt):
         (["inspect", "-m", str(tiny_ckpt)],
          f"{tiny_ckpt}: Qwen3-VL custom, float32, 145 tensors, "),
         (["plan", "-m", str(tiny_ckpt), "-g", "4090d"],
-         "plan: custom checkpoint, fp16 weights, on 4090d (NVIDIA GeForce RTX 4090 D, 24564 MiB)"),
+         "plan: custom checkpoint, fp16 weights, chat workload, on 4090d (NVIDIA GeForce RTX 4090 D, 24564 MiB)"),
     ):
         result = run_cli(*args, block=HEAVY)
         assert result.returncode == 0, f"{args}: {result.stderr}"
