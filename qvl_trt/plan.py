@@ -30,6 +30,7 @@ from pathlib import Path
 
 from .atomic import staged_file
 from .checkpoint import (
+    PIXELS_PER_IMAGE_TOKEN,
     PIXELS_PER_VIDEO_TOKEN,
     TEMPORAL_PATCH_SIZE,
     VISION_PREFIX,
@@ -57,7 +58,7 @@ from .llm.layout import (
     weight_sources,
 )
 from .llm.weight_only import FEATURE_MULTIPLE, is_quantized
-from .mm.geometry import image_token_count, video_token_count
+from .mm.geometry import FRAME_TOKEN_CAP, image_token_count, video_token_count
 from .mm.prompt_table import rows_per_visual_token
 from .mm.video import RELEASED_CLIP_PIXELS, VideoConfig
 from .profiles import BuildLimits, GpuProfile, load_profile, profile_names, profile_toml
@@ -261,7 +262,9 @@ def workload_limits(ckpt: Checkpoint, lim: BuildLimits,
     visual cap, and for the answer beside the prompt, is kept.
     - chat: the profile's limits, then its context halved (_context_levels).
     - video: one request may carry the checkpoint's whole clip budget (its
-      video_preprocessor_config.json's, in merged tokens), the prompt grown by that.
+      video_preprocessor_config.json's, in merged tokens), the prompt grown by that, and a
+      frame the size its processor caps frames at (the vision engine's largest input raised
+      to it where smaller).
     - long: LONG_CONTEXTS up to the checkpoint's max_position_embeddings; chunked context
       (the repository's enable_chunked_context) takes prompts up to max_seq_len - 1 in
       chunks of max_num_tokens."""
@@ -270,11 +273,15 @@ def workload_limits(ckpt: Checkpoint, lim: BuildLimits,
     if workload is Workload.CHAT:
         return list(_context_levels(lim))
     if workload is Workload.VIDEO:
-        clip = clip_budget_tokens(ckpt)
+        clip, frame = clip_budget(ckpt)
         cap = max(lim.max_visual_tokens_per_request, clip)
         text = lim.max_input_len - lim.max_visual_tokens_per_request
         prompt = max(lim.max_input_len, -(-(cap + text) // block) * block)
+        frame_pixels = frame * PIXELS_PER_IMAGE_TOKEN
         return [replace(lim, max_videos_per_request=max(lim.max_videos_per_request, 1),
+                        vision_max_pixels=max(lim.vision_max_pixels, frame_pixels),
+                        video_max_pixels_per_frame=max(lim.video_max_pixels_per_frame,
+                                                       frame_pixels),
                         video_max_tokens=max(lim.video_max_tokens, clip),
                         max_visual_tokens_per_request=cap, max_input_len=prompt,
                         max_seq_len=prompt + answer)]
@@ -289,15 +296,14 @@ def workload_limits(ckpt: Checkpoint, lim: BuildLimits,
     return [replace(lim, max_seq_len=n, max_input_len=n - answer) for n in contexts]
 
 
-def clip_budget_tokens(ckpt: Checkpoint) -> int:
-    """Merged tokens of one video at the checkpoint's own clip budget: its video processor's
-    (or, as transformers falls back, its image processor's), the released checkpoints' for a
-    folder with config.json alone."""
+def clip_budget(ckpt: Checkpoint) -> tuple[int, int]:
+    """Merged tokens of one video at the checkpoint's own clip budget, and of one frame pair
+    at most: its video processor's (or, as transformers falls back, its image processor's),
+    the released checkpoints' for a folder with config.json alone."""
     if ckpt.video_preprocessor_config or ckpt.preprocessor_config:
-        pixels = VideoConfig.of_checkpoint(ckpt).pixels.max_pixels
-    else:
-        pixels = RELEASED_CLIP_PIXELS[1]
-    return pixels // PIXELS_PER_VIDEO_TOKEN
+        pixels = VideoConfig.of_checkpoint(ckpt).pixels
+        return pixels.max_pixels // PIXELS_PER_VIDEO_TOKEN, pixels.frame_token_cap
+    return RELEASED_CLIP_PIXELS[1] // PIXELS_PER_VIDEO_TOKEN, FRAME_TOKEN_CAP
 
 
 def profile_for_plan(profile: GpuProfile, plan: Plan) -> GpuProfile:

@@ -18,6 +18,7 @@ from qvl_trt.plan import (
     GIB,
     LoweredLimit,
     make_plan,
+    plan_every_profile,
     plan_together,
     repository_kv_budgets,
 )
@@ -735,3 +736,16 @@ def test_a_chat_and_a_video_build_of_one_checkpoint_share_an_h200(released):
                                    "-m", str(released["8b"]), "-g", "h200", "--workload",
                                    "chat", "--workload", "video"])
     assert bad.exit_code == 1 and "2 --workload for 3 --model" in bad.output
+
+
+@pytest.mark.parametrize("variant", ["2b", "4b", "8b"])
+def test_the_video_workload_serves_the_whole_clip_wherever_it_fits(released, variant):
+    # The 4060 Ti's images stop at 768x768, below the 786432-pixel frames the processor
+    # keeps: the video build raises the vision engine's largest input to one such frame.
+    fitting = [p for _, p in plan_every_profile(open_checkpoint(released[variant]),
+                                                workload=Workload.VIDEO) if p.fits]
+    assert len(fitting) >= 10
+    for plan in fitting:
+        assert plan.typical_video.visual_tokens == 10800, plan.profile
+        assert plan.limits.video_max_pixels_per_frame >= 768 * 1024 <= \
+            plan.limits.vision_max_pixels
