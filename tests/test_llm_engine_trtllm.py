@@ -41,8 +41,10 @@ from qvl_trt.llm.weight_only import quantize
 from qvl_trt.mm.chat import user_message
 from qvl_trt.mm.prompt_table import assemble_prompt_table
 from qvl_trt.mm.request import RequestLimits, RequestPreprocessor
+from qvl_trt.plan import make_plan
 from qvl_trt.profiles import load_profile
 from qvl_trt.testing.small_profile import small_profile_toml
+from qvl_trt.workload import Workload
 
 torch = pytest.importorskip("torch")
 pytestmark = trtllm_gpu_marks("TensorRT-LLM 1.2 and a GPU")
@@ -136,16 +138,19 @@ def requests(tiny_ckpt, profile):
     return out
 
 
-def _run_engine(engine_dir, batch: list[DecodeRequest]) -> list[dict]:
+def _run_engine(engine_dir, batch: list[DecodeRequest], *, chunked: bool = False) -> list[dict]:
     """One ModelRunnerCpp generate call for the batch: per request its greedy tokens, its
-    context logits (the engines gather them) and its generation logits (fp32 CPU)."""
+    context logits (the engines gather them) and its generation logits (fp32 CPU). `chunked`:
+    the executor's chunked context, as the repository's enable_chunked_context sets it
+    (tensorrt_llm/runtime/model_runner_cpp.py from_dir, enable_chunked_context)."""
     from tensorrt_llm.layers import MropeParams
     from tensorrt_llm.runtime import ModelRunnerCpp
 
     import qvl_trt.llm.network  # noqa: F401  (registers the architecture EngineConfig reads)
 
     runner = ModelRunnerCpp.from_dir(str(engine_dir), rank=0, gather_generation_logits=True,
-                                     kv_cache_free_gpu_memory_fraction=0.3)
+                                     kv_cache_free_gpu_memory_fraction=0.3,
+                                     enable_chunked_context=chunked)
     try:
         tables = [r.prompt_table for r in batch]
         rows = max((t.shape[0] for t in tables if t is not None), default=0)
@@ -308,6 +313,52 @@ def test_request_with_the_most_rows_a_slot_holds_is_accepted(built, requests, pr
     got, want = _run_engine(engine_dir, [full])[0], _run_engine(engine_dir, [small])[0]
     assert got["tokens"] == want["tokens"]
     assert torch.equal(got["context_logits"], want["context_logits"])
+
+
+def test_a_long_context_engine_prefills_a_prompt_above_max_num_tokens_in_chunks(
+        tiny_ckpt, profile, tmp_path_factory):
+    """The long workload's engine (262144 positions, the MRoPE table sized to them, paged
+    context FMHA) takes a prompt of several max_num_tokens chunks with chunked context, an
+    image across a chunk boundary, and matches the fp32 reference decoder's one-pass
+    prefill."""
+    ckpt = open_checkpoint(tiny_ckpt)
+    plan = make_plan(ckpt, profile, workload=Workload.LONG)
+    assert plan.fits and plan.limits.max_seq_len == 262144, plan.problems
+    long = replace(profile, limits=plan.limits)
+    chunk = long.limits.max_num_tokens
+    converted, engine_dir = _convert_and_build(tiny_ckpt, long,
+                                               tmp_path_factory.mktemp("long"), "long")
+    config = json.loads((engine_dir / "config.json").read_text())
+    assert config["build_config"]["max_seq_len"] == 262144
+    assert config["build_config"]["plugin_config"]["use_paged_context_fmha"] is True
+    assert config["pretrained_config"]["max_position_embeddings"] == 262144
+    pre = RequestPreprocessor.from_checkpoint(tiny_ckpt, RequestLimits.from_profile(long))
+    rng = np.random.default_rng(2)
+    # Text before the image puts its tokens across the first chunk boundary; the rest makes
+    # the prompt more than two chunks.
+    before, after = "sea " * (chunk - 13), "wave " * (chunk + 100)
+    image = Image.fromarray(rng.integers(0, 256, (128, 128, 3), dtype=np.uint8))
+    prepared = pre.prepare(messages=[{"role": "user", "content": [
+        {"type": "text", "text": before}, {"type": "image"}, {"type": "text", "text": after}]}],
+        images=[image])
+    ids = prepared.engine_input_ids
+    visual = [i for i, t in enumerate(ids) if t >= ckpt.text.vocab_size]
+    assert len(ids) > 2 * chunk and visual[0] < chunk <= visual[-1]
+    hidden, per_token = ckpt.text.hidden_size, 1 + ckpt.vision.deepstack_count
+    scale = float(ckpt.load("model.language_model.embed_tokens.weight").float().std())
+    main, *deepstack = (rng.normal(0, scale, (len(visual), hidden)).astype(np.float32)
+                        for _ in range(per_token))
+    request = _in_dtype(DecodeRequest(
+        input_ids=tuple(int(t) for t in ids),
+        mrope_rotary_cos_sin=prepared.mrope_rotary_cos_sin,
+        mrope_position_delta=prepared.mrope_position_delta,
+        prompt_table=assemble_prompt_table(main, deepstack),
+        sampling=SamplingParams(max_tokens=MAX_TOKENS, greedy=True, stop_token_ids=(END_ID,))),
+        "float16")
+    engine = _run_engine(engine_dir, [request], chunked=True)[0]
+    reference = ReferenceDecoder.load(converted, device="cuda", dtype="float32")
+    _assert_matches(engine, _run_reference(reference, [request])[0], TOLERANCE["float16"],
+                    "long prompt")
 
 
 def test_tensor_parallel_build_writes_every_rank(tiny_ckpt, profile, tmp_path):
