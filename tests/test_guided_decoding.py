@@ -202,7 +202,7 @@ def test_the_reference_model_loads_guided_decoding_as_the_backend(tmp_path, info
 
     def params(backend: str, path: str) -> ReferenceLlmParameters:
         return ReferenceLlmParameters(
-            device="cpu", dtype="float32", prompt_table_rows_per_request=8, max_input_len=8,
+            device="cpu", dtype="float32", prompt_table_rows_per_request=8,
             cancellation_check_period_ms=100, guided_decoding_backend=backend,
             xgrammar_tokenizer_info_path=path)
 

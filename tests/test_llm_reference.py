@@ -24,6 +24,7 @@ from qvl_trt.llm.reference import ReferenceDecoder
 from qvl_trt.llm.sampling import (
     TOP_K_MAX,
     DecodeRequest,
+    DecodeResult,
     FinishReason,
     SamplingParams,
     TokenEvent,
@@ -267,6 +268,46 @@ def test_in_flight_batch_tokens_do_not_depend_on_the_batch(decoders, cases) -> N
     assert sum(long in s for s in steps) == 4  # nothing after the drop
     with pytest.raises(KeyError, match="not in the batch"):
         batch.drop(long)
+
+
+# Chunked and one-pass prefill differ only in the order attention sums its terms (fp32).
+CHUNK_TOLERANCE = 1e-5
+
+
+def run_batch(decoder: ReferenceDecoder, requests: list[DecodeRequest],
+              **options) -> list[DecodeResult]:
+    """`requests` to completion in one batch made with decoder.batch(**options)."""
+    batch = decoder.batch(**options)
+    keys = [batch.add(request) for request in requests]
+    results = {}
+    while batch:
+        for event in batch.step():
+            if event.finish_reason is not None:
+                results[event.request] = batch.result(event.request)
+    return [results[key] for key in keys]
+
+
+@pytest.mark.parametrize("where", ["inside_the_image", "every_position"])
+def test_chunked_prefill_equals_one_pass(decoders, cases, where: str) -> None:
+    """Chunked context: prompts prefilled in chunks (each chunk's K/V written at its offset,
+    attending to every earlier position, its own MRoPE and DeepStack rows) give the logits
+    and tokens of one pass, with a chunk boundary inside the image's tokens, and beside a
+    shorter prompt that is padding in the later chunks."""
+    decoder = decoders[1]
+    image, text = cases["one_image"].request, cases["text"].request
+    visual = np.flatnonzero(np.asarray(image.input_ids) >= decoder.config.vocab_size)
+    chunk = int(visual[0]) + 2 if where == "inside_the_image" else 1
+    assert any(visual[0] < boundary <= visual[-1]
+               for boundary in range(chunk, len(image.input_ids), chunk))
+    requests = [dataclasses.replace(r, sampling=SamplingParams(max_tokens=4, greedy=True))
+                for r in (image, text)]
+    assert len(text.input_ids) < len(image.input_ids)
+    for want, got in zip(run_batch(decoder, requests),
+                         run_batch(decoder, requests, context_chunk=chunk), strict=True):
+        assert got.token_ids == want.token_ids
+        for logits in ("context_logits", "generation_logits"):
+            difference = (getattr(got, logits) - getattr(want, logits)).abs().max().item()
+            assert difference <= CHUNK_TOLERANCE, f"{logits} differ by {difference:.2e}"
 
 
 def test_unreferenced_prompt_table_rows_do_not_leak(decoders, cases) -> None:

@@ -17,6 +17,7 @@ from qvl_trt.build import Stage, resume_build
 from qvl_trt.deps import available
 from qvl_trt.dtypes import Dtype
 from qvl_trt.errors import ConfigError
+from qvl_trt.llm.engine import BUILD_CONFIG_NAME
 from qvl_trt.machine import detect_gpus
 from qvl_trt.serve.needs import point_engine_paths, read_serve_plan
 from qvl_trt.testing.trt_layout import linked_copy, write_llm_engine_layout
@@ -36,6 +37,7 @@ from qvl_trt.triton.repository import (
     RepoOptions,
     write_repo,
 )
+from qvl_trt.triton.tensorrtllm_backend import EngineLimits
 from qvl_trt.triton.validate import validate_repo
 
 pytest.importorskip("tritonclient", reason="needs tritonclient: pip install 'qvl-trt[serve]'")
@@ -87,6 +89,13 @@ def test_reference_repository_is_valid_and_self_contained(tmp_path, tiny_build) 
     # The reference tower normalises the 8-bit pixels with the image processor settings.
     (repo / "vision_encoder" / "1" / "checkpoint" / "preprocessor_config.json").unlink()
     assert any("preprocessor_config.json is missing" in p for p in problems(repo))
+    # tensorrt_llm reads the engine's limits where the trt flavor's executor reads them: from
+    # the build config of the engine this profile gets.
+    written = json.loads((repo / "tensorrt_llm" / "1" / BUILD_CONFIG_NAME).read_text())
+    assert EngineLimits.of_build_config(written) == EngineLimits(
+        max_seq_len=1024, max_num_tokens=1024, tokens_per_block=32, paged_context_fmha=True)
+    (repo / "tensorrt_llm" / "1" / BUILD_CONFIG_NAME).unlink()
+    assert any(f"tensorrt_llm/1/{BUILD_CONFIG_NAME} is missing" in p for p in problems(repo))
 
 
 
@@ -394,6 +403,10 @@ BREAKAGES = {
     "paged context off": (_edit_engine_config(
         lambda c: c["build_config"]["plugin_config"].update(use_paged_context_fmha=False)),
         "enable_chunked_context needs an engine built with use_paged_context_fmha"),
+    "chunk below one block": (_edit_engine_config(
+        lambda c: c["build_config"]["plugin_config"].update(tokens_per_block=2048)),
+        "enable_chunked_context: max_num_tokens 1024 is below one KV block (tokens_per_block "
+        "2048)"),
     "table rows": (_edit_engine_config(
         lambda c: c["build_config"].update(max_prompt_embedding_table_size=7)),
         "max_prompt_embedding_table_size is 7, the plan for its profile says"),

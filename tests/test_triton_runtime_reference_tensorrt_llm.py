@@ -12,15 +12,17 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from qvl_trt.errors import InputError
+from qvl_trt.errors import ConfigError, InputError
 from qvl_trt.llm.guided import Guide, GuideType
 from qvl_trt.triton import contract as c
+from qvl_trt.triton import tensorrtllm_backend as tb
 from qvl_trt.triton.runtime.reference_tensorrt_llm import (
     LlmLimits,
     LlmRequest,
     ReferenceLlm,
     StepStats,
     check_requested_outputs,
+    context_phase,
 )
 
 # Sequences as long as request_output_len (int32) can ask for: the streams of the scheduling
@@ -206,7 +208,7 @@ class FakeDecoder:
         self.steps: list[list[int]] = []
         self.go = threading.Event()
 
-    def batch(self):
+    def batch(self, guided=None, *, context_chunk=None):
         assert self.go.wait(60)
         return FakeBatch(self)
 
@@ -407,7 +409,7 @@ def test_requests_queued_at_unload_get_a_final_error() -> None:
             return [Event(0, 7, finish_reason="length")]
 
     class BlockingDecoder(FakeDecoder):
-        def batch(self):
+        def batch(self, guided=None, *, context_chunk=None):
             return Blocking(self)
 
     llm = ReferenceLlm(BlockingDecoder(), max_batch_size=1)
@@ -441,7 +443,7 @@ def test_a_decoder_bug_answers_every_request_of_its_batch_with_its_type_only(cap
             raise KeyError("internal detail")
 
     class BrokenDecoder(FakeDecoder):
-        def batch(self):
+        def batch(self, guided=None, *, context_chunk=None):
             return Broken(self)
 
     llm = ReferenceLlm(BrokenDecoder(), max_batch_size=2, model_name="b4_tensorrt_llm")
@@ -485,3 +487,40 @@ def test_each_iteration_and_each_end_are_reported_as_the_executor_counts_them(
     llm.close()
     assert steps == [StepStats(1, 2, 2, 10), StepStats(2, 2, 0, 0), StepStats(3, 1, 0, 0)]
     assert sorted(ends) == [(5, 2), (5, 3)]
+
+
+ENGINE = tb.EngineLimits(max_seq_len=64, max_num_tokens=20, tokens_per_block=8,
+                         paged_context_fmha=True)
+
+
+def test_the_longest_prompt_and_the_chunk_follow_the_engine_and_enable_chunked_context(
+        caplog) -> None:
+    """As the executor: with chunked context the longest prompt is max_seq_len - 1 and a
+    context runs in chunks of max_num_tokens cut to whole blocks; without, it is
+    min(max_seq_len - 1, max_num_tokens) in one pass; on an engine without paged context
+    FMHA chunking is turned off with the executor's warning."""
+    assert context_phase(ENGINE, True, 64, "m") == (63, 16)
+    assert context_phase(ENGINE, False, 64, "m") == (20, None)
+    unpaged = dataclasses.replace(ENGINE, paged_context_fmha=False)
+    assert context_phase(unpaged, True, 64, "m") == (20, None)
+    assert tb.CHUNKING_DISABLED in caplog.text
+    with pytest.raises(ConfigError, match="max_num_tokens 4 is below one KV block"):
+        context_phase(dataclasses.replace(ENGINE, max_num_tokens=4), True, 64, "m")
+    context_phase(dataclasses.replace(ENGINE, max_num_tokens=4), False, 64, "m")
+    with pytest.raises(ConfigError, match="max_seq_len 64 is not the checkpoint's "
+                                          "max_position_embeddings 128"):
+        context_phase(ENGINE, True, 128, "m")
+
+
+def test_enable_chunked_context_is_read_as_the_backend_reads_it() -> None:
+    """Absent: false; the backend's spellings of a bool; one it cannot read is refused
+    (the backend would silently run without chunked context)."""
+    params = {"device": "cpu", "dtype": "float32", "prompt_table_rows_per_request": "8",
+              "cancellation_check_period_ms": "100"}
+    read = c.ReferenceLlmParameters.from_parameters
+    assert read(params).enable_chunked_context is False
+    assert [read({**params, "enable_chunked_context": text}).enable_chunked_context
+            for text in ("True", "1", "false", "FALSE")] == [True, True, False, False]
+    with pytest.raises(ConfigError, match=r"enable_chunked_context: Cannot convert 'yes' to a "
+                                          "boolean"):
+        read({**params, "enable_chunked_context": "yes"})

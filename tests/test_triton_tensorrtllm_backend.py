@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from qvl_trt.triton.tensorrtllm_backend import (
     PARAMETERS,
+    EngineLimits,
     check_parameters,
     parse_bool,
     parse_float,
@@ -85,3 +88,29 @@ def test_every_required_key_is_a_string_or_choice():
     required = sorted(k for k, p in PARAMETERS.items() if p.required)
     assert required == ["gpt_model_type", "guided_decoding_backend", "tokenizer_dir",
                         "xgrammar_tokenizer_info_path"]
+
+
+def test_the_engines_context_limits_as_the_executor_reads_them(tmp_path):
+    """The build config our engines get: max input len max_seq_len - 1 with chunked context,
+    else min(max_seq_len - 1, max_num_tokens); chunks of max_num_tokens cut to whole blocks;
+    chunking off without paged context FMHA; no chunk below one block."""
+    from qvl_trt.llm.engine import engine_build_config
+    from qvl_trt.profiles import load_profile
+    from qvl_trt.testing.small_profile import small_profile_toml
+
+    path = tmp_path / "profile.toml"
+    path.write_text(small_profile_toml(max_seq_len=1024, max_num_tokens=100,
+                                       tokens_per_block=32))
+    build = engine_build_config(load_profile(str(path)), deepstack_layers=3)
+    engine = EngineLimits.of_build_config(build)
+    assert engine == EngineLimits(max_seq_len=1024, max_num_tokens=100, tokens_per_block=32,
+                                  paged_context_fmha=True)
+    assert (engine.max_input_len(True), engine.max_input_len(False)) == (1023, 100)
+    assert engine.context_chunk == 96 and engine.chunking_problem() is None
+    build["plugin_config"]["use_paged_context_fmha"] = False
+    unpaged = EngineLimits.of_build_config(build)
+    assert not unpaged.chunked(True) and unpaged.max_input_len(True) == 100
+    small = dataclasses.replace(engine, max_num_tokens=31)
+    assert small.context_chunk == 0
+    assert "max_num_tokens 31 is below one KV block (tokens_per_block 32)" in \
+        small.chunking_problem()

@@ -135,10 +135,13 @@ class ReferenceDecoder:
 
     # ---- public API ----------------------------------------------------------------------
 
-    def batch(self, guided: GuidedDecoding | None = None) -> DecodeBatch:
+    def batch(self, guided: GuidedDecoding | None = None, *,
+              context_chunk: int | None = None) -> DecodeBatch:
         """An empty in-flight batch: requests join and leave between steps; `guided` applies
-        the requests' guides (None: guided decoding is off, a guided request is refused)."""
-        return DecodeBatch(self, guided)
+        the requests' guides (None: guided decoding is off, a guided request is refused);
+        `context_chunk`: prefill prompts in chunks of that many positions, as the executor
+        with chunked context (None: in one pass)."""
+        return DecodeBatch(self, guided, context_chunk)
 
     def generate(self, requests: Sequence[DecodeRequest], *,
                  on_token: Callable[[TokenEvent], None] | None = None) -> list[DecodeResult]:
@@ -202,8 +205,12 @@ class ReferenceDecoder:
     # ---- model ---------------------------------------------------------------------------
 
     def _prefill(self, requests: Sequence[DecodeRequest], inputs: list[tuple],
-                 lengths: list[int], cache: _KvCache):
-        """Run all prompts (right-padded to the longest) and fill the KV cache."""
+                 lengths: list[int], cache: _KvCache, chunk: int | None = None):
+        """Run all prompts (right-padded to the longest) and fill the KV cache, in chunks of
+        `chunk` positions (None: one pass). A chunk writes its K/V at its offset and attends
+        to every earlier position through the cache, as the engine's chunked context does
+        with paged context FMHA; its MRoPE rows and DeepStack rows are its positions', so an
+        image across a boundary is split like any other run of tokens."""
         torch = require("torch", extra="export", why="run the reference decoder")
         c = self.config
         batch, longest = len(requests), max(lengths)
@@ -233,13 +240,18 @@ class ReferenceDecoder:
         valid = positions[None, :] < torch.tensor(lengths, device=self.device)[:, None]
         # Query i sees keys j <= i of its own prompt; padded queries still see key 0.
         mask = (positions[None, :] <= positions[:, None])[None] & valid[:, None, :]
-        for index, layer in enumerate(self.layers):
-            hidden = self._layer(index, layer, hidden, cos, sin, mask[:, None], cache,
-                                 write_at=None)
-            if index < c.num_deepstack_layers:
-                hidden = hidden + deepstack[index]
+        out, step = [], chunk or longest
+        for start in range(0, longest, step):
+            end = min(start + step, longest)
+            h = hidden[:, start:end]
+            for index, layer in enumerate(self.layers):
+                h = self._layer(index, layer, h, cos[:, start:end], sin[:, start:end],
+                                mask[:, None, start:end, :end], cache, write_at=start)
+                if index < c.num_deepstack_layers:
+                    h = h + deepstack[index, :, start:end]
+            out.append(h)
         cache.lengths[:] = torch.tensor(lengths, device=self.device)
-        return _rms_norm(hidden, self.final_norm, c.norm_epsilon)
+        return _rms_norm(torch.cat(out, dim=1), self.final_norm, c.norm_epsilon)
 
     def _decode_step(self, token_ids: list[int], deltas: list[int], cache: _KvCache):
         """One token per active request; returns the final hidden states [rows, hidden]."""
@@ -261,8 +273,8 @@ class ReferenceDecoder:
 
     def _layer(self, index: int, layer: _Layer, hidden, cos, sin, mask, cache: _KvCache,
                write_at):
-        """One decoder layer. `write_at` None: the whole (prefill) sequence starts at cache
-        position 0; else one token per row at those positions."""
+        """One decoder layer. `write_at` an int: the (prefill) positions start there in
+        every row; else one token per row at those positions."""
         torch = require("torch", extra="export", why="run the reference decoder")
         F = torch.nn.functional
         c = self.config
@@ -319,6 +331,10 @@ class DecodeBatch:
     row. Each request keeps its own seeded generator and its own cache row, so its tokens do
     not depend on what else is in the batch.
 
+    With `context_chunk` the context phase runs in chunks of that many positions, all of them
+    in the step the request joins; the executor runs one chunk per iteration, beside the
+    other requests' decodes, which changes when tokens come, not which.
+
     The running requests share one KV cache, a row each, as wide as the longest row needs;
     joining and leaving copy it (a cat or index_select per layer), a step does not.
 
@@ -331,9 +347,11 @@ class DecodeBatch:
     (xgrammar releases the GIL) and the request joins at the first step after it is ready;
     the masks are filled in the step, as upstream does."""
 
-    def __init__(self, decoder: ReferenceDecoder, guided: GuidedDecoding | None = None) -> None:
+    def __init__(self, decoder: ReferenceDecoder, guided: GuidedDecoding | None = None,
+                 context_chunk: int | None = None) -> None:
         self.decoder = decoder
         self.guided = guided
+        self.context_chunk = context_chunk
         self._waiting: list[_Sequence] = []  # added, prefilled at the next step
         self._rows: list[_Sequence] = []  # running: row i of the cache
         self._cache: _KvCache | None = None
@@ -455,7 +473,7 @@ class DecodeBatch:
         lengths = [len(s.request.input_ids) for s in joining]
         cache = _KvCache(decoder, len(joining), max(s.capacity for s in joining))
         hidden = decoder._prefill([s.request for s in joining], [s.inputs for s in joining],
-                                  lengths, cache)
+                                  lengths, cache, self.context_chunk)
         for b, s in enumerate(joining):
             if s.request.return_context_logits:
                 s.context_logits = decoder._logits(hidden[b, : lengths[b]])
@@ -488,11 +506,12 @@ class _KvCache:
         self.lengths = torch.zeros(batch, dtype=torch.long, device=decoder.device)
 
     def store(self, layer: int, k, v, write_at, *, span: int):
-        """Write new K/V and return the cached K/V of the first `span` positions."""
+        """Write new K/V (from position `write_at` in every row, or one token per row at the
+        positions `write_at` holds) and return the cached K/V of the first `span` positions."""
         torch = require("torch", extra="export", why="run the reference decoder")
-        if write_at is None:
-            self.k[layer][:, :, : k.shape[2]] = k
-            self.v[layer][:, :, : v.shape[2]] = v
+        if isinstance(write_at, int):
+            self.k[layer][:, :, write_at: write_at + k.shape[2]] = k
+            self.v[layer][:, :, write_at: write_at + v.shape[2]] = v
         else:
             rows = torch.arange(k.shape[0], device=k.device)
             self.k[layer][rows, :, write_at] = k[:, :, 0]

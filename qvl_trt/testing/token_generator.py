@@ -80,8 +80,9 @@ class TokenGenerator:
         settings = json.loads((version_folder / SETTINGS).read_text())
         return cls(read_llm_config(version_folder / "checkpoint"), settings["tokens_per_s"])
 
-    def batch(self, guided: Any = None) -> GeneratorBatch:
-        """A batch; `guided` is taken and not applied (the generator refuses guides)."""
+    def batch(self, guided: Any = None, *, context_chunk: int | None = None) -> GeneratorBatch:
+        """A batch; `guided` is taken and not applied (the generator refuses guides), nor is
+        `context_chunk` (it runs no context phase)."""
         return GeneratorBatch(self.period, self.config.vocab_size)
 
 

@@ -25,6 +25,9 @@ import numpy as np
 from ..errors import BusyError, ConfigError, InputError, LimitError, QvlError, UnavailableError
 from ..typed_config import load_parameters, to_parameters
 from .options import Flavor
+from .tensorrtllm_backend import FALSE as BACKEND_FALSE
+from .tensorrtllm_backend import TRUE as BACKEND_TRUE
+from .tensorrtllm_backend import parse_bool
 
 if TYPE_CHECKING:  # the gateway reads this module: it stays free of mm/ (and numba, PIL)
     from ..mm.rope import MropeTable
@@ -139,15 +142,32 @@ class ReferenceLlmParameters(ModelParameters):
     # max_prompt_embedding_table_size / max_batch_size: the stand-in refuses bigger tables,
     # as the executor does.
     prompt_table_rows_per_request: int
-    # The longest prompt the executor would take with the trt flavor's engine and parameters
-    # (tensorrtllm_backend.executor_max_input_len); the stand-in refuses longer ones.
-    max_input_len: int
     # The stock backend's parameter of this name: how often a request's cancel flag is polled.
     cancellation_check_period_ms: int
     # The stock backend's parameters of these names: guided decoding is on when both are set
     # (xgrammar, and the tokenizer info file, relative to the model's version folder).
     guided_decoding_backend: str = ""
     xgrammar_tokenizer_info_path: str = ""
+    # The stock backend's parameter: prefill contexts longer than the engine's max_num_tokens
+    # in chunks; without it the executor refuses them. Absent means false, as the backend
+    # reads it (model_instance_state.cc getExecutorConfigFromParams).
+    enable_chunked_context: bool = False
+
+    @classmethod
+    def from_parameters(cls, params: Mapping[str, str], where: str = "") -> Any:
+        """enable_chunked_context is read as the stock backend reads its booleans
+        (True/true/TRUE/1, ...); one it cannot read is refused here, where the backend would
+        run without chunked context."""
+        where = where or cls.__name__
+        text = params.get("enable_chunked_context")
+        if text is not None:
+            value = parse_bool(text)
+            if value is None:
+                raise ConfigError(f"{where}.enable_chunked_context: Cannot convert {text!r} to "
+                                  f"a boolean; write one of {'/'.join(BACKEND_TRUE)} or "
+                                  f"{'/'.join(BACKEND_FALSE)}")
+            params = {**params, "enable_chunked_context": str(value).lower()}
+        return load_parameters(cls, params, where)
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ EXECUTOR_WORKER_PATH = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWor
 # parameter, and the reference model's (an ask is a round trip to Triton there).
 CANCELLATION_CHECK_PERIOD_MS = 100
 # Prefill long multimodal prompts in chunks beside running decodes (the stock backend's
-# enable_chunked_context); it also sets the longest prompt the executor takes
-# (tensorrtllm_backend.executor_max_input_len), which the reference model applies too.
+# enable_chunked_context, and the reference model's parameter of that name); it also sets the
+# longest prompt the executor takes (tensorrtllm_backend.EngineLimits.max_input_len).
 ENABLE_CHUNKED_CONTEXT = True
 
 

@@ -35,7 +35,7 @@ from ..atomic import staged_dir, write_json_atomic
 from ..checkpoint import VISION_PREFIX, Checkpoint, open_checkpoint
 from ..dtypes import NUMPY_DTYPES, Dtype, WeightOnly
 from ..errors import BuildError, ConfigError
-from ..llm.engine import ENGINE_DTYPE
+from ..llm.engine import BUILD_CONFIG_NAME, ENGINE_DTYPE, engine_build_config
 from ..llm.guided import BACKEND as GUIDED_DECODING_BACKEND
 from ..llm.guided import TOKENIZER_INFO_NAME, TokenizerInfo
 from ..manifest import VISION_CONFIG_NAME, VISION_ENGINE_NAME, BuildFolder, Manifest, Stage
@@ -55,7 +55,6 @@ from .model_configs import (
 )
 from .options import BuildInput, Flavor, RepoOptions
 from .pbconfig import write_config
-from .tensorrtllm_backend import executor_max_input_len
 
 log = logging.getLogger(__name__)
 
@@ -240,6 +239,11 @@ def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOpt
         _link_tree(build.folder.finished(build.folder.llm_checkpoint,
                                          "holds the converted LLM checkpoint"),
                    llm / CHECKPOINT_DIR)
+        # The build config the trt flavor's engine gets for this profile: the stand-in reads
+        # its limits as the executor reads the engine's config.json.
+        write_json_atomic(llm / BUILD_CONFIG_NAME, engine_build_config(
+            build.profile, deepstack_layers=ckpt.vision.deepstack_count,
+            weights=build.plan.weights))
 
     post = folders[names.postprocessing]
     _python_model(post, c.POSTPROCESSING, runtime)
@@ -292,16 +296,13 @@ def _python_parameters(build: _Build, options: RepoOptions) -> dict[str, c.Model
             cache_bytes=options.vision_cache_mib * 2**20),
     }
     if options.flavor is Flavor.REFERENCE:
-        lim = build.profile.limits
         parameters[c.TENSORRT_LLM] = c.ReferenceLlmParameters(
             device=options.device, dtype=options.reference_dtype,
             prompt_table_rows_per_request=build.plan.prompt_table_rows_per_request,
-            max_input_len=executor_max_input_len(
-                max_seq_len=lim.max_seq_len, max_num_tokens=lim.max_num_tokens,
-                chunked_context=ENABLE_CHUNKED_CONTEXT),
             cancellation_check_period_ms=CANCELLATION_CHECK_PERIOD_MS,
             guided_decoding_backend=GUIDED_DECODING_BACKEND,
-            xgrammar_tokenizer_info_path=TOKENIZER_INFO_NAME)
+            xgrammar_tokenizer_info_path=TOKENIZER_INFO_NAME,
+            enable_chunked_context=ENABLE_CHUNKED_CONTEXT)
     return parameters
 
 

@@ -22,6 +22,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 TRUE = ("True", "true", "TRUE", "1")
 FALSE = ("False", "false", "FALSE", "0")
@@ -144,6 +145,65 @@ def executor_max_input_len(*, max_seq_len: int, max_num_tokens: int,
     if chunked_context:
         return max_seq_len - 1
     return min(max_seq_len - 1, max_num_tokens)
+
+
+# The executor's warning when it turns enable_chunked_context off (executorImpl.cpp).
+CHUNKING_DISABLED = "Chunked context is not supported for this configuration and will be disabled"
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """What the executor reads of an engine's build_config (config.json, as TensorRT-LLM's
+    Engine.save writes it; the keys of its BuildConfig and PluginConfig) for a request's
+    context phase. The backend passes no max_num_tokens of its own (model_instance_state.cc
+    getExecutorConfigFromParams), so the engine's holds."""
+
+    max_seq_len: int
+    max_num_tokens: int
+    tokens_per_block: int
+    paged_context_fmha: bool  # plugin_config.use_paged_context_fmha
+
+    @classmethod
+    def of_build_config(cls, build: Mapping[str, Any]) -> EngineLimits:
+        plugins = build.get("plugin_config", {})
+        return cls(max_seq_len=build.get("max_seq_len", 0),
+                   max_num_tokens=build.get("max_num_tokens", 0),
+                   tokens_per_block=plugins.get("tokens_per_block", 0),
+                   paged_context_fmha=plugins.get("use_paged_context_fmha") is True)
+
+    def chunked(self, enable_chunked_context: bool) -> bool:
+        """Whether the executor chunks long contexts: on an engine without paged context FMHA
+        it turns enable_chunked_context off with a warning (CHUNKING_DISABLED) instead of
+        failing the load (executorImpl.cpp createModel: executorConfigIsValid /
+        fixExecutorConfig)."""
+        return enable_chunked_context and self.paged_context_fmha
+
+    def max_input_len(self, enable_chunked_context: bool) -> int:
+        return executor_max_input_len(max_seq_len=self.max_seq_len,
+                                      max_num_tokens=self.max_num_tokens,
+                                      chunked_context=self.chunked(enable_chunked_context))
+
+    @property
+    def context_chunk(self) -> int:
+        """The chunk a context longer than max_num_tokens runs in when it has a step to
+        itself: max_num_tokens rounded down to whole KV blocks. The first-come-first-served
+        policy cuts a context that does not fit to a multiple of the chunk unit
+        (cpp/tensorrt_llm/batch_manager/microBatchScheduler.cpp setCtxRequestsChunkSize),
+        and the unit its scheduler gets is tokens_per_block (trtGptModelInflightBatching.cpp
+        constructor: the unit is lowered to max_num_tokens only after the scheduler took its
+        copy). Beside decodes the step has fewer tokens left and chunks are smaller."""
+        return self.max_num_tokens // self.tokens_per_block * self.tokens_per_block
+
+    def chunking_problem(self) -> str | None:
+        """Why chunked context could not serve a long prompt on this engine (None: it can):
+        no check at load upstream, but with max_num_tokens below one block every chunk rounds
+        down to 0 tokens and such a prompt is never scheduled."""
+        if self.context_chunk > 0:
+            return None
+        return (f"max_num_tokens {self.max_num_tokens} is below one KV block "
+                f"(tokens_per_block {self.tokens_per_block}): the executor cuts chunks to whole "
+                "blocks, so a prompt longer than max_num_tokens would never be scheduled; "
+                "rebuild the engine with max_num_tokens of at least one block")
 
 
 def check_parameters(params: Mapping[str, str]) -> list[str]:

@@ -24,7 +24,11 @@ from ..checkpoint import PIXELS_PER_PATCH, PREPROCESSING_REQUIRED_FILES
 from ..dtypes import Dtype
 from ..errors import ConfigError, QvlError
 from ..generation_config import GenerationConfig
-from ..llm.engine import FUSED_ATTENTION_DTYPES, prompt_table_element_bound
+from ..llm.engine import (
+    BUILD_CONFIG_NAME,
+    FUSED_ATTENTION_DTYPES,
+    prompt_table_element_bound,
+)
 from ..llm.guided import BACKEND as GUIDED_DECODING_BACKEND
 from ..llm.guided import TOKENIZER_INFO_NAME, TokenizerInfo
 from ..mm.vision_index import PIXEL_VALUES
@@ -52,8 +56,8 @@ from .repository import (
     BuildInfo,
 )
 from .tensorrtllm_backend import (
+    EngineLimits,
     check_parameters,
-    executor_max_input_len,
     parse_bool,
     parse_float,
     parse_int,
@@ -465,6 +469,7 @@ def _check_artifacts(repo: Path, ensemble: str, configs: dict[str, Any],
                 ["config.json", "preprocessor_config.json", "model.safetensors"])
         present(models["tensorrt_llm"], llm / CHECKPOINT_DIR,
                 ["config.json"] + [f"rank{r}.safetensors" for r in range(info.tp_size)])
+        present(models["tensorrt_llm"], llm, [BUILD_CONFIG_NAME])
         return
     _check_vision_engine(models["vision_encoder"], vision / ENGINE_DIR, info, report)
     llm_name = models["tensorrt_llm"]
@@ -717,14 +722,16 @@ def _check_budgets(name: str, params: dict[str, str], pretrained: dict[str, Any]
                    build: dict[str, Any], info: BuildInfo, report: ValidationReport) -> None:
     """The KV budget, the prompt table (its size, and its elements where lookup_plugin
     indexes them) and the longest prompt against what `qvl-trt repo` planned."""
+    engine = EngineLimits.of_build_config(build)
     if parse_bool(params.get("enable_chunked_context", "false")):
-        report.check(build.get("plugin_config", {}).get("use_paged_context_fmha") is True, name,
+        # The executor would turn chunking off with a warning (EngineLimits.chunked).
+        report.check(engine.paged_context_fmha, name,
                      "enable_chunked_context needs an engine built with use_paged_context_fmha; "
                      "set it false or rebuild the engine")
+        problem = engine.chunking_problem()
+        report.check(problem is None, name, f"enable_chunked_context: {problem}")
     else:
-        longest = executor_max_input_len(max_seq_len=build.get("max_seq_len", 0),
-                                         max_num_tokens=build.get("max_num_tokens", 0),
-                                         chunked_context=False)
+        longest = engine.max_input_len(False)
         admitted = info.profile.limits.max_input_len
         report.check(longest >= admitted, name,
                      f"without enable_chunked_context the executor refuses prompts above "

@@ -17,7 +17,15 @@ the wrong dtype, width or size, a prompt above the executor's maximum input leng
 stop_words_list, min_tokens below 0 or without an end id), clips what the executor clips
 (request_output_len to the sequence length, top_k to TOP_K_MAX, both with a warning), and
 refuses prompt_table_extra_ids of the wrong length, which the backend silently ignores. It
-reads only the inputs the backend reads. A cancelled request (its Triton request cancelled, or
+reads only the inputs the backend reads. It takes the engine's limits from the build config
+beside its checkpoint, as the executor reads the engine's config.json, and the backend's
+enable_chunked_context (absent: false): the longest prompt is max_seq_len - 1 with chunked
+context, else min(max_seq_len - 1, max_num_tokens); with it, a context runs in chunks of
+max_num_tokens rounded down to whole KV blocks (tensorrtllm_backend.EngineLimits, which cites
+the upstream sources), which gives the logits of one pass. As the executor, it turns
+chunking off with a warning on an engine without paged context FMHA; stricter, it refuses to
+load an engine whose max_num_tokens is below one block, where the executor would never
+schedule a longer prompt. A cancelled request (its Triton request cancelled, or
 a stop request naming its id) ends within a token with a final response holding the tokens
 not yet sent and no error, as the backend does: it cancels the executor request
 (model_instance_state.cc WaitForCancel / handleStopRequest), which then finishes it
@@ -50,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import ConfigError, InputError
+from ...llm.engine import BUILD_CONFIG_NAME
 from ...llm.guided import BACKEND, Guide, GuidedDecoding, check_guided_ending
 from .. import contract as c
 from .. import tensorrtllm_backend as tb
@@ -84,7 +93,7 @@ def check_requested_outputs(names: Iterable[str]) -> None:
 @dataclass(frozen=True)
 class LlmLimits:
     """What the engine takes per request: prompts of at most `max_input_len` tokens (the
-    executor's, tensorrtllm_backend.executor_max_input_len) in sequences of `max_seq_len`,
+    executor's, context_phase) in sequences of `max_seq_len`,
     prompt-table dtype and width, and at most `rows_per_request` rows (None: not known, not
     checked)."""
 
@@ -255,15 +264,17 @@ class ReferenceLlm:
                  on_step: Callable[[StepStats], None] = lambda stats: None,
                  on_finish: Callable[[int, int], None] = lambda prompt, output: None,
                  model_name: str = c.TENSORRT_LLM, cancel_check_s: float = 0.0,
-                 guided: GuidedDecoding | None = None) -> None:
-        """`decoder.batch()`: an empty in-flight batch (llm.reference.DecodeBatch);
-        `decoder.batch(guided)` with guided decoding on (`guided`, else off).
+                 guided: GuidedDecoding | None = None,
+                 context_chunk: int | None = None) -> None:
+        """`decoder.batch(guided, context_chunk=...)`: an empty in-flight batch
+        (llm.reference.DecodeBatch) with guided decoding on (`guided`, else off), prefilling
+        prompts in chunks of `context_chunk` positions (None: in one pass).
         `on_step(stats)`: after each iteration; `on_finish(prompt tokens, output tokens)`: at
         each request's final response. `model_name`: the model it serves, for errors.
         `cancel_check_s`: how often a request's own cancel flag is asked (0: at every step);
         a stop request counts at once."""
         self.decoder = decoder
-        self._new_batch = decoder.batch if guided is None else partial(decoder.batch, guided)
+        self._new_batch = partial(decoder.batch, guided, context_chunk=context_chunk)
         self.cancel_check_s = cancel_check_s
         self.model_name = model_name
         self.max_batch_size = max_batch_size
@@ -479,31 +490,36 @@ class LlmModel:
     stop requests and metrics (ExecutorMetrics)."""
 
     def __init__(self, args: Mapping[str, str], decoder: Any, *, table_dtype: str,
-                 max_input_len: int, rows_per_request: int | None,
-                 cancel_check_s: float = 0.0, guided: GuidedDecoding | None = None) -> None:
+                 engine: tb.EngineLimits, enable_chunked_context: bool,
+                 rows_per_request: int | None, cancel_check_s: float = 0.0,
+                 guided: GuidedDecoding | None = None) -> None:
+        """`engine`: the limits of the engine's build config; `enable_chunked_context`: the
+        backend's parameter, applied as the executor applies it (EngineLimits.chunked)."""
         self.name = args["model_name"]
-        # The converted checkpoint's max_position_embeddings is the engine's max_seq_len.
+        max_input_len, context_chunk = context_phase(
+            engine, enable_chunked_context, decoder.config.max_position_embeddings, self.name)
         self.limits = LlmLimits(hidden_size=decoder.config.hidden_size, table_dtype=table_dtype,
-                                max_input_len=max_input_len,
-                                max_seq_len=decoder.config.max_position_embeddings,
+                                max_input_len=max_input_len, max_seq_len=engine.max_seq_len,
                                 rows_per_request=rows_per_request)
         max_batch_size = json.loads(args["model_config"])["max_batch_size"]
         self.metrics = ExecutorMetrics(self.name, args["model_version"], max_batch_size)
         self.llm = ReferenceLlm(decoder, max_batch_size=max_batch_size,
                                 on_step=self.metrics.step, on_finish=self.metrics.finished,
                                 model_name=self.name, cancel_check_s=cancel_check_s,
-                                guided=guided)
+                                guided=guided, context_chunk=context_chunk)
 
     @classmethod
     def load(cls, args: Mapping[str, str], make_decoder: Callable[[Any], Any]) -> LlmModel:
-        """The model of Triton's initialize(args): its typed parameters, and the decoder
+        """The model of Triton's initialize(args): its typed parameters, the engine's build
+        config (BUILD_CONFIG_NAME in the version folder), and the decoder
         `make_decoder(parameters)` builds."""
         params = c.ReferenceLlmParameters.from_parameters(model_parameters(args),
                                                           args["model_name"])
-        decoder = make_decoder(params)
         folder = Path(args["model_repository"]) / args["model_version"]
-        return cls(args, decoder, table_dtype=params.dtype,
-                   max_input_len=params.max_input_len,
+        engine = tb.EngineLimits.of_build_config(read_build_config(folder))
+        decoder = make_decoder(params)
+        return cls(args, decoder, table_dtype=params.dtype, engine=engine,
+                   enable_chunked_context=params.enable_chunked_context,
                    rows_per_request=params.prompt_table_rows_per_request,
                    cancel_check_s=params.cancellation_check_period_ms / 1000,
                    guided=guided_decoding(params, folder, decoder.config.vocab_size))
@@ -527,6 +543,39 @@ class LlmModel:
 
     def close(self) -> None:
         self.llm.close()
+
+
+def context_phase(engine: tb.EngineLimits, enable_chunked_context: bool, positions: int,
+                  model: str) -> tuple[int, int | None]:
+    """(the longest prompt, the chunk a context runs in; None: one pass) as the executor
+    derives them from the engine and enable_chunked_context, which it turns off with a
+    warning on an engine without paged context FMHA (EngineLimits.chunked). `positions`: the
+    checkpoint's max_position_embeddings, which the build makes the engine's max_seq_len (the
+    per-request MRoPE table has that many rows). ConfigError for an engine whose chunks
+    would hold no token (EngineLimits.chunking_problem: upstream loads it and never
+    schedules a long prompt)."""
+    if engine.max_seq_len != positions:
+        raise ConfigError(f"{model}: the engine's max_seq_len {engine.max_seq_len} is not the "
+                          f"checkpoint's max_position_embeddings {positions}; regenerate the "
+                          "repository with `qvl-trt repo`")
+    chunked = engine.chunked(enable_chunked_context)
+    if enable_chunked_context and not chunked:
+        log.warning("%s: %s (the engine was built without use_paged_context_fmha)", model,
+                    tb.CHUNKING_DISABLED)
+    if chunked and engine.chunking_problem() is not None:
+        raise ConfigError(f"{model}: {engine.chunking_problem()}")
+    return (engine.max_input_len(enable_chunked_context),
+            engine.context_chunk if chunked else None)
+
+
+def read_build_config(folder: Path) -> dict[str, Any]:
+    """The build config `qvl-trt repo` writes beside the reference model's checkpoint."""
+    path = folder / BUILD_CONFIG_NAME
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read {path} ({exc}); regenerate the repository with "
+                          "`qvl-trt repo`") from None
 
 
 def guided_decoding(params: c.ReferenceLlmParameters, folder: Path,
