@@ -62,6 +62,7 @@ class Piece:
 # The HTTP answer to each kind of error response: (status, OpenAI's error type, code).
 _STATUS = {c.ErrorKind.REQUEST: (400, "invalid_request_error", None),
            c.ErrorKind.LIMIT: (413, "invalid_request_error", "request_too_large"),
+           c.ErrorKind.ENGINE_LIMIT: (400, "invalid_request_error", None),
            c.ErrorKind.BUSY: (429, "rate_limit_exceeded", "rate_limit_exceeded"),
            c.ErrorKind.UNAVAILABLE: (503, "server_error", "unavailable"),
            c.ErrorKind.INTERNAL: (500, "server_error", None)}
@@ -69,8 +70,8 @@ _STATUS = {c.ErrorKind.REQUEST: (400, "invalid_request_error", None),
 
 def refusal(message: str) -> ApiError:
     """An error response of the deployment -> the HTTP answer for its kind: the request's to
-    fix 400, above a size bound 413, a build whose batch slots and queue are full 429, a model
-    that is not there right now 503, a bug 500."""
+    fix 400 (above the build's engine limits too), above a size bound 413, a build whose
+    batch slots and queue are full 429, a model that is not there right now 503, a bug 500."""
     message = " ".join(message.split())
     status, kind, code = _STATUS[c.ErrorKind.of_message(message)]
     return ApiError(status, message, type=kind, code=code)

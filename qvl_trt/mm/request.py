@@ -20,7 +20,7 @@ from PIL import Image
 
 from ..atomic import staged_file
 from ..checkpoint import Checkpoint, VisionDims, open_checkpoint
-from ..errors import ConfigError, InputError, LimitError
+from ..errors import ConfigError, EngineLimitError, InputError, LimitError
 from ..profiles import GpuProfile, load_profile
 from . import video as vid
 from .chat import IMAGE_PART_TYPES, VIDEO_PART_TYPES, PromptBuilder, user_message
@@ -91,8 +91,8 @@ class RequestLimits:
 
     def check_image_count(self, count: int) -> None:
         if count > self.max_images:
-            raise InputError(f"request has {count} images, the engine allows "
-                             f"{self.max_images}; send fewer images")
+            raise EngineLimitError(f"request has {count} images, the engine allows "
+                                   f"{self.max_images}; send fewer images")
 
     def check_messages(self, messages: Sequence[Any]) -> None:
         """The bounds on chat messages: how many, their content parts, each text's bytes, and
@@ -306,7 +306,7 @@ class RequestPreprocessor:
             ids, [picture.num_patches // merge for picture in pictures],
             [[group.num_patches // merge for group in clip.groups] for clip in clips])
         if input_ids.size > lim.max_input_len:
-            raise InputError(
+            raise EngineLimitError(
                 f"prompt has {input_ids.size} tokens ({sum(counts)} of them for {media}), the "
                 f"engine allows {lim.max_input_len}: shorten the text or send fewer or smaller "
                 f"{fewer}")
@@ -352,7 +352,7 @@ class RequestPreprocessor:
     def _check_visual_tokens(self, counts: Sequence[int], media: str, fewer: str) -> None:
         cap = self.limits.max_visual_tokens
         if cap is not None and sum(counts) > cap:
-            raise InputError(
+            raise EngineLimitError(
                 f"request has {sum(counts)} visual tokens in {media}, the engine's prompt "
                 f"table holds {cap} per request: send fewer or smaller {fewer}, or rebuild "
                 "with a larger limits.max_visual_tokens_per_request")

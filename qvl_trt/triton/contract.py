@@ -22,7 +22,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import BusyError, ConfigError, InputError, LimitError, QvlError, UnavailableError
+from ..errors import (
+    BusyError,
+    ConfigError,
+    EngineLimitError,
+    InputError,
+    LimitError,
+    QvlError,
+    UnavailableError,
+)
 from ..typed_config import load_parameters, to_parameters
 from .options import Flavor
 
@@ -502,6 +510,9 @@ class ErrorKind(enum.Enum):
 
     REQUEST = "invalid request: "  # the request's to fix (a QvlError)
     LIMIT = "over a deployment limit: "  # a LimitError: the request is too large
+    # An EngineLimitError: above what this build was sized for; a build of the same
+    # checkpoint with larger limits may take it.
+    ENGINE_LIMIT = "over the engine's limits: "
     UNAVAILABLE = "unavailable: "  # an UnavailableError: not now, try again later
     BUSY = "busy: "  # a BusyError: every batch slot and queue place is taken; try again later
     INTERNAL = "internal error in "  # a bug: the model's name and the exception type follow
@@ -513,6 +524,8 @@ class ErrorKind(enum.Enum):
     def of_error(cls, exc: BaseException) -> ErrorKind:
         if isinstance(exc, LimitError):
             return cls.LIMIT
+        if isinstance(exc, EngineLimitError):
+            return cls.ENGINE_LIMIT
         if isinstance(exc, BusyError):
             return cls.BUSY
         if isinstance(exc, UnavailableError):
