@@ -128,6 +128,10 @@ class PreprocessingParameters(ModelParameters):
     # The checkpoint folder's name (e.g. Qwen3-VL-2B-Instruct): the gateway's `root` of the
     # model, and a model id it takes.
     checkpoint_name: str = ""
+    # The OpenAI model name this build is served under together with the other builds of its
+    # checkpoint that have it (triton/repository.py _served_names says which); empty: served
+    # alone, by its ensemble's name.
+    served_name: str = ""
 
 
 @dataclass(frozen=True)
