@@ -27,13 +27,12 @@ from typing import Any
 
 import numpy as np
 
+from ..chat_parts import IMAGE_PART_TYPES, VIDEO_PART_TYPES
 from ..checkpoint import TokenIds
 from ..deps import require
 from ..errors import CheckpointError, EngineLimitError, InputError
 
 ROLES = ("system", "user", "assistant", "tool")
-IMAGE_PART_TYPES = ("image", "image_url")
-VIDEO_PART_TYPES = ("video", "video_url")
 
 
 def user_message(prompt: str, image_count: int, video_count: int = 0) -> list[dict[str, Any]]:

@@ -19,11 +19,12 @@ import numpy as np
 from PIL import Image
 
 from ..atomic import staged_file
+from ..chat_parts import media_counts
 from ..checkpoint import Checkpoint, VisionDims, open_checkpoint
 from ..errors import ConfigError, EngineLimitError, InputError, LimitError
 from ..profiles import GpuProfile, load_profile
 from . import video as vid
-from .chat import IMAGE_PART_TYPES, VIDEO_PART_TYPES, PromptBuilder, user_message
+from .chat import PromptBuilder, user_message
 from .image_input import DEFAULT_MAX_DECODED_PIXELS, load_rgb, open_image, read_image_files
 from .kernels import pixel_pool
 from .pixels import ImagePatches, PixelConfig, image_patch_count, image_patches
@@ -99,7 +100,7 @@ class RequestLimits:
         the number of image and video parts."""
         b = self.bounds
         b.check("the number of messages", len(messages), "max_messages", "send fewer turns")
-        parts = images = videos = 0
+        parts = 0
         for message in messages:
             content = message.get("content") if isinstance(message, Mapping) else None
             items = content if isinstance(content, list) else [content]
@@ -109,11 +110,9 @@ class RequestLimits:
                 if isinstance(text, str):
                     b.check("the UTF-8 size of a message text", len(text.encode()),
                             "max_text_bytes", "shorten the text")
-                kind = item.get("type") if isinstance(item, Mapping) else None
-                images += kind in IMAGE_PART_TYPES
-                videos += kind in VIDEO_PART_TYPES
         b.check("the number of content parts of all messages", parts, "max_content_parts",
                 "send fewer parts")
+        images, videos = media_counts(messages)
         self.check_image_count(images)
         self.video.check_video_count(videos)
 

@@ -515,7 +515,7 @@ class ErrorKind(enum.Enum):
     REQUEST = "invalid request: "  # the request's to fix (a QvlError)
     LIMIT = "over a deployment limit: "  # a LimitError: the request is too large
     # An EngineLimitError: above what this build was sized for; a build of the same
-    # checkpoint with larger limits may take it.
+    # checkpoint with larger limits may take it (the gateway tries it: gateway/routing.py).
     ENGINE_LIMIT = "over the engine's limits: "
     UNAVAILABLE = "unavailable: "  # an UnavailableError: not now, try again later
     BUSY = "busy: "  # a BusyError: every batch slot and queue place is taken; try again later

@@ -175,10 +175,10 @@ def _resolve_names(builds: Sequence[BuildInput]) -> list[tuple[BuildInput, str |
 def _served_names(builds: Sequence[_Build], names: Sequence[c.ModelNames]) -> list[str]:
     """The OpenAI model name each build is served under ("": its ensemble's, alone). The
     builds of one checkpoint, each of another workload (a chat and a video build), are one
-    model named after the checkpoint's folder (the first such build's). One checkpoint by
-    content (`_Build.checkpoint_key`), so builds of two checkpoints never share a name. A
-    checkpoint's builds of one workload (an FP16 and an INT8 chat build to compare) are
-    served apart."""
+    model named after the checkpoint's folder (the first such build's), and the gateway sends
+    each request to the one that fits it (gateway/routing.py). One checkpoint by content
+    (`_Build.checkpoint_key`), so builds of two checkpoints never share a name. A checkpoint's
+    builds of one workload (an FP16 and an INT8 chat build to compare) are served apart."""
     groups: dict[str, list[int]] = {}
     for i, build in enumerate(builds):
         groups.setdefault(build.checkpoint_key, []).append(i)
