@@ -33,6 +33,12 @@ class LimitError(InputError):
     parameters): too large rather than malformed."""
 
 
+class EngineLimitError(InputError):
+    """A request is above a limit its build was sized for (images, videos or frames, visual
+    tokens, prompt tokens, room to generate): another build of the same checkpoint with larger
+    limits may take it."""
+
+
 class UnavailableError(QvlError):
     """A model cannot take the request now (it is unloading or not ready); sending it again
     later may succeed."""

@@ -71,9 +71,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def direct(upstream: Upstream, served, request: ChatCompletionRequest) -> Answer:
+async def direct(upstream: Upstream, build, request: ChatCompletionRequest) -> Answer:
     sent, arrivals, tokens = time.perf_counter(), [], 0
-    async for piece in upstream.generate(served, request):
+    async for piece in upstream.generate(build, request):
         if piece.text:
             arrivals.append(time.perf_counter())
         tokens = piece.completion_tokens
@@ -109,13 +109,13 @@ async def measure(triton_url: str, gateway: GatewayProcess, concurrency: list[in
     body = {"model": "ensemble", "messages": messages, "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     upstream = Upstream(triton_url)
-    served = (await upstream.discover())["ensemble"]
+    build = (await upstream.discover())["ensemble"].builds[0]
     pid = gateway.process.pid
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector,
                                      timeout=aiohttp.ClientTimeout(total=600)) as session:
         # Warm-up: both paths once.
-        await direct(upstream, served, request)
+        await direct(upstream, build, request)
         await through_gateway(session, gateway.url, body)
         for level in concurrency:
             runs: dict[str, list[Answer]] = {way: [] for way in WAYS}
@@ -125,7 +125,7 @@ async def measure(triton_url: str, gateway: GatewayProcess, concurrency: list[in
                 medians = {}
                 for way in WAYS if n % 2 == 0 else WAYS[::-1]:
                     if way == "direct":
-                        batch = [direct(upstream, served, request) for _ in range(level)]
+                        batch = [direct(upstream, build, request) for _ in range(level)]
                         before = time.process_time()
                     else:
                         batch = [through_gateway(session, gateway.url, body)

@@ -400,10 +400,13 @@ def test_readiness_fails_for_a_model_that_is_not_ready(gateway, triton_server) -
         upstream = Upstream(triton_server.grpc_url)
         try:
             served = await upstream.discover()
-            ghost = dataclasses.replace(served[MODEL], name="ghost",
+            build = served[MODEL].builds[0]
+            ghost = dataclasses.replace(build, name="ghost",
                                         models=c.ModelNames.for_build("ghost"))
+            # A model of two builds whose second is not there: not ready either.
+            pair = dataclasses.replace(served[MODEL], builds=(build, ghost))
             return [await upstream.readiness(served),
-                    await upstream.readiness({**served, "ghost": ghost}),
+                    await upstream.readiness({MODEL: pair}),
                     await upstream.readiness({})]
         finally:
             await upstream.close()

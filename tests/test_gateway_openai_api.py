@@ -121,9 +121,11 @@ def test_vllms_fixed_length_fields_and_tiny_temperatures_are_read() -> None:
 
 
 def test_a_model_card_names_its_checkpoint_as_root() -> None:
-    assert model_card("ensemble", 7, "Qwen3-VL-2B-Instruct") == {
+    assert model_card("ensemble", 7, "Qwen3-VL-2B-Instruct", 4096, {"max_images": 2},
+                      ["ensemble"]) == {
         "id": "ensemble", "object": "model", "created": 7, "owned_by": "qvl-trt",
-        "root": "Qwen3-VL-2B-Instruct", "parent": None}
+        "root": "Qwen3-VL-2B-Instruct", "parent": None, "max_model_len": 4096,
+        "limits": {"max_images": 2}, "builds": ["ensemble"]}
 
 
 def test_stream_chunks_carry_a_null_usage_only_when_usage_was_asked_for() -> None:

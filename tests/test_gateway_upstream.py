@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from qvl_trt.errors import BusyError, InputError, LimitError, UnavailableError
+from qvl_trt.errors import (
+    BusyError,
+    EngineLimitError,
+    InputError,
+    LimitError,
+    UnavailableError,
+)
 from qvl_trt.gateway.upstream import refusal
 from qvl_trt.triton import contract as c
 from qvl_trt.triton.runtime.backend import guarded
@@ -16,6 +22,8 @@ from qvl_trt.triton.runtime.backend import guarded
     (LimitError("the number of stop strings is 17, above the limit of 16 (the preprocessing "
                 "model's max_stop_words parameter); send fewer stop strings"), 413,
      "request_too_large"),
+    (EngineLimitError("prompt has 900 tokens (0 of them for 0 images), the engine allows 768: "
+                      "shorten the text or send fewer or smaller images"), 400, None),
     (UnavailableError("the model is unloading; send the request again once the server is "
                       "back"), 503, "unavailable"),
     (BusyError("tensorrt_llm has 8 batch slots and 8 places in its queue (the repository's "

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from qvl_trt.errors import InputError, LimitError, UnavailableError
+from qvl_trt.errors import EngineLimitError, InputError, LimitError, UnavailableError
 from qvl_trt.triton.contract import stop_words_list, word_list_sequences
 
 
@@ -92,6 +92,7 @@ def test_the_encoder_refuses_what_its_tensors_cannot_carry_by_name(request_, wor
 @pytest.mark.parametrize("exc, kind", [
     (InputError("prompt is too long; shorten it"), "REQUEST"),
     (LimitError("the number of stop strings is 17, above the limit of 16"), "LIMIT"),
+    (EngineLimitError("prompt has 900 tokens, the engine allows 768"), "ENGINE_LIMIT"),
     (UnavailableError("the model is unloading; send it again"), "UNAVAILABLE"),
     (KeyError("secret"), "INTERNAL"),
 ])

@@ -1,9 +1,11 @@
 """The gateway's web server (aiohttp): routes, limits, streaming, shutdown.
 
     GET  /                      the chat page (static HTML + JS, no external assets)
-    GET  /v1/models             one model per build, by its ensemble's name, with the
+    GET  /v1/models             one model per build, by its ensemble's name, or per group of a
+                                checkpoint's builds the repository serves as one (by its
+                                name; routing.py picks the build of each request), with the
                                 checkpoint's name as its `root` (also taken as its id)
-    GET  /v1/models/{model}
+    GET  /v1/models/{model}     also the limits it admits, each the largest of its builds'
     POST /v1/chat/completions   OpenAI chat completions, streamed as server-sent events
     GET  /ready                 200 while the deployment answers (readiness.py says when)
     GET  /live                  200 while the gateway runs
@@ -39,9 +41,11 @@ import signal
 import time
 from collections.abc import Callable
 
+from ..chat_parts import media_counts
 from ..deps import require
 from ..errors import ConfigError
-from . import guides, tool_calls
+from ..triton import contract as c
+from . import guides, routing, tool_calls
 from .metrics import CLIENT_CLOSED, GatewayMetrics
 from .openai_api import (
     DONE,
@@ -58,7 +62,7 @@ from .openai_api import (
 )
 from .options import GatewayOptions
 from .readiness import LIVE_PATH, READY_PATH, ask_ready, live_reply, ready_reply
-from .upstream import PROBE_TIMEOUT_S, Piece, ServedModel, Upstream
+from .upstream import PROBE_TIMEOUT_S, Piece, Refusal, ServedModel, Upstream
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +126,10 @@ class Gateway:
             else:
                 if served:
                     self.served = served
-                    log.info("serving %s from Triton at %s", ", ".join(served),
-                             self.opts.triton_url)
+                    log.info("serving %s from Triton at %s", ", ".join(
+                        n if len(m.builds) == 1 else "{} (builds {})".format(
+                            n, ", ".join(b.name for b in m.builds))
+                        for n, m in served.items()), self.opts.triton_url)
                     return
                 self._discovery_error = (f"Triton at {self.opts.triton_url} serves no build "
                                          "with a tensorrt_llm_bls model")
@@ -166,7 +172,7 @@ class Gateway:
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
                                                                   key.encode()):
             if request.path == "/v1/chat/completions":
-                self.metrics.requests.labels("-", "-", 401).inc()
+                self.metrics.requests.labels("-", "-", "-", 401).inc()
             raise ApiError(401, "missing or incorrect API key; send the header Authorization: "
                            "Bearer KEY with this server's key (the openai package's api_key)",
                            code="invalid_api_key")
@@ -180,7 +186,12 @@ class Gateway:
         return self.web.Response(body=self._page, content_type="text/html", charset="utf-8")
 
     def _card(self, model: ServedModel) -> dict:
-        return model_card(model.name, self.created, model.root)
+        def most(field: str) -> int:
+            return max(getattr(b.limits, field) for b in model.builds)
+
+        return model_card(model.name, self.created, model.root, most("max_seq_len"), {
+            f: most(f) for f in ("max_input_len", "max_images", "max_videos",
+                                 "max_visual_tokens")}, [b.name for b in model.builds])
 
     async def models(self, request):
         return self._json(models_list([self._card(self.served[n]) for n in sorted(self.served)]))
@@ -215,9 +226,13 @@ class Gateway:
                         code="unavailable")
 
     def _model(self, name: str) -> ServedModel:
-        """A build by its name, or by its checkpoint's name where one build has it."""
+        """A model by its name, a build of a group by its own (that build alone: to measure
+        it), or a model by its checkpoint's name where one model has it."""
         if name in self.served:
             return self.served[name]
+        for build in (b for m in self.served.values() for b in m.builds):
+            if build.name == name:
+                return ServedModel(name, (build,))
         by_root = [m for m in self.served.values() if m.root == name]
         if len(by_root) == 1:
             return by_root[0]
@@ -241,7 +256,8 @@ class Gateway:
             return self.opts.max_body_bytes
         if not self.served:
             raise self._not_ready()
-        return max(m.limits.max_request_bytes for m in self.served.values()) + BODY_SLACK_BYTES
+        return max(b.limits.max_request_bytes for m in self.served.values()
+                   for b in m.builds) + BODY_SLACK_BYTES
 
     async def _body(self, request) -> bytes:
         """The body, refused with 413 as soon as it is known to exceed the limit."""
@@ -269,24 +285,25 @@ class Gateway:
         received = time.perf_counter()
         limit = self.max_concurrency
         if limit is not None and self.in_flight >= limit:
-            self.metrics.requests.labels("-", "-", 429).inc()
+            self.metrics.requests.labels("-", "-", "-", 429).inc()
             raise ApiError(429, f"{self.in_flight} requests are being answered, the limit of "
                            "this gateway (--max-concurrency, by default the builds' batch "
                            "slots and queue places); retry shortly",
                            type="rate_limit_exceeded", code="rate_limit_exceeded")
         self.in_flight += 1
         self.metrics.in_flight.inc()
-        labels, status = ["-", "-"], 500
+        # The request's metric labels, filled in as they are known; `build`: the last asked.
+        labels, status = {"model": "-", "build": "-", "stream": "-"}, 500
         try:
             # In a worker thread: the walks over a large body (its texts, nesting and
             # schemas) then share the GIL with the event loop instead of holding it.
             req = await asyncio.to_thread(parse_chat_request, await self._body(request))
-            labels[1] = "true" if req.stream else "false"
+            labels["stream"] = "true" if req.stream else "false"
             model = self._model(req.model)
-            labels[0] = model.name
+            labels["model"] = model.name
             guide = await guides.guide(req.structure)
             answer = self._stream if req.stream else self._complete
-            response, status = await answer(request, model, req, guide, received)
+            response, status = await answer(request, model, req, guide, received, labels)
             return response
         except ApiError as exc:
             status = exc.status
@@ -297,7 +314,7 @@ class Gateway:
         finally:
             self.in_flight -= 1
             self.metrics.in_flight.dec()
-            self.metrics.requests.labels(*labels, status).inc()
+            self.metrics.requests.labels(**labels, status=status).inc()
 
     def _answered(self, model: ServedModel, stream: bool, received: float,
                   last: Piece) -> None:
@@ -310,15 +327,35 @@ class Gateway:
     def _first_token(self, model: ServedModel, received: float) -> None:
         self.metrics.ttft.labels(model.name).observe(time.perf_counter() - received)
 
+    async def _first_piece(self, model: ServedModel, req: ChatCompletionRequest,
+                           guide: tuple[str, str] | None, labels: dict[str, str]):
+        """(the pieces of the build that answers, its first piece), before anything goes to
+        the client: the build routing.py chooses, or where it refuses the request above its
+        engine limits, once, the larger build routing.py names."""
+        images, videos = media_counts(req.messages)
+        build = routing.choose(model, images, videos)
+        labels["build"] = build.name
+        pieces = self.upstream.generate(build, req, guide)
+        try:
+            return pieces, await anext(pieces)
+        except Refusal as exc:  # the generator ended with it
+            larger = routing.larger(model, build, images, videos) \
+                if exc.kind is c.ErrorKind.ENGINE_LIMIT else None
+            if larger is None:
+                raise
+        self.metrics.rerouted.labels(model.name, build.name).inc()
+        labels["build"] = larger.name
+        pieces = self.upstream.generate(larger, req, guide)
+        return pieces, await anext(pieces)
+
     async def _complete(self, request, model: ServedModel, req: ChatCompletionRequest,
-                        guide: tuple[str, str] | None, received: float):
-        texts: list[str] = []
-        last = None
-        pieces = self.upstream.generate(model, req, guide)
+                        guide: tuple[str, str] | None, received: float,
+                        labels: dict[str, str]):
+        pieces, last = await self._first_piece(model, req, guide, labels)
+        self._first_token(model, received)
+        texts = [last.text]
         async with contextlib.aclosing(pieces):
             async for piece in pieces:
-                if last is None:
-                    self._first_token(model, received)
                 texts.append(piece.text)
                 last = piece
         text = "".join(texts)
@@ -333,13 +370,13 @@ class Gateway:
         return self._json(body), 200
 
     async def _stream(self, request, model: ServedModel, req: ChatCompletionRequest,
-                      guide: tuple[str, str] | None, received: float):
+                      guide: tuple[str, str] | None, received: float,
+                      labels: dict[str, str]):
         """Server-sent events. The first piece is awaited before the headers go out, so a
-        refused request (a bad image, a prompt too long) gets its HTTP status; an error after
-        that comes as an error event before [DONE]."""
-        pieces = self.upstream.generate(model, req, guide)
+        refused request (a bad image, a prompt too long) gets its HTTP status (or another
+        build: _first_piece); an error after that comes as an error event before [DONE]."""
+        pieces, piece = await self._first_piece(model, req, guide, labels)
         async with contextlib.aclosing(pieces):
-            piece = await anext(pieces)
             self._first_token(model, received)
             response = self.web.StreamResponse(headers={
                 "Content-Type": "text/event-stream", "Cache-Control": "no-cache",

@@ -17,8 +17,12 @@ class GatewayMetrics:
         self.registry = prom.CollectorRegistry()
         kw = {"registry": self.registry}
         self.requests = prom.Counter(
-            "qvl_gateway_requests", "Chat completion requests by model, streaming and HTTP "
-            f"status ({CLIENT_CLOSED}: the client went away)", ["model", "stream", "status"], **kw)
+            "qvl_gateway_requests", "Chat completion requests by model, the build that answered "
+            f"(or refused last), streaming and HTTP status ({CLIENT_CLOSED}: the client went "
+            "away)", ["model", "build", "stream", "status"], **kw)
+        self.rerouted = prom.Counter(
+            "qvl_gateway_rerouted", "Requests a build refused above its engine limits, sent on "
+            "to a larger build of the model", ["model", "build"], **kw)
         self.latency = prom.Histogram(
             "qvl_gateway_request_duration_seconds", "Request received to last byte sent, "
             "answered requests", ["model", "stream"], buckets=LATENCY_BUCKETS, **kw)

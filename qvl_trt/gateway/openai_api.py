@@ -633,8 +633,11 @@ def models_list(cards: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"object": "list", "data": list(cards)}
 
 
-def model_card(name: str, created: int, root: str) -> dict[str, Any]:
+def model_card(name: str, created: int, root: str, max_model_len: int,
+               limits: dict[str, int], builds: list[str]) -> dict[str, Any]:
     """`root`: the checkpoint the model serves (vLLM's field; a client such as AIPerf takes
-    its tokenizer by that name)."""
+    its tokenizer by that name); `max_model_len` (vLLM's) and `limits`: what it admits per
+    request; `builds`: the ensembles that answer it."""
     return {"id": name, "object": "model", "created": created, "owned_by": "qvl-trt",
-            "root": root, "parent": None}
+            "root": root, "parent": None, "max_model_len": max_model_len, "limits": limits,
+            "builds": builds}

@@ -1,6 +1,6 @@
-"""The gateway's side of Triton: which builds it serves (`discover`), whether they are ready
-(`readiness`), and one chat request as a stream of text pieces (`generate`), over
-tritonclient's asyncio gRPC client.
+"""The gateway's side of Triton: which builds it serves, as which models (`discover`), whether
+they are ready (`readiness`), and one chat request to one build as a stream of text pieces
+(`generate`), over tritonclient's asyncio gRPC client.
 
 Every request goes to the build's `tensorrt_llm_bls` model, not its `ensemble`: the same
 inputs, outputs and answers, but the request a client cancels is that model's own, so it stops
@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,8 +32,8 @@ PROBE_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
-class ServedModel:
-    """One build of the repository, by its ensemble's name (the OpenAI model id)."""
+class Build:
+    """One build of the repository, by its ensemble's name."""
 
     name: str
     models: c.ModelNames
@@ -42,10 +42,32 @@ class ServedModel:
     # places of its queue (triton/runtime/admission.py).
     capacity: int
 
+
+@dataclass(frozen=True)
+class ServedModel:
+    """One OpenAI model: a build alone, by its ensemble's name, or the builds of one
+    checkpoint that the repository serves as one (their preprocessing's served_name), of
+    which routing.py picks one per request."""
+
+    name: str
+    builds: tuple[Build, ...]
+
     @property
     def root(self) -> str:
         """The checkpoint's name (a repository written before it was recorded: the name)."""
-        return self.limits.checkpoint_name or self.name
+        return self.builds[0].limits.checkpoint_name or self.name
+
+    @property
+    def capacity(self) -> int:
+        return sum(b.capacity for b in self.builds)
+
+
+def served_models(builds: Iterable[Build]) -> dict[str, ServedModel]:
+    """The builds by the model they serve."""
+    grouped: dict[str, list[Build]] = {}
+    for build in builds:
+        grouped.setdefault(build.limits.served_name or build.name, []).append(build)
+    return {name: ServedModel(name, tuple(group)) for name, group in grouped.items()}
 
 
 @dataclass(frozen=True)
@@ -62,18 +84,27 @@ class Piece:
 # The HTTP answer to each kind of error response: (status, OpenAI's error type, code).
 _STATUS = {c.ErrorKind.REQUEST: (400, "invalid_request_error", None),
            c.ErrorKind.LIMIT: (413, "invalid_request_error", "request_too_large"),
+           c.ErrorKind.ENGINE_LIMIT: (400, "invalid_request_error", None),
            c.ErrorKind.BUSY: (429, "rate_limit_exceeded", "rate_limit_exceeded"),
            c.ErrorKind.UNAVAILABLE: (503, "server_error", "unavailable"),
            c.ErrorKind.INTERNAL: (500, "server_error", None)}
 
 
-def refusal(message: str) -> ApiError:
+class Refusal(ApiError):
+    """An error response of the deployment, with its kind."""
+
+    def __init__(self, kind: c.ErrorKind, message: str) -> None:
+        status, type_, code = _STATUS[kind]
+        super().__init__(status, message, type=type_, code=code)
+        self.kind = kind
+
+
+def refusal(message: str) -> Refusal:
     """An error response of the deployment -> the HTTP answer for its kind: the request's to
-    fix 400, above a size bound 413, a build whose batch slots and queue are full 429, a model
-    that is not there right now 503, a bug 500."""
+    fix 400 (above the build's engine limits too), above a size bound 413, a build whose
+    batch slots and queue are full 429, a model that is not there right now 503, a bug 500."""
     message = " ".join(message.split())
-    status, kind, code = _STATUS[c.ErrorKind.of_message(message)]
-    return ApiError(status, message, type=kind, code=code)
+    return Refusal(c.ErrorKind.of_message(message), message)
 
 
 def _piece(response: Any) -> Piece | None:
@@ -159,11 +190,12 @@ class Upstream:
                         "is back", type="server_error", code="unavailable")
 
     async def discover(self) -> dict[str, ServedModel]:
-        """The builds Triton serves: every ensemble that has its tensorrt_llm_bls model."""
+        """The models Triton serves, of its builds: every ensemble that has its
+        tensorrt_llm_bls model."""
         index = await self.client.get_model_repository_index(
             headers=self._admin, as_json=True, client_timeout=PROBE_TIMEOUT_S)
         names = {m["name"] for m in index.get("models", [])}
-        served = {}
+        builds = []
         for name in sorted(names):
             models = c.ModelNames.for_build(None if name == c.ENSEMBLE else name)
             if models.tensorrt_llm_bls not in names or models.preprocessing not in names:
@@ -176,8 +208,8 @@ class Upstream:
             caller = c.TensorrtLlmBlsParameters.from_parameters(
                 c.config_parameters(await self._config(models.tensorrt_llm_bls)),
                 f"{models.tensorrt_llm_bls} on {self.url}")
-            served[name] = ServedModel(name, models, limits, caller.capacity)
-        return served
+            builds.append(Build(name, models, limits, caller.capacity))
+        return served_models(builds)
 
     async def _config(self, model: str) -> dict[str, Any]:
         reply = await self.client.get_model_config(model, as_json=True,
@@ -191,20 +223,19 @@ class Upstream:
                 return False, f"Triton at {self.url} is not ready"
             if not served:
                 return False, f"Triton at {self.url} serves no build with tensorrt_llm_bls"
-            for model in served.values():
-                for name in model.models.all():
-                    if not await self.client.is_model_ready(name,
-                                                            client_timeout=PROBE_TIMEOUT_S):
-                        return False, f"model {name} is not ready"
+            # Every build of a model of several: each takes requests the others refuse.
+            for name in (n for m in served.values() for b in m.builds for n in b.models.all()):
+                if not await self.client.is_model_ready(name, client_timeout=PROBE_TIMEOUT_S):
+                    return False, f"model {name} is not ready"
         except self._grpc.InferenceServerException as exc:
             return False, self.unreachable(exc).message
         return True, "ready"
 
-    async def generate(self, model: ServedModel, request: ChatCompletionRequest,
+    async def generate(self, build: Build, request: ChatCompletionRequest,
                        guide: tuple[str, str] | None = None) -> AsyncIterator[Piece]:
-        """The model's responses as they arrive, at least one (`guide`: see
-        _ensemble_request). Raises ApiError for an error
-        response or a lost connection. Leaving early (the caller stops iterating, or is
+        """The build's responses as they arrive, at least one (`guide`: see
+        _ensemble_request). Raises a Refusal for an error response, ApiError for a lost
+        connection. Leaving early (the caller stops iterating, or is
         cancelled) cancels the call: the model sees its request cancelled and stops
         generating."""
         closed = asyncio.Event()
@@ -214,7 +245,7 @@ class Upstream:
             raise ApiError(400, str(exc)) from None
 
         async def requests():
-            yield {"model_name": model.models.tensorrt_llm_bls, "inputs": inputs}
+            yield {"model_name": build.models.tensorrt_llm_bls, "inputs": inputs}
             await closed.wait()  # the stream stays open until the answer is complete
 
         call = self.client.stream_infer(requests())
@@ -232,7 +263,7 @@ class Upstream:
                     finished = True
                     break
             if not (finished and answered):
-                raise ApiError(502, f"{model.models.tensorrt_llm_bls} on {self.url} ended "
+                raise ApiError(502, f"{build.models.tensorrt_llm_bls} on {self.url} ended "
                                "the stream without a complete answer", type="server_error")
         except self._rpc_error as exc:
             raise self.unreachable(exc) from None

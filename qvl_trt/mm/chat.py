@@ -27,13 +27,12 @@ from typing import Any
 
 import numpy as np
 
+from ..chat_parts import IMAGE_PART_TYPES, VIDEO_PART_TYPES
 from ..checkpoint import TokenIds
 from ..deps import require
-from ..errors import CheckpointError, InputError
+from ..errors import CheckpointError, EngineLimitError, InputError
 
 ROLES = ("system", "user", "assistant", "tool")
-IMAGE_PART_TYPES = ("image", "image_url")
-VIDEO_PART_TYPES = ("video", "video_url")
 
 
 def user_message(prompt: str, image_count: int, video_count: int = 0) -> list[dict[str, Any]]:
@@ -92,9 +91,10 @@ class PromptBuilder:
         size = len((normalizer.normalize_str(text) if normalizer else text).encode())
         most = max_tokens * self.max_token_bytes
         if size > most:
-            raise InputError(f"prompt of {size} bytes cannot fit in the engine's {max_tokens} "
-                             f"tokens (a token covers at most {self.max_token_bytes} bytes, so "
-                             f"{most} bytes at most); shorten the text")
+            raise EngineLimitError(
+                f"prompt of {size} bytes cannot fit in the engine's {max_tokens} tokens (a "
+                f"token covers at most {self.max_token_bytes} bytes, so {most} bytes at "
+                "most); shorten the text")
 
     def placeholders(self, text: str, images: int, videos: int) -> list[bool]:
         """For each image or video placeholder of rendered text, in order: is it a video's?

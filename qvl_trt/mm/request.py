@@ -19,11 +19,12 @@ import numpy as np
 from PIL import Image
 
 from ..atomic import staged_file
+from ..chat_parts import media_counts
 from ..checkpoint import Checkpoint, VisionDims, open_checkpoint
-from ..errors import ConfigError, InputError, LimitError
+from ..errors import ConfigError, EngineLimitError, InputError, LimitError
 from ..profiles import GpuProfile, load_profile
 from . import video as vid
-from .chat import IMAGE_PART_TYPES, VIDEO_PART_TYPES, PromptBuilder, user_message
+from .chat import PromptBuilder, user_message
 from .image_input import DEFAULT_MAX_DECODED_PIXELS, load_rgb, open_image, read_image_files
 from .kernels import pixel_pool
 from .pixels import ImagePatches, PixelConfig, image_patch_count, image_patches
@@ -91,15 +92,15 @@ class RequestLimits:
 
     def check_image_count(self, count: int) -> None:
         if count > self.max_images:
-            raise InputError(f"request has {count} images, the engine allows "
-                             f"{self.max_images}; send fewer images")
+            raise EngineLimitError(f"request has {count} images, the engine allows "
+                                   f"{self.max_images}; send fewer images")
 
     def check_messages(self, messages: Sequence[Any]) -> None:
         """The bounds on chat messages: how many, their content parts, each text's bytes, and
         the number of image and video parts."""
         b = self.bounds
         b.check("the number of messages", len(messages), "max_messages", "send fewer turns")
-        parts = images = videos = 0
+        parts = 0
         for message in messages:
             content = message.get("content") if isinstance(message, Mapping) else None
             items = content if isinstance(content, list) else [content]
@@ -109,11 +110,9 @@ class RequestLimits:
                 if isinstance(text, str):
                     b.check("the UTF-8 size of a message text", len(text.encode()),
                             "max_text_bytes", "shorten the text")
-                kind = item.get("type") if isinstance(item, Mapping) else None
-                images += kind in IMAGE_PART_TYPES
-                videos += kind in VIDEO_PART_TYPES
         b.check("the number of content parts of all messages", parts, "max_content_parts",
                 "send fewer parts")
+        images, videos = media_counts(messages)
         self.check_image_count(images)
         self.video.check_video_count(videos)
 
@@ -306,7 +305,7 @@ class RequestPreprocessor:
             ids, [picture.num_patches // merge for picture in pictures],
             [[group.num_patches // merge for group in clip.groups] for clip in clips])
         if input_ids.size > lim.max_input_len:
-            raise InputError(
+            raise EngineLimitError(
                 f"prompt has {input_ids.size} tokens ({sum(counts)} of them for {media}), the "
                 f"engine allows {lim.max_input_len}: shorten the text or send fewer or smaller "
                 f"{fewer}")
@@ -352,7 +351,7 @@ class RequestPreprocessor:
     def _check_visual_tokens(self, counts: Sequence[int], media: str, fewer: str) -> None:
         cap = self.limits.max_visual_tokens
         if cap is not None and sum(counts) > cap:
-            raise InputError(
+            raise EngineLimitError(
                 f"request has {sum(counts)} visual tokens in {media}, the engine's prompt "
                 f"table holds {cap} per request: send fewer or smaller {fewer}, or rebuild "
                 "with a larger limits.max_visual_tokens_per_request")

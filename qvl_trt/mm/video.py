@@ -36,7 +36,7 @@ import numpy as np
 from PIL import Image
 
 from ..checkpoint import PIXELS_PER_VIDEO_TOKEN
-from ..errors import CheckpointError, InputError
+from ..errors import CheckpointError, EngineLimitError, InputError
 from . import kernels
 from .geometry import MIN_BLOCKS, video_pixel_budget, video_smart_resize
 from .kernels import pixel_pool
@@ -75,9 +75,10 @@ class VideoLimits:
 
     def check_video_count(self, count: int) -> None:
         if count > self.max_videos:
-            raise InputError(f"request has {count} videos, the deployment allows "
-                             f"{self.max_videos} (the max_videos parameter); send fewer videos"
-                             + (" or their frames as images" if not self.max_videos else ""))
+            raise EngineLimitError(
+                f"request has {count} videos, the deployment allows {self.max_videos} (the "
+                "max_videos parameter); send fewer videos"
+                + (" or their frames as images" if not self.max_videos else ""))
 
     def clip_pixels(self, checkpoint_max: int) -> int:
         """One video's pixel budget: the checkpoint's, capped by max_video_tokens."""

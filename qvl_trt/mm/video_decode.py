@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from PIL import Image
 
 from ..deps import require
-from ..errors import InputError
+from ..errors import EngineLimitError, InputError
 from .kernels import pixel_pool
 from .video import resize_frame, sample_indices
 
@@ -75,9 +75,10 @@ def decode_video(data: bytes, sampling: Sampling,
                              f"pixels exceed the limit of {sampling.max_decoded_pixels} decoded "
                              "pixels; downscale the video before sending")
         if header.seconds > sampling.max_seconds:
-            raise InputError(f"video is {header.seconds:.1f} s long, above the limit of "
-                             f"{sampling.max_seconds:g} s (the preprocessing model's "
-                             "max_video_seconds parameter); cut it shorter")
+            raise EngineLimitError(
+                f"video is {header.seconds:.1f} s long, above the limit of "
+                f"{sampling.max_seconds:g} s (the preprocessing model's max_video_seconds "
+                "parameter); cut it shorter")
         if total < 2:
             raise InputError(f"video has {total} frame{'s' * (total != 1)}; a video needs at "
                              "least 2: send a single frame as an image")

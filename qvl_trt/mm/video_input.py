@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from PIL import Image
 
-from ..errors import InputError
+from ..errors import EngineLimitError, InputError
 from .image_input import load_rgb
 from .video import VideoConfig, VideoLimits, check_fps
 from .video_decode import Sampling, decode_video
@@ -59,9 +59,9 @@ def load_clip(video: VideoInput, config: VideoConfig, limits: VideoLimits, *,
                          "video file or a list of frames")
     count = len(video.frames)
     if count > max_frames:
-        raise InputError(f"video has {count} frames, above the limit of {max_frames} (the "
-                         "max_video_frames parameter, or the checkpoint's max_frames); sample "
-                         "fewer frames")
+        raise EngineLimitError(f"video has {count} frames, above the limit of {max_frames} "
+                               "(the max_video_frames parameter, or the checkpoint's "
+                               "max_frames); sample fewer frames")
     if count < 2:
         raise InputError(f"video has {count} frame{'s' * (count != 1)}; a video needs at least "
                          "2: send a single frame as an image")

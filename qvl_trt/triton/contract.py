@@ -22,7 +22,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import BusyError, ConfigError, InputError, LimitError, QvlError, UnavailableError
+from ..errors import (
+    BusyError,
+    ConfigError,
+    EngineLimitError,
+    InputError,
+    LimitError,
+    QvlError,
+    UnavailableError,
+)
 from ..typed_config import load_parameters, to_parameters
 from .options import Flavor
 from .tensorrtllm_backend import FALSE as BACKEND_FALSE
@@ -123,6 +131,10 @@ class PreprocessingParameters(ModelParameters):
     # The checkpoint folder's name (e.g. Qwen3-VL-2B-Instruct): the gateway's `root` of the
     # model, and a model id it takes.
     checkpoint_name: str = ""
+    # The OpenAI model name this build is served under together with the other builds of its
+    # checkpoint that have it (triton/repository.py _served_names says which); empty: served
+    # alone, by its ensemble's name.
+    served_name: str = ""
 
 
 @dataclass(frozen=True)
@@ -522,6 +534,9 @@ class ErrorKind(enum.Enum):
 
     REQUEST = "invalid request: "  # the request's to fix (a QvlError)
     LIMIT = "over a deployment limit: "  # a LimitError: the request is too large
+    # An EngineLimitError: above what this build was sized for; a build of the same
+    # checkpoint with larger limits may take it (the gateway tries it: gateway/routing.py).
+    ENGINE_LIMIT = "over the engine's limits: "
     UNAVAILABLE = "unavailable: "  # an UnavailableError: not now, try again later
     BUSY = "busy: "  # a BusyError: every batch slot and queue place is taken; try again later
     INTERNAL = "internal error in "  # a bug: the model's name and the exception type follow
@@ -533,6 +548,8 @@ class ErrorKind(enum.Enum):
     def of_error(cls, exc: BaseException) -> ErrorKind:
         if isinstance(exc, LimitError):
             return cls.LIMIT
+        if isinstance(exc, EngineLimitError):
+            return cls.ENGINE_LIMIT
         if isinstance(exc, BusyError):
             return cls.BUSY
         if isinstance(exc, UnavailableError):

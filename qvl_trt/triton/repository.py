@@ -130,6 +130,8 @@ def write_repo(builds: Sequence[BuildInput], out: Path, options: RepoOptions | N
         raise ConfigError(f"{out} exists; pass --force to replace it or pick another --out")
     named = _resolve_names(builds)
     opened = [_open_build(build.path) for build, _ in named]
+    model_names = [c.ModelNames.for_build(name) for _, name in named]
+    served = _served_names(opened, model_names)
     plans = [b.plan for b in opened]
     # One server loads every build's engines on the same GPU: the KV budgets are split so
     # that each stays below what the backend's free-memory fraction would give it, whatever
@@ -140,10 +142,10 @@ def write_repo(builds: Sequence[BuildInput], out: Path, options: RepoOptions | N
         runtime = staging / f".{RUNTIME_ZIP}"
         write_runtime_zip(runtime)
         results, models = [], []
-        for (_, name), build, kv_tokens in zip(named, opened, kv_budgets, strict=True):
-            names = c.ModelNames.for_build(name)
+        for (_, name), names, build, served_name, kv_tokens in zip(
+                named, model_names, opened, served, kv_budgets, strict=True):
             _emit_build(build, names, staging, options, runtime, kv_tokens=kv_tokens,
-                        mount_root=Path(options.mount_path or out))
+                        mount_root=Path(options.mount_path or out), served_name=served_name)
             results.append(RepoBuild(name, names, build.path))
             models += names.all()
         runtime.unlink()
@@ -169,6 +171,45 @@ def _resolve_names(builds: Sequence[BuildInput]) -> list[tuple[BuildInput, str |
     return pairs
 
 
+def _served_names(builds: Sequence[_Build], names: Sequence[c.ModelNames]) -> list[str]:
+    """The OpenAI model name each build is served under ("": its ensemble's, alone). The
+    builds of one checkpoint, each of another workload (a chat and a video build), are one
+    model named after the checkpoint's folder (the first such build's), and the gateway sends
+    each request to the one that fits it (gateway/routing.py). One checkpoint by content
+    (`_Build.checkpoint_key`), so builds of two checkpoints never share a name. A checkpoint's
+    builds of one workload (an FP16 and an INT8 chat build to compare) are served apart."""
+    groups: dict[str, list[int]] = {}
+    for i, build in enumerate(builds):
+        groups.setdefault(build.checkpoint_key, []).append(i)
+    served = [""] * len(builds)
+    taken = {n.ensemble for n in names}
+    for members in groups.values():
+        first: dict[Workload, int] = {}
+        for i in members:
+            first.setdefault(builds[i].workload, i)
+        if len(first) == 1:
+            continue
+        name = builds[members[0]].checkpoint_name
+        for i in members:
+            if first[builds[i].workload] != i:
+                raise ConfigError(
+                    f"builds {names[first[builds[i].workload]].ensemble} and "
+                    f"{names[i].ensemble} are both {builds[i].workload} builds of {name}, "
+                    "whose builds of different workloads are served as one model, one build "
+                    "per workload; leave one out or write it into a repository of its own")
+        if name in taken:
+            raise ConfigError(f"the builds {', '.join(names[i].ensemble for i in members)} of "
+                              f"{name} would be served as the model {name!r}, the name of "
+                              "another build or checkpoint too; rename that build "
+                              "(--build NAME=DIR) or one checkpoint's folder")
+        taken.add(name)
+        for i in members:
+            served[i] = name
+        log.info("serving the builds %s as one model, %s", ", ".join(
+            f"{names[i].ensemble} ({builds[i].workload})" for i in members), name)
+    return served
+
+
 # ---- one build ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -185,6 +226,22 @@ class _Build:
     def path(self) -> Path:
         return self.folder.path
 
+    @property
+    def checkpoint_name(self) -> str:
+        return self.checkpoint.path.resolve().name
+
+    @property
+    def checkpoint_key(self) -> str:
+        """The checkpoint by content: the manifest's file hashes (a build that lacks them
+        stands alone: its own folder)."""
+        hashes = self.manifest.inputs.get("checkpoint")
+        return json.dumps(hashes, sort_keys=True) if hashes else str(self.path)
+
+    @property
+    def workload(self) -> Workload:
+        # Recorded only when not chat (BuildOptions.to_json).
+        return Workload(self.manifest.options.get("workload", Workload.CHAT))
+
 
 def _open_build(path: Path) -> _Build:
     folder = BuildFolder(Path(path).resolve())
@@ -200,7 +257,7 @@ def _open_build(path: Path) -> _Build:
 
 
 def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOptions,
-                runtime: Path, *, kv_tokens: int, mount_root: Path) -> None:
+                runtime: Path, *, kv_tokens: int, mount_root: Path, served_name: str) -> None:
     # The prompt table travels in the dtype the LLM step computes in, as numpy.
     llm_dtype = ENGINE_DTYPE if options.flavor is Flavor.TRT else Dtype(options.reference_dtype)
     if llm_dtype not in NUMPY_DTYPES:
@@ -264,7 +321,7 @@ def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOpt
         postprocessing_instances=options.postprocessing_instances,
         max_queue=options.queue_for(lim.max_batch_size),
         max_queue_wait_s=options.max_queue_wait_s,
-        parameters=_python_parameters(build, options),
+        parameters=_python_parameters(build, options, served_name),
     )
     for name, config in step_configs(settings).items():
         write_config(config, root / name)
@@ -273,7 +330,8 @@ def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOpt
 
 
 def preprocessing_parameters(profile: GpuProfile, options: RepoOptions,
-                             checkpoint_name: str = "") -> c.PreprocessingParameters:
+                             checkpoint_name: str = "",
+                             served_name: str = "") -> c.PreprocessingParameters:
     """The preprocessing model's parameters for a profile (scripts/bench_preprocess.py runs the
     model's code with them)."""
     lim = profile.limits
@@ -283,14 +341,15 @@ def preprocessing_parameters(profile: GpuProfile, options: RepoOptions,
         max_pixels=lim.vision_max_pixels, max_visual_tokens=lim.max_visual_tokens_per_request,
         default_max_tokens=options.default_max_tokens,
         image_url_allow_list=",".join(options.image_url_allow_list),
-        checkpoint_name=checkpoint_name,
+        checkpoint_name=checkpoint_name, served_name=served_name,
         **asdict(RequestBounds()), **asdict(RequestLimits.from_profile(profile).video))
 
 
-def _python_parameters(build: _Build, options: RepoOptions) -> dict[str, c.ModelParameters]:
+def _python_parameters(build: _Build, options: RepoOptions,
+                       served_name: str) -> dict[str, c.ModelParameters]:
     parameters: dict[str, c.ModelParameters] = {
         c.PREPROCESSING: preprocessing_parameters(build.profile, options,
-                                                  build.checkpoint.path.resolve().name),
+                                                  build.checkpoint_name, served_name),
         c.VISION_ENCODER: c.VisionEncoderParameters(
             flavor=options.flavor, device=options.device, dtype=options.reference_dtype,
             cache_bytes=options.vision_cache_mib * 2**20),

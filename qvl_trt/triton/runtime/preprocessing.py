@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import InputError
+from ...errors import EngineLimitError, InputError
 from ...llm.sampling import scales_as_greedy
 from ...mm.pixels import warm_up
 from ...mm.request import RequestLimits, RequestPreprocessor
@@ -59,7 +59,7 @@ class Preprocessor:
         max_tokens = min(self.limits.default_max_tokens, room) if s.max_tokens is None \
             else s.max_tokens
         if max_tokens > room:
-            raise InputError(
+            raise EngineLimitError(
                 f"max_tokens = {max_tokens} is above the limit: the prompt has {prompt_tokens} "
                 f"tokens and the engine holds {self.limits.max_seq_len} per sequence, so at most "
                 f"{room} can be generated; lower max_tokens")

@@ -20,16 +20,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ...chat_parts import IMAGE_PART_TYPES, VIDEO_PART_TYPES
 from ...errors import InputError
 from ...generation_config import SamplingDefaults
 from ...llm.guided import Guide, check_guided_ending
-from ...mm.chat import (
-    IMAGE_PART_TYPES,
-    VIDEO_PART_TYPES,
-    template_tools,
-    user_message,
-    validate_messages,
-)
+from ...mm.chat import template_tools, user_message, validate_messages
 from ...mm.request import RequestBounds, RequestLimits
 from ...mm.video import check_fps
 from ...mm.video_input import VideoFile, VideoFrames, VideoInput

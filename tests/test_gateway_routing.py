@@ -1,0 +1,287 @@
+"""Two builds of one checkpoint behind one OpenAI model: `qvl-trt repo` names them one model
+(triton/repository.py `_served_names`), and the gateway sends each request to the build that
+fits it (gateway/routing.py). The choice itself on hand-made limits; then the session's chat
+build of the tiny checkpoint beside a video build of it (lower batch, larger limits), served
+by a real tritonserver and gateway, asked with the openai package: where each request ran is
+read from Triton's own per-model request counters."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import urllib.request
+from pathlib import Path
+
+import pytest
+from test_serve_server import data_uri, grpc_ask, png, samples_at
+
+from qvl_trt.errors import ConfigError
+from qvl_trt.gateway import routing
+from qvl_trt.gateway.upstream import Build, ServedModel, served_models
+from qvl_trt.triton import contract as c
+
+CHECKPOINT = "ckpt"  # the test checkpoint folder's name (conftest.tiny_ckpt): the group's name
+
+
+# ---- the choice, on hand-made limits ----------------------------------------------------------
+
+def limits(**fields) -> c.PreprocessingParameters:
+    base = dict(max_images=2, max_input_len=768, max_seq_len=1024, min_pixels=4096,
+                max_pixels=65536, max_visual_tokens=128, default_max_tokens=64,
+                max_request_bytes=2**20, max_messages=8, max_content_parts=8,
+                max_text_bytes=2**16, max_stop_words=4, max_stop_bytes=64, max_stop_tokens=64,
+                max_videos=2, max_video_frames=16, max_video_seconds=60.0,
+                max_video_frame_pixels=0, max_video_tokens=128, checkpoint_name="ckpt",
+                served_name="ckpt")
+    return c.PreprocessingParameters(**{**base, **fields})
+
+
+def build(name: str, capacity: int, **fields) -> Build:
+    return Build(name, c.ModelNames.for_build(name), limits(**fields), capacity)
+
+
+CHAT = build("chat", 40, max_videos=0)
+VIDEO = build("video", 10, max_input_len=1536, max_seq_len=2048, max_visual_tokens=512,
+              max_video_tokens=512)
+LONG = build("long", 5, max_input_len=8192, max_seq_len=16384, max_visual_tokens=512,
+             max_video_tokens=256, max_images=4)
+
+
+def test_the_builds_of_a_served_name_are_one_model_and_the_rest_stand_alone() -> None:
+    alone = build("other", 8, served_name="", checkpoint_name="other-ckpt")
+    served = served_models([CHAT, VIDEO, alone])
+    assert {n: m.builds for n, m in served.items()} == {"ckpt": (CHAT, VIDEO), "other": (alone,)}
+    assert (served["ckpt"].capacity, served["ckpt"].root) == (50, "ckpt")
+
+
+def test_text_goes_to_the_higher_batch_build_and_a_video_to_the_video_build() -> None:
+    pair = ServedModel("ckpt", (CHAT, VIDEO))
+    assert routing.choose(pair, images=2, videos=0) is CHAT
+    assert routing.choose(pair, images=0, videos=1) is VIDEO  # video is off in the chat build
+    # With video on in both, still the build with the larger video budget: the chat build
+    # would scale the clip down to its own rather than refuse it.
+    both = ServedModel("ckpt", (dataclasses.replace(CHAT, limits=limits()), VIDEO))
+    assert routing.choose(both, images=0, videos=1) is VIDEO
+    trio = ServedModel("ckpt", (CHAT, VIDEO, LONG))
+    assert routing.choose(trio, images=3, videos=0) is LONG  # only it takes 3 images
+    assert routing.choose(trio, images=0, videos=1) is VIDEO
+    # None takes 5 images: the one that comes closest answers, naming its limit.
+    assert routing.choose(trio, images=5, videos=0) is LONG
+
+
+def test_a_refusal_for_size_goes_on_once_to_the_largest_build_above() -> None:
+    trio = ServedModel("ckpt", (CHAT, VIDEO, LONG))
+    assert routing.larger(trio, CHAT, images=0, videos=0) is LONG
+    assert routing.larger(ServedModel("ckpt", (CHAT, VIDEO)), CHAT, 0, 0) is VIDEO
+    # LONG's video budget is below VIDEO's: not larger in every limit, so no second try.
+    assert routing.larger(trio, VIDEO, images=0, videos=1) is None
+    assert routing.larger(trio, LONG, images=0, videos=0) is None
+    # A build that does not take the request's videos is not tried.
+    assert routing.larger(ServedModel("ckpt", (VIDEO, CHAT)), VIDEO, 0, 1) is None
+
+
+# ---- which builds the repository serves as one model ------------------------------------------
+
+def test_the_repository_names_one_model_per_checkpoint_of_several_workloads(tmp_path) -> None:
+    from qvl_trt.manifest import BuildFolder, Manifest
+    from qvl_trt.triton.repository import _Build, _served_names
+
+    def made(name: str, hashes: dict, workload: str | None = None,
+             folder: str = "Qwen3-VL-2B-Instruct") -> _Build:
+        options = {"model": folder} | ({"workload": workload} if workload else {})
+        checkpoint = type("Checkpoint", (), {"path": tmp_path / folder})()
+        return _Build(BuildFolder(tmp_path / name), Manifest(options=options,
+                                                             inputs={"checkpoint": hashes}),
+                      checkpoint, None, None)
+
+    a, b = {"model.safetensors": "aa"}, {"model.safetensors": "bb"}
+
+    def served(*builds: _Build) -> list[str]:
+        names = [c.ModelNames.for_build(f"b{i}") for i in range(len(builds))]
+        return _served_names(builds, names)
+
+    assert served(made("chat", a), made("video", a, "video")) == ["Qwen3-VL-2B-Instruct"] * 2
+    # Another checkpoint (other hashes, whatever its folder's name) is never in the group.
+    assert served(made("chat", a), made("video", a, "video"),
+                  made("other", b, "video", folder="Qwen3-VL-2B-Instruct-2")) == \
+        ["Qwen3-VL-2B-Instruct", "Qwen3-VL-2B-Instruct", ""]
+    # One checkpoint's builds of one workload (FP16 beside INT8, say) are served apart.
+    assert served(made("fp16", a), made("int8", a)) == ["", ""]
+    with pytest.raises(ConfigError, match="b0 and b2 are both chat builds of "
+                       "Qwen3-VL-2B-Instruct.*leave one out"):
+        served(made("chat", a), made("video", a, "video"), made("int8", a))
+    with pytest.raises(ConfigError, match="served as the model 'Qwen3-VL-2B-Instruct', the "
+                       "name of another build or checkpoint too"):
+        served(made("chat", a), made("video", a, "video"), made("chat2", b),
+               made("long", b, "long"))
+
+
+# ---- served: a chat and a video build of the tiny checkpoint ----------------------------------
+
+# The video build: a quarter of the batch, twice the prompt, four times the visual tokens.
+VIDEO_LIMITS = {"max_batch_size": 2, "max_input_len": 1536, "max_seq_len": 2048,
+                "max_num_tokens": 2048, "max_visual_tokens_per_request": 512,
+                "video_max_tokens": 512}
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory, tiny_ckpt: Path, tiny_build: Path):
+    """(server, gateway): the session's build (chat) and a video build of the same
+    checkpoint in one reference repository, served by a real tritonserver and gateway."""
+    pytest.importorskip("openai", reason="the tests use the openai package as the client")
+    pytest.importorskip("aiohttp", reason="the gateway needs aiohttp: pip install "
+                        "'qvl-trt[gateway]'")
+    from qvl_trt.build import BuildOptions, Stage, run_build
+    from qvl_trt.gateway.options import GatewayOptions
+    from qvl_trt.serve.gateway_process import GatewayProcess
+    from qvl_trt.serve.server import ServerOptions, TritonServer, free_ports
+    from qvl_trt.testing.small_profile import small_profile_toml
+    from qvl_trt.triton.options import Flavor
+    from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo
+    from qvl_trt.workload import Workload
+
+    root = tmp_path_factory.mktemp("routing")
+    profile = root / "video.toml"
+    profile.write_text(small_profile_toml(**VIDEO_LIMITS))
+    video = root / "video-build"
+    run_build(BuildOptions(model=str(tiny_ckpt), gpu=str(profile), workload=Workload.VIDEO),
+              video, only=(Stage.LLM_CHECKPOINT,))
+    repo = write_repo([BuildInput(tiny_build, "chat"), BuildInput(video, "video")],
+                      root / "repo", RepoOptions(flavor=Flavor.REFERENCE,
+                                                 preprocessing_instances=1,
+                                                 postprocessing_instances=1,
+                                                 vision_cache_mib=16))
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(TritonServer(ServerOptions(repo.path, free_ports()),
+                                                  log_file=root / "server.log",
+                                                  startup_timeout_s=180))
+        gateway = stack.enter_context(GatewayProcess(
+            GatewayOptions(server.grpc_url, port=free_ports().http),
+            log_file=root / "gateway.log"))
+        gateway.wait_ready()
+        yield server, gateway
+        assert gateway.stop() == 0, (root / "gateway.log").read_text()
+
+
+def ran(server) -> dict[str, float]:
+    """Requests each build's preprocessing and tensorrt_llm took (answered or refused), by
+    Triton's per-model counters."""
+    from qvl_trt.serve.progress import total
+
+    samples = samples_at(server.metrics_url)
+    return {model: sum(total(samples, counter, model=model) for counter in (
+        "nv_inference_request_success", "nv_inference_request_failure"))
+        for model in (f"{b}_{step}" for b in ("chat", "video")
+                      for step in (c.PREPROCESSING, c.TENSORRT_LLM))}
+
+
+def gateway_counts(gateway) -> tuple[float, float]:
+    """(requests the gateway sent on to a larger build, 400s the video build gave)."""
+    from qvl_trt.serve.progress import total
+
+    samples = samples_at(f"{gateway.url}/metrics")
+    return (total(samples, "qvl_gateway_rerouted_total", model=CHECKPOINT, build="chat"),
+            total(samples, "qvl_gateway_requests_total", model=CHECKPOINT, build="video",
+                  status="400"))
+
+
+def grown(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: after[k] - before[k] for k in before if after[k] != before[k]}
+
+
+def api(gateway):
+    import openai
+
+    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+
+
+def long_text(tokens: int) -> str:
+    return "word " * tokens
+
+
+def test_models_list_one_name_for_the_pair_with_what_it_admits(pair) -> None:
+    _, gateway = pair
+    client = api(gateway)
+    assert [m.id for m in client.models.list()] == [CHECKPOINT]
+    card = json.loads(urllib.request.urlopen(f"{gateway.url}/v1/models/{CHECKPOINT}",
+                                             timeout=10).read())
+    # The largest of each build's: the video build's prompt and context, both builds' images.
+    assert (card["builds"], card["max_model_len"], card["limits"]) == (
+        ["chat", "video"], 2048, {"max_input_len": 1536, "max_images": 2, "max_videos": 2,
+                                  "max_visual_tokens": 512})
+    assert gateway.readiness() == (True, "ready")
+
+
+def test_each_request_runs_on_the_build_that_fits_it(pair) -> None:
+    from video_clips import data_uri as video_uri
+    from video_clips import video_file
+
+    server, gateway = pair
+    client = api(gateway)
+
+    def ask(content, **settings) -> tuple[dict[str, float], object]:
+        before = ran(server)
+        answer = client.chat.completions.create(
+            model=CHECKPOINT, messages=[{"role": "user", "content": content}],
+            max_tokens=2, temperature=0, **settings)
+        return grown(before, ran(server)), answer
+
+    image = [{"type": "image_url", "image_url": {"url": data_uri(png(4))}},
+             {"type": "text", "text": "What is in the picture?"}]
+    where, answer = ask(image)
+    assert where == {"chat_preprocessing": 1, "chat_tensorrt_llm": 1}
+    assert answer.model == CHECKPOINT
+    assert answer.choices[0].message.content == grpc_ask(
+        server, model="chat", messages=[{"role": "user", "content": image}], max_tokens=2).text
+
+    clip = [{"type": "video_url", "video_url": {"url": video_uri(video_file(30, 96, 64),
+                                                                 "video/mp4")}},
+            {"type": "text", "text": "What happens?"}]
+    where, _ = ask(clip)
+    assert where == {"video_preprocessing": 1, "video_tensorrt_llm": 1}
+
+    # 1000 tokens: above the chat build's 768, which refuses it in preprocessing; the video
+    # build answers, streamed too (nothing had gone to the client).
+    where, answer = ask(long_text(1000))
+    assert where == {"chat_preprocessing": 1, "video_preprocessing": 1,
+                     "video_tensorrt_llm": 1}
+    assert answer.usage.prompt_tokens > 1000
+    before = ran(server)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in client.chat.completions
+                   .create(model=CHECKPOINT, messages=[{"role": "user",
+                                                        "content": long_text(1000)}],
+                           max_tokens=2, temperature=0, stream=True) if chunk.choices)
+    assert text == answer.choices[0].message.content
+    assert grown(before, ran(server)) == where
+
+    # A build of the pair by its own name: that build alone.
+    before = ran(server)
+    client.chat.completions.create(model="video", messages=[{"role": "user", "content": "Hi"}],
+                                   max_tokens=2)
+    assert grown(before, ran(server)) == {"video_preprocessing": 1, "video_tensorrt_llm": 1}
+
+
+def test_a_request_neither_build_takes_is_a_400_naming_the_limit(pair) -> None:
+    import openai
+
+    server, gateway = pair
+    client = api(gateway)
+    counted = gateway_counts(gateway)
+    before = ran(server)
+    with pytest.raises(openai.BadRequestError, match="the engine allows 1536: shorten the text"):
+        client.chat.completions.create(model=CHECKPOINT, max_tokens=2, messages=[
+            {"role": "user", "content": long_text(2000)}])
+    # Tried on the chat build, then once on the video build; neither generated.
+    assert grown(before, ran(server)) == {"chat_preprocessing": 1, "video_preprocessing": 1}
+    # Three images: neither build takes them, so one try, on the one with the most room.
+    before = ran(server)
+    with pytest.raises(openai.BadRequestError, match="request has 3 images, the engine allows 2"):
+        client.chat.completions.create(model=CHECKPOINT, max_tokens=2, messages=[
+            {"role": "user", "content": [
+                *({"type": "image_url", "image_url": {"url": data_uri(png(i))}}
+                  for i in range(3)), {"type": "text", "text": "Compare."}]}])
+    assert grown(before, ran(server)) == {"video_preprocessing": 1}
+    # The gateway's metrics: one request sent on from the chat build; both refused by the
+    # video build (the build asked last labels a request).
+    assert [a - b for a, b in zip(gateway_counts(gateway), counted, strict=True)] == [1, 2]
