@@ -200,16 +200,34 @@ def long_text(tokens: int) -> str:
     return "word " * tokens
 
 
-def test_models_list_one_name_for_the_pair_with_what_it_admits(pair) -> None:
+def _video_limits(tiny_ckpt: Path, tmp_path: Path):
+    """The limits the planner derives for the video build (its workload raises the profile's
+    to the checkpoint's clip budget)."""
+    from qvl_trt.checkpoint import open_checkpoint
+    from qvl_trt.plan import make_plan
+    from qvl_trt.profiles import load_profile
+    from qvl_trt.testing.small_profile import small_profile_toml
+    from qvl_trt.workload import Workload
+
+    path = tmp_path / "video.toml"
+    path.write_text(small_profile_toml(**VIDEO_LIMITS))
+    return make_plan(open_checkpoint(tiny_ckpt), load_profile(str(path)),
+                     workload=Workload.VIDEO).limits
+
+
+def test_models_list_one_name_for_the_pair_with_what_it_admits(pair, tiny_ckpt,
+                                                               tmp_path) -> None:
     _, gateway = pair
+    lim = _video_limits(tiny_ckpt, tmp_path)
     client = api(gateway)
     assert [m.id for m in client.models.list()] == [CHECKPOINT]
     card = json.loads(urllib.request.urlopen(f"{gateway.url}/v1/models/{CHECKPOINT}",
                                              timeout=10).read())
     # The largest of each build's: the video build's prompt and context, both builds' images.
     assert (card["builds"], card["max_model_len"], card["limits"]) == (
-        ["chat", "video"], 2048, {"max_input_len": 1536, "max_images": 2, "max_videos": 2,
-                                  "max_visual_tokens": 512})
+        ["chat", "video"], lim.max_seq_len, {
+            "max_input_len": lim.max_input_len, "max_images": 2, "max_videos": 2,
+            "max_visual_tokens": lim.max_visual_tokens_per_request})
     assert gateway.readiness() == (True, "ready")
 
 
@@ -262,16 +280,19 @@ def test_each_request_runs_on_the_build_that_fits_it(pair) -> None:
     assert grown(before, ran(server)) == {"video_preprocessing": 1, "video_tensorrt_llm": 1}
 
 
-def test_a_request_neither_build_takes_is_a_400_naming_the_limit(pair) -> None:
+def test_a_request_neither_build_takes_is_a_400_naming_the_limit(pair, tiny_ckpt,
+                                                                 tmp_path) -> None:
     import openai
 
     server, gateway = pair
+    longest = _video_limits(tiny_ckpt, tmp_path).max_input_len
     client = api(gateway)
     counted = gateway_counts(gateway)
     before = ran(server)
-    with pytest.raises(openai.BadRequestError, match="the engine allows 1536: shorten the text"):
+    with pytest.raises(openai.BadRequestError,
+                       match=f"the engine allows {longest}: shorten the text"):
         client.chat.completions.create(model=CHECKPOINT, max_tokens=2, messages=[
-            {"role": "user", "content": long_text(2000)}])
+            {"role": "user", "content": long_text(longest + 500)}])
     # Tried on the chat build, then once on the video build; neither generated.
     assert grown(before, ran(server)) == {"chat_preprocessing": 1, "video_preprocessing": 1}
     # Three images: neither build takes them, so one try, on the one with the most room.

@@ -269,6 +269,7 @@ def test_config_only_carries_the_released_numbers(tmp_path, variant):
         "config.json",
         "generation_config.json",
         "preprocessor_config.json",
+        "video_preprocessor_config.json",
     }
     config = json.loads((out / "config.json").read_text())
     text, vision = config["text_config"], config["vision_config"]
