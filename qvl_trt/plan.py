@@ -60,7 +60,6 @@ from .llm.layout import (
 from .llm.weight_only import FEATURE_MULTIPLE, is_quantized
 from .mm.geometry import FRAME_TOKEN_CAP, image_token_count, video_token_count
 from .mm.prompt_table import rows_per_visual_token
-from .mm.video import RELEASED_CLIP_PIXELS, VideoConfig
 from .profiles import BuildLimits, GpuProfile, load_profile, profile_names, profile_toml
 from .workload import Workload
 
@@ -300,6 +299,10 @@ def clip_budget(ckpt: Checkpoint) -> tuple[int, int]:
     """Merged tokens of one video at the checkpoint's own clip budget, and of one frame pair
     at most: its video processor's (or, as transformers falls back, its image processor's),
     the released checkpoints' for a folder with config.json alone."""
+    # Imported here: mm.video brings the numba kernels, which the planner's importers (the
+    # repository writer, validate) do not otherwise need.
+    from .mm.video import RELEASED_CLIP_PIXELS, VideoConfig
+
     if ckpt.video_preprocessor_config or ckpt.preprocessor_config:
         pixels = VideoConfig.of_checkpoint(ckpt).pixels
         return pixels.max_pixels // PIXELS_PER_VIDEO_TOKEN, pixels.frame_token_cap
