@@ -559,22 +559,20 @@ def _problem(plans: Sequence[Plan]) -> _Problem | None:
         typical = workload_typical(p)
         # The long workload promises one full-length sequence while the rest of the batch
         # runs typical requests; the others one full-length sequence at all.
-        need = lim.max_seq_len + (lim.max_batch_size - 1) * typical.kv_tokens \
-            if p.workload is Workload.LONG else lim.max_seq_len
-        if tokens < need:
-            if p.workload is not Workload.LONG:
-                return _Problem(
-                    "KV cache below one max_seq_len sequence",
-                    f"the KV cache holds {tokens} tokens{_of(p, plans)}, less than one request "
-                    f"of limits.max_seq_len ({lim.max_seq_len}) even at {at}: {fix}lower "
-                    "limits.max_seq_len, or use a card with more memory")
-            others = lim.max_batch_size - 1
+        others = lim.max_batch_size - 1
+        if p.workload is Workload.LONG and tokens < lim.max_seq_len + others * typical.kv_tokens:
             beside = f" beside {others} typical requests" if others else ""
             return _Problem(
                 f"KV cache below one {lim.max_seq_len}-token sequence{beside}",
                 f"the KV cache holds {tokens} tokens{_of(p, plans)}, less than one "
                 f"{lim.max_seq_len}-token sequence{beside} even at {at}: {fix}use a card with "
                 "more memory, tensor parallelism (--tp-size), or --workload chat")
+        if tokens < lim.max_seq_len:
+            return _Problem(
+                "KV cache below one max_seq_len sequence",
+                f"the KV cache holds {tokens} tokens{_of(p, plans)}, less than one request "
+                f"of limits.max_seq_len ({lim.max_seq_len}) even at {at}: {fix}lower "
+                "limits.max_seq_len, or use a card with more memory")
         if tokens // typical.kv_tokens < lim.max_batch_size:
             return _Problem(
                 "KV cache below max_batch_size typical requests",
