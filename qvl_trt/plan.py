@@ -43,6 +43,7 @@ from .dtypes import WeightOnly
 from .errors import PlanError
 from .llm.engine import (
     ENGINE_DTYPE,
+    TABLE_ELEMENT_LIMIT,
     engine_build_config,
     prompt_table_element_bound,
     prompt_table_rows,
@@ -80,6 +81,11 @@ VISION_PROCESS_OVERHEAD_BYTES = GIB // 2
 # grows with the batch as the KV reads do, so this bounds the inter-token latency the table
 # costs; it does not raise throughput.
 MAX_TABLE_COPY_SHARE = 0.25
+# The chat workload keeps its prompt table below 2^31 elements at the full batch, the bound its
+# plans were sized with while TensorRT refused larger inputs (through 10.10). It is no longer
+# TensorRT's limit, but a chat build regenerated for a card keeps its limits; the video
+# workload sizes its table by the copy's cost instead.
+CHAT_TABLE_ELEMENTS = TABLE_ELEMENT_LIMIT
 # The long workload's contexts, longest first: Qwen3-VL's 256K where the KV cache holds one such
 # sequence beside the batch, else 128K.
 LONG_CONTEXTS = (262144, 131072)
@@ -544,6 +550,13 @@ def _problem(plans: Sequence[Plan]) -> _Problem | None:
                 f"at or above the {bound:,} lookup_plugin indexes, even at {at}: build "
                 "without lookup_plugin, or lower limits.max_visual_tokens_per_request",
                 build=i)
+        if p.workload is Workload.CHAT and p.prompt_table_elements >= CHAT_TABLE_ELEMENTS:
+            return _Problem(
+                f"prompt table at {CHAT_TABLE_ELEMENTS:,} elements (the chat workload's bound)",
+                f"the prompt table holds {p.prompt_table_elements:,} elements{_of(p, plans)}, "
+                f"at or above the chat workload's {CHAT_TABLE_ELEMENTS:,}, even at {at}: lower "
+                "limits.max_visual_tokens_per_request, or build --workload video (the table "
+                "sized by its copy's cost)", build=i)
         if p.workload is Workload.VIDEO and p.table_copy_share_of_step > MAX_TABLE_COPY_SHARE:
             return _Problem(
                 f"the prompt-table copy at the caps would add {p.table_copy_share_of_step:.1%} "

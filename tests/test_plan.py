@@ -101,13 +101,20 @@ def test_8b_on_a_24gb_card_gets_its_own_limits(released):
                                       "--weights", "int8"])
     assert result.exit_code == 0, result.output
     # The profile's 12 x 4 x 12288 rows of 4096 are 2,415,919,104 elements, above 2^31: no
-    # bound in the container's TensorRT 10.14 without lookup_plugin, so the batch stays.
-    assert 12 * 4 * 12288 * 4096 > TABLE_ELEMENT_LIMIT
-    assert "limits lowered" not in result.output
-    assert "2,415,919,104" in result.output and "no element bound" in result.output
+    # bound in the container's TensorRT 10.14 without lookup_plugin, but the chat workload
+    # keeps the bound its plans were sized with, so the batch goes down to 10.
+    assert 12 * 4 * 12288 * 4096 > TABLE_ELEMENT_LIMIT > 10 * 4 * 12288 * 4096
+    assert "max_batch_size 12 -> 10" in result.output
+    assert "the chat workload's bound" in result.output
     plan = make_plan(open_checkpoint(released["8b"]), load_profile("4090d"), WeightOnly.INT8)
-    assert plan.fits and plan.limits.max_batch_size == 12 and plan.lowered == ()
+    assert plan.fits and plan.lowered == (LoweredLimit("max_batch_size", 12, 10),)
+    assert plan.lowered_because == \
+        "prompt table at 2,147,483,648 elements (the chat workload's bound)"
     assert plan.prompt_table_element_bound is None
+    # The video workload sizes its table by the copy's cost, not by chat's bound.
+    video = make_plan(open_checkpoint(released["8b"]), load_profile("4090d"), WeightOnly.INT8,
+                      workload=Workload.VIDEO)
+    assert video.fits and "chat workload" not in video.lowered_because
     # In FP16 the weights leave less memory: the batch goes on down to what the KV cache
     # holds typical requests for.
     fp16 = make_plan(open_checkpoint(released["8b"]), load_profile("4090d"))
@@ -302,13 +309,20 @@ def _profile_file(tmp_path, name, **limits):
     return load_profile(str(path))
 
 
-def test_2_31_elements_bound_the_table_only_through_lookup_plugin(released, tmp_path,
-                                                                  monkeypatch):
+def test_2_31_elements_bound_the_table_through_lookup_plugin_and_for_chat(released, tmp_path,
+                                                                         monkeypatch):
     # h100's batch 32 x 4 x four 2048-token images x 2048 wide = 2^31 for 2B.
     old = _profile_file(tmp_path, "h100", max_visual_tokens_per_request=8192)
     assert 32 * 4 * 8192 * 2048 == TABLE_ELEMENT_LIMIT
-    plan = make_plan(open_checkpoint(released["2b"]), old)
+    # The long workload keeps the visual cap: no element bound without lookup_plugin.
+    plan = make_plan(open_checkpoint(released["2b"]), old, workload=Workload.LONG)
     assert plan.fits and not plan.lowered and plan.prompt_table_element_bound is None
+    assert plan.prompt_table_elements == TABLE_ELEMENT_LIMIT
+    # The chat workload keeps the bound its plans were sized with.
+    chat = make_plan(open_checkpoint(released["2b"]), old)
+    assert chat.fits and chat.lowered == (LoweredLimit("max_batch_size", 32, 31),)
+    assert chat.lowered_because == \
+        "prompt table at 2,147,483,648 elements (the chat workload's bound)"
     # An engine whose lookup went through lookup_plugin (32-bit indexing) could not hold it.
     import qvl_trt.plan as planner
 
@@ -320,7 +334,7 @@ def test_2_31_elements_bound_the_table_only_through_lookup_plugin(released, tmp_
         return config
 
     monkeypatch.setattr(planner, "engine_build_config", with_lookup_plugin)
-    plan = make_plan(open_checkpoint(released["2b"]), old)
+    plan = make_plan(open_checkpoint(released["2b"]), old, workload=Workload.LONG)
     assert plan.fits and plan.lowered == (LoweredLimit("max_batch_size", 32, 31),)
     assert plan.lowered_because == "prompt table at 2,147,483,648 elements (lookup_plugin)"
     assert plan.prompt_table_elements == 31 * 4 * 8192 * 2048
@@ -510,7 +524,7 @@ def test_plan_gpu_all_shows_each_precision(released):
     free = 16380 * 2**20 - others - _8b_llm_bytes(4)
     assert int4.kv_capacity_tokens == int(0.9 * free) // 147456 // 64 * 64 > 4096
     int8 = make_plan(ckpt, load_profile("4090d"), WeightOnly.INT8)
-    assert eight["4090d"][2] == f"12 / {int8.kv_capacity_tokens:,}"
+    assert eight["4090d"][2] == f"10* / {int8.kv_capacity_tokens:,}"
     assert int8.kv_capacity_tokens == int(0.9 * (24564 * 2**20 - int8.fixed_bytes)) \
         // 147456 // 64 * 64
     assert int8.fixed_bytes - int8.llm_weight_bytes + _8b_llm_bytes(8) == int8.fixed_bytes
@@ -632,8 +646,11 @@ def test_the_video_workload_serves_the_whole_clip_on_the_h200(released):
     assert plan.table_copy_share_of_step == 2 * copy / (plan.llm_weight_bytes + kv) <= 0.25
     assert plan.table_copy_share_of_weights == pytest.approx(2 * copy / plan.llm_weight_bytes)
     one_more = make_plan(open_checkpoint(released["2b"]), replace(
-        load_profile("h200"), limits=replace(plan.limits, max_batch_size=31)))
-    assert one_more.table_copy_share_of_step > 0.25
+        load_profile("h200"), limits=replace(plan.limits, max_batch_size=31)),
+        workload=Workload.VIDEO)
+    # At 31 the copy would add more than 25%: the planner takes 30 again.
+    assert one_more.lowered == (LoweredLimit("max_batch_size", 31, 30),)
+    assert one_more.lowered_because.startswith("the prompt-table copy at the caps would add 25.")
     assert plan.lowered_because.startswith("the prompt-table copy at the caps would add 25.")
     # The typical mix: the KV cache holds 30 clips, each copying its own 4 x 10800 rows.
     assert plan.prompt_table_copy_bytes_typical == 30 * 10800 * 4 * 2048 * 2

@@ -21,6 +21,7 @@ from ..machine import Report
 from ..plan import GIB, Plan, SharedPlan, TypicalRequest, workload_typical
 from ..profiles import GpuProfile
 from ..typed_config import to_jsonable
+from ..workload import Workload
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -81,10 +82,13 @@ def _copy_basis(plan: Plan, profile: GpuProfile) -> str:
 
 def _element_basis(plan: Plan) -> str:
     bound = plan.prompt_table_element_bound
-    if bound is None:
-        return ("no element bound: the container's TensorRT takes inputs above 2^31 "
-                "elements (10.11 on) and the lookup is no lookup_plugin")
-    return f"at most {bound:,} through lookup_plugin (32-bit indexing)"
+    if bound is not None:
+        return f"at most {bound:,} through lookup_plugin (32-bit indexing)"
+    if plan.workload is Workload.CHAT:
+        return ("below 2^31 elements, the chat workload's bound (TensorRT's limit through "
+                "10.10; the container's 10.14 takes more, as --workload video does)")
+    return ("no element bound: the container's TensorRT takes inputs above 2^31 "
+            "elements (10.11 on) and the lookup is no lookup_plugin")
 
 
 def _precision(weights: WeightOnly) -> str:
