@@ -119,10 +119,12 @@ def test_the_repository_names_one_model_per_checkpoint_of_several_workloads(tmp_
 
 # ---- served: a chat and a video build of the tiny checkpoint ----------------------------------
 
-# The video build: a quarter of the batch, twice the prompt, four times the visual tokens.
+# The video build: a quarter of the batch; its workload raises the prompt, the visual cap and
+# the frames to the checkpoint's clip budget. 32 frames take the 30-frame clip (the shipped
+# profiles take 64).
 VIDEO_LIMITS = {"max_batch_size": 2, "max_input_len": 1536, "max_seq_len": 2048,
                 "max_num_tokens": 2048, "max_visual_tokens_per_request": 512,
-                "video_max_tokens": 512}
+                "video_max_tokens": 512, "video_max_frames": 32}
 
 
 @pytest.fixture(scope="module")
@@ -278,6 +280,52 @@ def test_each_request_runs_on_the_build_that_fits_it(pair) -> None:
     client.chat.completions.create(model="video", messages=[{"role": "user", "content": "Hi"}],
                                    max_tokens=2)
     assert grown(before, ran(server)) == {"video_preprocessing": 1, "video_tensorrt_llm": 1}
+
+
+def test_the_video_build_serves_the_full_size_clip_whole(pair, tiny_ckpt, tmp_path) -> None:
+    # 30 frames of 1280x720 sent as JPEG frames (at the default 2 fps), as a client sends a
+    # sampled clip: the video build takes them at the size its processor gives them, 15
+    # groups of 20 x 36 merged tokens (frames 640x1152), prefilled in chunks of max_num_tokens.
+    import base64
+    import io
+
+    from PIL import Image
+    from video_clips import frame_pixels
+
+    from qvl_trt.checkpoint import open_checkpoint
+    from qvl_trt.plan import make_plan
+    from qvl_trt.profiles import load_profile
+    from qvl_trt.workload import Workload
+
+    lim = _video_limits(tiny_ckpt, tmp_path)
+    clip = make_plan(open_checkpoint(tiny_ckpt), load_profile(str(tmp_path / "video.toml")),
+                     workload=Workload.VIDEO).typical_video
+    assert clip.visual_tokens == 15 * 20 * 36 == 10800 and not clip.refused
+    assert clip.visual_tokens > lim.max_num_tokens
+    frames = []
+    for i in range(30):
+        buffer = io.BytesIO()
+        Image.fromarray(frame_pixels(i, 1280, 720)).save(buffer, "JPEG", quality=90)
+        frames.append(base64.b64encode(buffer.getvalue()).decode())
+    server, gateway = pair
+    client = api(gateway)
+    question = {"type": "text", "text": "What happens?"}
+
+    def prompt_tokens(content) -> tuple[dict[str, float], int]:
+        before = ran(server)
+        answer = client.chat.completions.create(
+            model=CHECKPOINT, messages=[{"role": "user", "content": content}], max_tokens=2,
+            temperature=0)
+        assert answer.choices[0].finish_reason == "length"
+        return grown(before, ran(server)), answer.usage.prompt_tokens
+
+    where, with_clip = prompt_tokens([{"type": "video_url", "video_url": {
+        "url": "data:video/jpeg;base64," + ",".join(frames)}}, question])
+    assert where == {"video_preprocessing": 1, "video_tensorrt_llm": 1}
+    _, text_only = prompt_tokens([question])
+    # Unscaled: every visual token of the clip, beside at most 9 text tokens per group
+    # ("<12.5 seconds>" and the vision start and end).
+    assert clip.visual_tokens <= with_clip - text_only <= clip.visual_tokens + 15 * 9
 
 
 def test_a_request_neither_build_takes_is_a_400_naming_the_limit(pair, tiny_ckpt,
