@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo lint browser
+.PHONY: install test demo lint browser prometheus
 
 install: $(STAMP)
 
@@ -22,13 +22,18 @@ $(STAMP): pyproject.toml
 # third. A module runs whole on one worker, so its module-scoped servers start once.
 TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, max(2, os.cpu_count() or 1)))")
 
-test: install browser
+test: install browser prometheus
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope
 
 # Chromium + chromium-driver for the chat page's browser test, where apt-get runs as root (CI);
 # elsewhere the script says why that test will skip.
 browser:
 	bash scripts/install_browser.sh
+
+# Prometheus and promtool (Debian's prometheus) for the monitoring tests, where apt-get runs
+# as root (CI); elsewhere the script says why those tests will skip.
+prometheus:
+	bash scripts/install_prometheus.sh
 
 # The main job on a tiny random checkpoint: plan; build the vision engine (TensorRT-RTX, no GPU
 # needed) and the LLM checkpoint; the LLM engine needs TensorRT-LLM, so here the build stops

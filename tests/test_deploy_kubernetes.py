@@ -75,12 +75,17 @@ def rtx_repo(tmp_path_factory, tiny_ckpt) -> Path:
     return trt_repository(tmp_path_factory.mktemp("4090d"), tiny_ckpt, "4090d")
 
 
+# The Prometheus Operator's kinds (deploy --monitoring), whose schemas come with its CRDs, not
+# with Kubernetes: their structure is checked in test_monitoring_manifests_*.
+OPERATOR_API = "monitoring.coreos.com/v1"
+
+
 def validated(out: Path) -> dict[str, dict]:
     """Kind -> object of every manifest in `out`, each validated against the schemas."""
     docs = {}
     for path in sorted(out.glob("*.yaml")):
         doc = yaml.safe_load(path.read_text())
-        for version in VERSIONS:
+        for version in () if doc["apiVersion"] == OPERATOR_API else VERSIONS:
             kubernetes_validate.validate(doc, version, strict=True)
         docs[doc["kind"]] = doc
     return docs
@@ -379,6 +384,35 @@ def test_what_the_repository_cannot_give_is_refused_with_the_fix(tmp_path, h100_
     assert done.needs.gpu_product == "NVIDIA-H100-PCIe"
 
 
+def test_monitoring_manifests_scrape_the_pods_ports_and_load_the_dashboard(tmp_path,
+                                                                          rtx_repo) -> None:
+    """The PodMonitor selects the Deployment's pods and scrapes their three metrics pages by
+    port name; the dashboard's ConfigMap carries the Grafana sidecar's label and the same JSON
+    as grafana/NAME.json; the rules are the monitoring module's."""
+    from qvl_trt.deploy import monitoring
+
+    out = write_manifests(rtx_repo, tmp_path / "k8s", DeployOptions(
+        IMAGE, name="qwen", namespace="inference", monitoring=True)).out
+    docs = validated(out)
+    monitor, rule, board = (docs[k] for k in ("PodMonitor", "PrometheusRule", "ConfigMap"))
+    _, container = pod(docs)
+    labels = docs["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"] == {"matchLabels": labels}
+    ports = {p["name"] for p in container["ports"]}
+    assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} == \
+        {"metrics", "openai", "health"} <= ports
+    assert all(d["metadata"]["namespace"] == "inference" for d in (monitor, rule, board))
+    assert rule["spec"]["groups"][0]["rules"] == monitoring.alert_rules("qwen")
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
+    (text,) = board["data"].values()
+    assert json.loads(text) == json.loads((out / "grafana" / "qwen.json").read_text()) == \
+        monitoring.dashboard("qwen")
+    assert not (tmp_path / "plain").exists()
+    plain = write_manifests(rtx_repo, tmp_path / "plain", DeployOptions(IMAGE)).out
+    assert not {"PodMonitor", "PrometheusRule", "ConfigMap"} & set(validated(plain))
+    assert not (plain / "grafana").exists()
+
+
 def test_deploy_command(tmp_path, rtx_repo) -> None:
     out = tmp_path / "k8s"
     args = ("deploy", "--repo", str(rtx_repo), "--image", IMAGE, "--out", str(out))
@@ -400,8 +434,9 @@ def test_deploy_command(tmp_path, rtx_repo) -> None:
     assert again.returncode == 1
     assert again.stderr.strip().splitlines() == [
         f"error: {out} exists; pass --force to replace it or pick another --out"]
-    assert run_cli(*args, "--force").returncode == 0
+    assert run_cli(*args, "--force", "--monitoring").returncode == 0
     assert not (out / "hpa.yaml").exists()  # replaced whole
+    assert (out / "podmonitor.yaml").exists() and (out / "grafana" / "qvl-trt.json").exists()
     bad = run_cli("deploy", "--repo", str(rtx_repo), "--image", IMAGE, "--out",
                   str(tmp_path / "bad"), "--name", "Qwen")
     assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1

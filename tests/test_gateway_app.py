@@ -587,3 +587,17 @@ def test_the_gateway_loads_neither_mm_nor_the_runtime_nor_numba_nor_pil() -> Non
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True, cwd=root).stdout.split()
     assert loaded == []
+
+
+def test_every_series_the_dashboard_and_alerts_use_is_published(gateway, triton_server) -> None:
+    """After a streamed image question, Triton's and the gateway's metrics pages carry every
+    series deploy --monitoring's dashboard and alerts query (serve's own: in
+    test_serve_supervisor.py; the DCGM exporter's run outside the pod)."""
+    from test_deploy_monitoring import missing_series, report_missing
+
+    from qvl_trt.deploy.monitoring import Source
+
+    streamed(client(gateway).chat.completions.create(
+        model=MODEL, messages=image_question(7), max_tokens=6, stream=True))
+    samples = {**samples_at(triton_server.metrics_url), **samples_at(f"{gateway.url}/metrics")}
+    report_missing(missing_series(samples, {Source.TRITON, Source.GATEWAY}))

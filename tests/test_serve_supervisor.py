@@ -257,6 +257,16 @@ def test_a_killed_stub_is_noticed_and_service_comes_back(serve: Serve) -> None:
         got = generate(serve, 8)
         print(f"{model}: in-flight error after {errored:.2f} s, ready after {back:.1f} s")
         assert got == want
+    # Prometheus sees both restarts and the readiness, as the dashboard and alerts query them.
+    from test_deploy_monitoring import missing_series
+    from test_serve_server import samples_at
+
+    from qvl_trt.deploy.monitoring import Source
+    from qvl_trt.gateway.readiness import SERVE_READY, SERVE_RESTARTS
+
+    samples = samples_at(f"http://127.0.0.1:{serve.health}/metrics")
+    assert samples == {(SERVE_RESTARTS, frozenset()): 2, (SERVE_READY, frozenset()): 1}
+    assert missing_series(samples, {Source.SERVE}) == []
 
 
 def _is_stub_of(proc: Path, server: int, instance: str, stub: str) -> bool:

@@ -469,7 +469,7 @@ def test_each_iteration_and_each_end_are_reported_as_the_executor_counts_them(
         no_stop_words) -> None:
     """The stock backend's metrics come from these (ExecutorMetrics): per iteration its
     number, the requests in the batch and those in their context step with their prompt
-    tokens; per request its prompt and output tokens, at its final response."""
+    tokens, the positions each holds in the KV cache; per request its prompt and output tokens, at its final response."""
     decoder = FakeDecoder()
     steps: list[StepStats] = []
     ends: list[tuple[int, int]] = []
@@ -485,7 +485,8 @@ def test_each_iteration_and_each_end_are_reported_as_the_executor_counts_them(
     for _ in range(2):
         assert finals.acquire(timeout=60)
     llm.close()
-    assert steps == [StepStats(1, 2, 2, 10), StepStats(2, 2, 0, 0), StepStats(3, 1, 0, 0)]
+    assert steps == [StepStats(1, 2, 2, 10, (5, 5)), StepStats(2, 2, 0, 0, (6, 6)),
+                     StepStats(3, 1, 0, 0, (7,))]
     assert sorted(ends) == [(5, 2), (5, 3)]
 
 

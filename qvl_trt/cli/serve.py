@@ -436,12 +436,15 @@ def deploy(
         help="serve's --drain-timeout in the pods: seconds the answers in flight get to finish "
         "at a rollout; the termination grace period follows [default: 120].",
         show_default=False)] = None,
+    monitoring: Annotated[bool, typer.Option(
+        help="Also a PodMonitor and a PrometheusRule (Prometheus Operator) and a Grafana "
+        "dashboard, as a ConfigMap for Grafana's sidecar and as JSON in grafana/.")] = False,
     force: Annotated[bool, typer.Option(help="Replace an existing --out folder.")] = False,
 ) -> None:
     """Write Kubernetes manifests that serve a trt repository with `qvl-trt serve`: a
     Deployment on the repository's GPU (its world size in GPUs, /dev/shm, CPU and memory from
     the repository, probes on serve's /ready and /live), a Service, a PodDisruptionBudget and
-    optionally an autoscaler. Prints the `kubectl apply` line."""
+    optionally an autoscaler and the monitoring. Prints the `kubectl apply` line."""
     from ..deploy.kubernetes import DeployOptions, write_manifests
     from .console import out as console
 
@@ -452,7 +455,7 @@ def deploy(
         image=image, namespace=namespace, mount_path=mount_path, claim=claim,
         claim_path=claim_path, host_path=host_path, gpu_product=gpu_product, cpu=cpu,
         memory_gib=memory_gib, hpa=hpa, api_key_secret=api_key_secret, no_api_key=no_api_key,
-        expose_triton=expose_triton, ipv6=ipv6,
+        expose_triton=expose_triton, ipv6=ipv6, monitoring=monitoring,
         **{k: v for k, v in given.items() if v is not None})
     result = write_manifests(repo, out, opts, force=force)
     needs = result.needs

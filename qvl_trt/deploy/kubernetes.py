@@ -44,7 +44,9 @@ from ..serve.needs import (
 )
 from ..serve.server import SHM_DIR, STARTUP_TIMEOUT_S, UNLOAD_GRACE_S, Ports, client_host
 from ..serve.supervisor import START_ATTEMPTS
+from ..triton import contract as c
 from ..triton.contract import POSTPROCESSING, PREPROCESSING, TENSORRT_LLM_BLS
+from . import monitoring
 from .image import SERVE_GID, SERVE_UID
 
 MIB, GIB = 2**20, 2**30
@@ -67,7 +69,7 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 # nv_inference_pending_request_count: it counts a request from PENDING until a model instance
 # executes it (core infer_request.cc), and the decoupled models here and the stock
 # tensorrtllm backend take every request at once and queue it themselves, so it stays at 0.
-QUEUE_METRIC = "qvl_llm_requests_waiting"
+QUEUE_METRIC = c.LLM_REQUESTS_WAITING
 
 # Host memory per process, requested and limited alike (see pod_needs): 1.5x the peak resident
 # memory measured under load (docs/benchmarks.md, "Served processes' memory":
@@ -108,6 +110,8 @@ DRAIN_MARGIN_S = 10
 # A rollout's drain: long enough for a long answer to finish (4000 tokens at 40 tokens/s a
 # stream on a loaded server take 100 s), where serve's own default (10 s) would cut it.
 DEPLOY_DRAIN_S = 120.0
+# With monitoring: the dashboard for Grafana's import, beside its ConfigMap.
+DASHBOARD_FILE = "grafana/{name}.json"
 
 
 def grace_period_s(drain_timeout_s: float) -> int:
@@ -145,6 +149,7 @@ class DeployOptions:
     expose_triton: bool = False  # Triton's HTTP and gRPC in the Service, for labelled pods
     ipv6: bool = False  # listen on IPv6 (a single-stack IPv6 cluster)
     drain_timeout_s: float = DEPLOY_DRAIN_S  # serve's --drain-timeout in the pods
+    monitoring: bool = False  # a PodMonitor, a PrometheusRule and a Grafana dashboard too
 
     def __post_init__(self) -> None:
         if not self.image or any(ch.isspace() for ch in self.image):
@@ -366,6 +371,8 @@ def manifests(opts: DeployOptions, needs: PodNeeds) -> dict[str, dict[str, Any]]
     }
     if opts.hpa:
         docs["hpa.yaml"] = _autoscaler(opts, meta)
+    if opts.monitoring:
+        docs |= monitoring.manifests(opts.name, meta, labels)
     return docs
 
 
@@ -576,9 +583,15 @@ def write_manifests(repo: Path, out: Path, opts: DeployOptions, *,
         def ignore_aliases(self, data: Any) -> bool:
             return True  # the labels written out each time, not as &id001 anchors
 
+    files = tuple(docs)
     with staged_dir(out) as staging:
         for name, doc in docs.items():
             text = "".join(f"# {line}\n" for line in header.get(name, ()))
             (staging / name).write_text(text + yaml.dump(doc, Dumper=Dumper, sort_keys=False))
-    return DeployResult(out, tuple(docs), needs,
+        if opts.monitoring:  # in a folder of its own: `kubectl apply -f` reads no subfolder
+            dashboard = staging / DASHBOARD_FILE.format(name=opts.name)
+            dashboard.parent.mkdir()
+            dashboard.write_text(monitoring.dashboard_json(opts.name))
+            files += (DASHBOARD_FILE.format(name=opts.name),)
+    return DeployResult(out, files, needs,
                         None if opts.host_path else opts.claim_name, opts.secret_name, opts)

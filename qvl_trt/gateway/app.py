@@ -46,7 +46,7 @@ from ..deps import require
 from ..errors import ConfigError
 from ..triton import contract as c
 from . import guides, routing, tool_calls
-from .metrics import CLIENT_CLOSED, GatewayMetrics
+from .metrics import CLIENT_CLOSED, GatewayMetrics, TokenGaps
 from .openai_api import (
     DONE,
     ApiError,
@@ -324,8 +324,10 @@ class Gateway:
         m.prompt_tokens.labels(model.name).inc(last.prompt_tokens)
         m.completion_tokens.labels(model.name).inc(last.completion_tokens)
 
-    def _first_token(self, model: ServedModel, received: float) -> None:
+    def _first_token(self, model: ServedModel, received: float, first: Piece) -> TokenGaps:
+        """The time to the first piece observed; what counts the gaps after it."""
         self.metrics.ttft.labels(model.name).observe(time.perf_counter() - received)
+        return TokenGaps(self.metrics.inter_token.labels(model.name), first.completion_tokens)
 
     async def _first_piece(self, model: ServedModel, req: ChatCompletionRequest,
                            guide: tuple[str, str] | None, labels: dict[str, str]):
@@ -352,10 +354,11 @@ class Gateway:
                         guide: tuple[str, str] | None, received: float,
                         labels: dict[str, str]):
         pieces, last = await self._first_piece(model, req, guide, labels)
-        self._first_token(model, received)
+        gaps = self._first_token(model, received, last)
         texts = [last.text]
         async with contextlib.aclosing(pieces):
             async for piece in pieces:
+                gaps.piece(piece.completion_tokens)
                 texts.append(piece.text)
                 last = piece
         text = "".join(texts)
@@ -377,7 +380,7 @@ class Gateway:
         build: _first_piece); an error after that comes as an error event before [DONE]."""
         pieces, piece = await self._first_piece(model, req, guide, labels)
         async with contextlib.aclosing(pieces):
-            self._first_token(model, received)
+            gaps = self._first_token(model, received, piece)
             response = self.web.StreamResponse(headers={
                 "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                 "X-Accel-Buffering": "no"})  # nginx: do not buffer the stream
@@ -395,6 +398,8 @@ class Gateway:
                     for delta in answer.feed(piece.text):
                         await response.write(writer.event(delta.chunk(), counts=counts))
                     piece = await anext(pieces, None)
+                    if piece is not None:
+                        gaps.piece(piece.completion_tokens)
                 await asyncio.to_thread(guides.check_answer, req.structure, "".join(texts),
                                         last.finish_reason)
             except ApiError as exc:  # instead of the finish reason

@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+import time
+
 from ..deps import require
 
 # Seconds: from a cached short answer on a GPU to a long one on a CPU reference deployment.
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120, 300)
 # An HTTP status for a request whose client went away before its answer (nginx's).
 CLIENT_CLOSED = 499
+# Seconds between two tokens of an answer: from a GPU's few milliseconds to a loaded CPU's.
+INTER_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28,
+                       2.5, 5)
+
+# The series on the metrics page (a counter's name carries its _total, a histogram's its
+# _seconds); deploy/monitoring.py's dashboard and alerts query them.
+REQUESTS = "qvl_gateway_requests_total"
+REROUTED = "qvl_gateway_rerouted_total"
+LATENCY = "qvl_gateway_request_duration_seconds"
+TTFT = "qvl_gateway_time_to_first_token_seconds"
+INTER_TOKEN = "qvl_gateway_inter_token_latency_seconds"
+PROMPT_TOKENS = "qvl_gateway_prompt_tokens_total"
+COMPLETION_TOKENS = "qvl_gateway_completion_tokens_total"
+IN_FLIGHT = "qvl_gateway_requests_in_flight"
 
 
 class GatewayMetrics:
@@ -17,27 +33,54 @@ class GatewayMetrics:
         self.registry = prom.CollectorRegistry()
         kw = {"registry": self.registry}
         self.requests = prom.Counter(
-            "qvl_gateway_requests", "Chat completion requests by model, the build that answered "
+            REQUESTS, "Chat completion requests by model, the build that answered "
             f"(or refused last), streaming and HTTP status ({CLIENT_CLOSED}: the client went "
             "away)", ["model", "build", "stream", "status"], **kw)
         self.rerouted = prom.Counter(
-            "qvl_gateway_rerouted", "Requests a build refused above its engine limits, sent on "
+            REROUTED, "Requests a build refused above its engine limits, sent on "
             "to a larger build of the model", ["model", "build"], **kw)
         self.latency = prom.Histogram(
-            "qvl_gateway_request_duration_seconds", "Request received to last byte sent, "
+            LATENCY, "Request received to last byte sent, "
             "answered requests", ["model", "stream"], buckets=LATENCY_BUCKETS, **kw)
         self.ttft = prom.Histogram(
-            "qvl_gateway_time_to_first_token_seconds", "Request received to the first piece of "
+            TTFT, "Request received to the first piece of "
             "answer from Triton", ["model"], buckets=LATENCY_BUCKETS, **kw)
+        self.inter_token = prom.Histogram(
+            INTER_TOKEN, "Seconds between an answer's pieces from Triton, per token (a piece "
+            "of n tokens counts n gaps of its wait / n)", ["model"], buckets=INTER_TOKEN_BUCKETS,
+            **kw)
         self.prompt_tokens = prom.Counter(
-            "qvl_gateway_prompt_tokens", "Prompt tokens (visual tokens included) of answered "
+            PROMPT_TOKENS, "Prompt tokens (visual tokens included) of answered "
             "requests", ["model"], **kw)
         self.completion_tokens = prom.Counter(
-            "qvl_gateway_completion_tokens", "Generated tokens of answered requests",
+            COMPLETION_TOKENS, "Generated tokens of answered requests",
             ["model"], **kw)
         self.in_flight = prom.Gauge(
-            "qvl_gateway_requests_in_flight", "Chat completion requests being answered", **kw)
+            IN_FLIGHT, "Chat completion requests being answered", **kw)
 
     def exposition(self) -> tuple[bytes, str]:
         """The metrics page and its content type."""
         return self._prom.generate_latest(self.registry), self._prom.CONTENT_TYPE_LATEST
+
+
+class TokenGaps:
+    """The inter-token latency of one answer, observed as its pieces arrive: each piece's wait
+    since the one before, shared by the tokens it brought."""
+
+    def __init__(self, histogram, completion_tokens: int) -> None:
+        """`histogram`: the answer's child of GatewayMetrics.inter_token; `completion_tokens`:
+        the first piece's count."""
+        self._histogram = histogram
+        self._at = time.perf_counter()
+        self._tokens = completion_tokens
+
+    def piece(self, completion_tokens: int) -> None:
+        """A piece arrived; `completion_tokens`: the answer's tokens so far."""
+        new = completion_tokens - self._tokens
+        if new <= 0:
+            return
+        now = time.perf_counter()
+        gap = (now - self._at) / new
+        for _ in range(new):
+            self._histogram.observe(gap)
+        self._at, self._tokens = now, completion_tokens

@@ -18,7 +18,20 @@ import urllib.request
 
 READY_PATH = "/ready"
 LIVE_PATH = "/live"
+METRICS_PATH = "/metrics"  # serve's: the two series below; the gateway's: gateway/metrics.py
 READY = "ready"
+# serve's metrics (Prometheus text): how often it restarted tritonserver, and whether GET
+# /ready answers 200 now, as a pod's monitoring sees them (deploy/monitoring.py).
+SERVE_RESTARTS = "qvl_serve_restarts_total"
+SERVE_READY = "qvl_serve_ready"
+
+
+def serve_metrics(ok: bool, restarts: int) -> bytes:
+    """serve's GET /metrics page, in Prometheus' text format (0.0.4)."""
+    return (f"# HELP {SERVE_RESTARTS} times serve restarted a faulty tritonserver\n"
+            f"# TYPE {SERVE_RESTARTS} counter\n{SERVE_RESTARTS} {restarts}\n"
+            f"# HELP {SERVE_READY} 1 while GET {READY_PATH} answers 200, else 0\n"
+            f"# TYPE {SERVE_READY} gauge\n{SERVE_READY} {int(ok)}\n").encode()
 
 
 def ready_reply(ok: bool, reason: str, restarts: int | None = None) -> tuple[int, dict]:

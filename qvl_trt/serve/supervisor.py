@@ -23,6 +23,7 @@ Readiness (`--health-port`, gateway/readiness.py): GET /ready answers 200 once a
 answered and while none has failed since (a busy server is ready), every stub is alive,
 every companion has started and runs and no restart is under way, 503 (with the reason)
 otherwise; its body also counts the restarts so far. GET /live answers 200 while serve runs.
+GET /metrics gives both to Prometheus (gateway/readiness.py serve_metrics).
 The gateway serve starts forwards this answer on its own port.
 """
 
@@ -40,7 +41,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
 
 from ..errors import ServerError
-from ..gateway.readiness import LIVE_PATH, READY, READY_PATH, live_reply, ready_reply
+from ..gateway.readiness import (
+    LIVE_PATH,
+    METRICS_PATH,
+    READY,
+    READY_PATH,
+    live_reply,
+    ready_reply,
+    serve_metrics,
+)
 from ..triton import contract as c
 from .liveness import Liveness, LivenessRules, Outcome
 from .progress import progress_counters, read_metrics
@@ -156,16 +165,23 @@ class Supervisor:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                if self.path == METRICS_PATH:
+                    ok, _ = supervisor.readiness()
+                    return self._send(200, serve_metrics(ok, supervisor.restarts),
+                                      "text/plain; version=0.0.4; charset=utf-8")
                 if self.path == LIVE_PATH:
                     code, body = live_reply()
                 elif self.path == READY_PATH:
                     code, body = ready_reply(*supervisor.readiness(),
                                              restarts=supervisor.restarts)
                 else:
-                    code, body = 404, {"error": f"GET {READY_PATH} or {LIVE_PATH}"}
-                data = json.dumps(body).encode()
+                    code, body = 404, {"error": f"GET {READY_PATH}, {LIVE_PATH} or "
+                                                f"{METRICS_PATH}"}
+                self._send(code, json.dumps(body).encode(), "application/json")
+
+            def _send(self, code: int, data: bytes, content_type: str) -> None:
                 self.send_response(code)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)

@@ -82,6 +82,18 @@ class ModelNames:
                 self.postprocessing, self.tensorrt_llm_bls)
 
 
+# ---- the python models' metrics on Triton's /metrics -------------------------------------
+# postprocessing's admission (runtime/postprocessing.py QueueMetrics), labelled model and
+# instance; the vision cache (runtime/vision_encoder.py), labelled model.
+LLM_REQUESTS_WAITING = "qvl_llm_requests_waiting"
+LLM_REQUESTS_RUNNING = "qvl_llm_requests_running"
+LLM_QUEUE_WAIT = "qvl_llm_queue_wait_seconds"  # a histogram
+LLM_REQUESTS_REFUSED = "qvl_llm_requests_refused_total"  # label reason
+VISION_CACHE_HITS = "qvl_vision_cache_hits_total"
+VISION_CACHE_MISSES = "qvl_vision_cache_misses_total"
+VISION_CACHE_BYTES = "qvl_vision_cache_bytes"
+
+
 # ---- python models' parameters -----------------------------------------------------------
 # One frozen dataclass per python model: the repository writer sets `to_parameters()` in its
 # config, its model.py (and the client, serve and validate) read `from_parameters(...)`, so a

@@ -263,7 +263,9 @@ def _guided_decoding_problems(params: Mapping[str, str]) -> list[str]:
 # context from the inflight batching stats, waiting = active - scheduled (not the executor's
 # queue, which no metric shows), iteration_counter = the iteration's number. At each
 # request's final response (reportCustomMetrics) its input and output token counts go into
-# two histograms with the buckets below. The reference tensorrt_llm publishes the same
+# two histograms with the buckets below. The KV cache group comes from the iteration's
+# kvCacheStats: max, free, used and reused blocks, tokens per block, and fraction = used / max
+# (0 while max is 0). The reference tensorrt_llm publishes the same
 # (runtime/reference_tensorrt_llm.py); serve reads iteration_counter as the engine's
 # progress (serve/progress.py).
 
@@ -276,6 +278,8 @@ class MetricGroup:
 
 REQUEST_METRICS = MetricGroup("nv_trt_llm_request_metrics", "request_type",
                               ("active", "max", "scheduled", "context", "waiting"))
+KV_CACHE_METRICS = MetricGroup("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type",
+                               ("max", "free", "used", "tokens_per", "reused", "fraction"))
 INFLIGHT_BATCHER_METRICS = MetricGroup(
     "nv_trt_llm_inflight_batcher_metrics", "inflight_batcher_specific_metric",
     ("total_context_tokens", "generation_requests", "micro_batch_id", "paused_requests"))

@@ -271,13 +271,13 @@ class QueueMetrics:
         labels = {"model": model, "instance": instance}
         # The families must outlive their metrics: keep both.
         self.families = [
-            p.MetricFamily(name="qvl_llm_requests_waiting", kind=p.MetricFamily.GAUGE,
+            p.MetricFamily(name=c.LLM_REQUESTS_WAITING, kind=p.MetricFamily.GAUGE,
                            description="requests waiting for a batch slot of tensorrt_llm"),
-            p.MetricFamily(name="qvl_llm_requests_running", kind=p.MetricFamily.GAUGE,
+            p.MetricFamily(name=c.LLM_REQUESTS_RUNNING, kind=p.MetricFamily.GAUGE,
                            description="requests holding a batch slot of tensorrt_llm"),
-            p.MetricFamily(name="qvl_llm_queue_wait_seconds", kind=p.MetricFamily.HISTOGRAM,
+            p.MetricFamily(name=c.LLM_QUEUE_WAIT, kind=p.MetricFamily.HISTOGRAM,
                            description="how long a request waited for a batch slot"),
-            p.MetricFamily(name="qvl_llm_requests_refused_total", kind=p.MetricFamily.COUNTER,
+            p.MetricFamily(name=c.LLM_REQUESTS_REFUSED, kind=p.MetricFamily.COUNTER,
                            description="requests refused as busy: queue_full (every slot and "
                            "queue place taken), queue_wait (no slot within max_queue_wait), "
                            "probe_in_flight"),

@@ -251,12 +251,14 @@ class _Job:
 class StepStats:
     """One iteration, as the executor's IterationStats count it (the stock backend's metrics,
     tensorrtllm_backend.REQUEST_METRICS): its number, the requests in its batch, and those
-    among them in their context (prefill) phase and their prompt tokens."""
+    among them in their context (prefill) phase and their prompt tokens; and the positions
+    each request of the batch holds in the KV cache (its prompt and the tokens fed back)."""
 
     iteration: int
     active: int
     context_requests: int
     context_tokens: int
+    held_tokens: tuple[int, ...]
 
 
 class ReferenceLlm:
@@ -336,7 +338,9 @@ class ReferenceLlm:
                 continue
             iteration += 1
             self.on_step(StepStats(iteration, len(running), len(admitted),
-                                   sum(len(job.request.input_ids) for job in admitted)))
+                                   sum(len(job.request.input_ids) for job in admitted),
+                                   tuple(len(job.request.input_ids) + len(job.tokens)
+                                         for job in running.values())))
             admitted.clear()
             for event in events:
                 self._on_token(running[event.request], event)
@@ -445,14 +449,18 @@ def _torch():
 class ExecutorMetrics:
     """The stock backend's metrics (tensorrtllm_backend.REQUEST_METRICS and the groups after
     it), with its names, labels and meanings, set from the reference's iterations. Its KV
-    cache, runtime memory and disaggregated serving groups are not published: the reference
-    has neither paged blocks nor a runtime allocator to count."""
+    cache blocks are counted as if the reference's cache were paged in blocks of the engine's
+    tokens_per_block, room for max_batch_size whole sequences of max_seq_len (the reference
+    keeps each sequence's cache whole: nothing is reused); its runtime memory and
+    disaggregated serving groups are not published: the reference has no runtime allocator
+    and no second server to count."""
 
-    def __init__(self, model: str, version: str, max_batch_size: int) -> None:
+    def __init__(self, model: str, version: str, max_batch_size: int,
+                 engine: tb.EngineLimits) -> None:
         p = pb()
         self.families, self.series = [], {}  # the families must outlive their metrics
-        groups = (tb.REQUEST_METRICS, tb.INFLIGHT_BATCHER_METRICS, tb.GENERAL_METRICS,
-                  tb.OUTPUT_TOKEN_LEN, tb.INPUT_TOKEN_LEN)
+        groups = (tb.REQUEST_METRICS, tb.KV_CACHE_METRICS, tb.INFLIGHT_BATCHER_METRICS,
+                  tb.GENERAL_METRICS, tb.OUTPUT_TOKEN_LEN, tb.INPUT_TOKEN_LEN)
         for group in groups:
             histogram = group in (tb.OUTPUT_TOKEN_LEN, tb.INPUT_TOKEN_LEN)
             family = p.MetricFamily(
@@ -465,6 +473,10 @@ class ExecutorMetrics:
                     labels=labels, **({"buckets": list(tb.TOKEN_LEN_BUCKETS)} if histogram
                                       else {}))
         self._set(tb.REQUEST_METRICS, max=max_batch_size)
+        self.tokens_per_block = max(engine.tokens_per_block, 1)
+        self.max_blocks = max_batch_size * -(-engine.max_seq_len // self.tokens_per_block)
+        self._set(tb.KV_CACHE_METRICS, max=self.max_blocks, free=self.max_blocks, used=0,
+                  tokens_per=self.tokens_per_block, reused=0, fraction=0)
 
     def _set(self, group: tb.MetricGroup, **values: float) -> None:
         for name, value in values.items():
@@ -476,6 +488,9 @@ class ExecutorMetrics:
         self._set(tb.INFLIGHT_BATCHER_METRICS, total_context_tokens=stats.context_tokens,
                   generation_requests=stats.active - stats.context_requests,
                   micro_batch_id=0, paused_requests=0)
+        used = sum(-(-held // self.tokens_per_block) for held in stats.held_tokens)
+        self._set(tb.KV_CACHE_METRICS, free=self.max_blocks - used, used=used,
+                  fraction=used / self.max_blocks if self.max_blocks else 0)
         self._set(tb.GENERAL_METRICS, timestamp=time.time() * 1e6,
                   iteration_counter=stats.iteration)
 
@@ -502,7 +517,8 @@ class LlmModel:
                                 max_input_len=max_input_len, max_seq_len=engine.max_seq_len,
                                 rows_per_request=rows_per_request)
         max_batch_size = json.loads(args["model_config"])["max_batch_size"]
-        self.metrics = ExecutorMetrics(self.name, args["model_version"], max_batch_size)
+        self.metrics = ExecutorMetrics(self.name, args["model_version"], max_batch_size,
+                                       engine)
         self.llm = ReferenceLlm(decoder, max_batch_size=max_batch_size,
                                 on_step=self.metrics.step, on_finish=self.metrics.finished,
                                 model_name=self.name, cancel_check_s=cancel_check_s,

@@ -41,11 +41,11 @@ class VisionEncoderModel:
         labels = {"model": self.name}
         family = pb().MetricFamily
         self.families = [
-            family(name="qvl_vision_cache_hits_total",
+            family(name=c.VISION_CACHE_HITS,
                    description="images served from the vision cache", kind=family.COUNTER),
-            family(name="qvl_vision_cache_misses_total",
+            family(name=c.VISION_CACHE_MISSES,
                    description="images run through the vision tower", kind=family.COUNTER),
-            family(name="qvl_vision_cache_bytes",
+            family(name=c.VISION_CACHE_BYTES,
                    description="bytes of prompt-table rows in the vision cache",
                    kind=family.GAUGE),
         ]
