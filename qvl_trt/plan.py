@@ -76,8 +76,9 @@ RUNTIME_OVERHEAD_BYTES = 1 * GIB
 # of thumb as well.
 VISION_PROCESS_OVERHEAD_BYTES = GIB // 2
 # The video workload lowers max_batch_size until PromptTuningBuffers::fill's copy of every
-# active request's table (each step, context and generation alike; TRTLLM.md "Prompt table and
-# MRoPE costs") adds at most this share to the decode step's memory read at the caps. The copy
+# active request's table (each step, context and generation alike: TensorRT-LLM
+# cpp/tensorrt_llm/batch_manager/promptTuningBuffers.cpp; NVIDIA/TensorRT-LLM#5889 measured the
+# cost) adds at most this share to the decode step's memory read at the caps. The copy
 # grows with the batch as the KV reads do, so this bounds the inter-token latency the table
 # costs; it does not raise throughput.
 MAX_TABLE_COPY_SHARE = 0.25

@@ -46,7 +46,8 @@ from qvl_trt.triton.repository import VERSION, BuildInput, RepoOptions, write_re
 
 QUESTION = "Describe this image in one word."
 PROFILE = "4090d"
-# The 2B's tensor-sizing dimensions (QWEN3VL.md) with tiny compute: 2 heads of 128, 4 thin
+# The 2B's tensor-sizing dimensions (its config.json: qvl_trt/testing/tiny_checkpoint.py
+# RELEASED) with tiny compute: 2 heads of 128, 4 thin
 # layers, a 3-block vision tower of width 32 with its 3 DeepStack taps.
 DIMS_2B_SIZED = TinyDims(text_hidden=2048, text_layers=4, text_heads=2, text_kv_heads=1,
                          head_dim=128, text_intermediate=64, vision_depth=3,

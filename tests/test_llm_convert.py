@@ -29,7 +29,8 @@ from qvl_trt.llm.layout import (
 )
 from qvl_trt.testing.tiny_checkpoint import TinyDims, write_config_only, write_tiny_checkpoint
 
-# config.json of the converted checkpoint, in order (TRTLLM.md's list + what the engine needs).
+# config.json of the converted checkpoint, in order (the keys TensorRT-LLM's
+# tensorrt_llm/models/modeling_utils.py PretrainedConfig reads + what the engine needs).
 CONFIG_KEYS = [
     "architecture", "dtype", "logits_dtype", "vocab_size", "max_position_embeddings",
     "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",

@@ -57,7 +57,7 @@ def test_weights_and_kv_match_an_independent_count(released, variant):
 
 
 def test_published_parameter_totals(released):
-    # QWEN3VL.md: 2.128 B / 4.438 B / 8.767 B parameters.
+    # The released checkpoints' tensors counted: 2.128 B / 4.438 B / 8.767 B parameters.
     for variant, total in (("2b", 2.128e9), ("4b", 4.438e9), ("8b", 8.767e9)):
         counts = open_checkpoint(released[variant]).param_counts()
         assert counts["vision"] + counts["llm"] == pytest.approx(total, rel=0.001)

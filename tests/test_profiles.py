@@ -41,8 +41,8 @@ DRIVER_MIB = {
 }
 # NVML device names (nvidia-smi --query-gpu=name) of the shipped cards, held here apart from
 # the profiles; GPU feature discovery labels a node nvidia.com/gpu.product with it sanitised.
-# Checked against label values in public manifests (code index: "nvidia.com/gpu.product:
-# NVIDIA-..."), none found for the 4060 Ti and 5090, whose names follow the GeForce pattern.
+# Checked against nvidia.com/gpu.product label values in public manifests; none found for the
+# 4060 Ti and 5090, whose names follow the GeForce pattern.
 NVML_NAMES = {
     "3090": "NVIDIA GeForce RTX 3090", "4060ti": "NVIDIA GeForce RTX 4060 Ti",
     "4090": "NVIDIA GeForce RTX 4090", "4090d": "NVIDIA GeForce RTX 4090 D",

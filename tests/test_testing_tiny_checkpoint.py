@@ -83,7 +83,7 @@ RELEASED_4B = {
     "vision_start_token_id": 151652,
 }
 
-# QWEN3VL.md's table: (hidden, layers, heads, kv heads, head_dim, intermediate, tied,
+# The released checkpoints' config.json files and counted tensors: (hidden, layers, heads, kv heads, head_dim, intermediate, tied,
 # vision depth, vision hidden, vision intermediate, deepstack, parameters in billions).
 TABLE = {
     "2b": (2048, 28, 16, 8, 128, 6144, True, 24, 1024, 4096, [5, 11, 17], 2.128),

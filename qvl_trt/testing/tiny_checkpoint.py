@@ -25,7 +25,8 @@ from .tokenizer_files import CHAT_TEMPLATE, write_tokenizer_files
 
 VOCAB_SIZE = 151_936  # the released embedding rows (151,669 tokens padded), so real ids are valid
 
-# Numbers of the released dense checkpoints (their config.json files, QWEN3VL.md's table).
+# Numbers of the released dense checkpoints (the config.json files of Qwen/Qwen3-VL-{2B,4B,8B}-
+# Instruct).
 RELEASED: dict[str, dict] = {
     "2b": {
         "text": {

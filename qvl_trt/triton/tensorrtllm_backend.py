@@ -102,7 +102,8 @@ PARAMETERS: dict[str, Param] = {
     "FORCE_CPU_ONLY_INPUT_TENSORS": Param(S),
 }
 
-# Settings that break the (1+K)-row prompt table or MRoPE (STOCK_BACKEND.md): sink tokens
+# Settings that break the (1+K)-row prompt table or MRoPE (TensorRT-LLM cpp/tensorrt_llm/kernels/
+# unfusedAttentionKernels and batch_manager/promptTuningBuffers.cpp): sink tokens
 # (StreamingLLM) send attention through the rope kernel that ignores the MRoPE table, and
 # prompt-table offloading copies one row per fake id, dropping the DeepStack rows. The 1.2
 # backend does not read `prompt_table_offloading`; a later one may, so it is refused too.

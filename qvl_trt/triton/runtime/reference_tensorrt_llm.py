@@ -11,8 +11,10 @@ TensorRT-LLM executor, the end token is left out of the output, stop-word tokens
 a streaming request gets one response per token (the end token's response is empty), a
 non-streaming one a single response.
 
-It is at least as strict as the stock backend (STOCK_BACKEND.md): it refuses what the backend
-or the executor refuses (outputs not both requested, a missing MRoPE tensor, a prompt table of
+It is at least as strict as the stock backend (TensorRT-LLM
+triton_backend/inflight_batcher_llm/src/utils.cc and model_instance_state.cc, and the
+executor's request checks): it refuses what the backend or the executor refuses
+(outputs not both requested, a missing MRoPE tensor, a prompt table of
 the wrong dtype, width or size, a prompt above the executor's maximum input length, a malformed
 stop_words_list, min_tokens below 0 or without an end id), clips what the executor clips
 (request_output_len to the sequence length, top_k to TOP_K_MAX, both with a warning), and
