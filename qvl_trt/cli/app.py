@@ -13,13 +13,13 @@ import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 
 from .. import __version__
 from ..dtypes import WeightOnly
-from ..errors import QvlError
+from ..errors import ConfigError, QvlError
 from ..serve.server import Ports
 
 F = TypeVar("F", bound=Callable)
@@ -64,6 +64,16 @@ WORKLOAD_HELP = ("What the limits are sized for: chat (the profile's), video (on
                  "may carry the checkpoint's whole clip budget; the batch lowered where the "
                  "prompt table costs) or long (256K context where the KV cache holds it, else "
                  "128K); docs/build.md \"Workloads\".")
+
+
+def per_model(values: list | None, models: int, option: str, default: Any) -> list:
+    """A repeatable option given once for every --model or once per --model, one value per
+    model ([default] when it is not given)."""
+    if values and len(values) not in (1, models):
+        raise ConfigError(f"{len(values)} {option} for {models} --model: give one for all of "
+                          "them, or one per --model in the same order")
+    given = values or [default]
+    return given * models if len(given) == 1 else list(given)
 
 
 def _user_errors(fn: F) -> F:

@@ -21,6 +21,7 @@ from .app import (
     ModelOpt,
     WeightsOpt,
     command,
+    per_model,
 )
 
 
@@ -54,10 +55,41 @@ def plan(
     """Check that checkpoints fit a GPU profile: weights, KV cache, prompt table, capacity,
     and the limits lowered for them where the profile's do not fit."""
     from ..checkpoint import open_checkpoint
-    from ..plan import check_fits, check_fits_together, make_plan, plan_together
     from ..profiles import load_profile
+
+    named = [BuildInput.parse(m) for m in model]
+    precisions = per_model(weights, len(named), "--weights", WeightOnly.NONE)
+    workloads = per_model(workload, len(named), "--workload", Workload.CHAT)
+    every_card = gpu.strip().lower() == "all"
+    _check_plan_options(len(named), every_card, tp_size, save_profiles)
+    ckpts = [open_checkpoint(m.path) for m in named]
+    if every_card:
+        _plan_every_card(ckpts[0], weights[0] if weights else None, tp_size, workloads[0],
+                         json_out)
+        return
+    profile = load_profile(gpu)
+    names = [m.name or m.path.resolve().name for m in named]
+    plans = _plan_on_card(list(zip(names, ckpts, precisions, workloads, strict=True)),
+                          profile, tp_size, json_out)
+    if save_profiles:
+        _save_profiles(save_profiles, profile, named, plans, tp_size, json_out)
+
+
+def _check_plan_options(models: int, every_card: bool, tp_size: int,
+                        save_profiles: Path | None) -> None:
+    if tp_size != 1 and models > 1:
+        raise ConfigError("--tp-size plans one --model across its own cards; plan models "
+                          "that share a card with --tp-size 1")
+    if every_card and (save_profiles or models > 1):
+        raise ConfigError("--gpu all plans one --model on every card; to plan several "
+                          "models onto one card or save profiles, name the card: --gpu 4090d")
+
+
+def _plan_on_card(models: list, profile, tp_size: int, json_out: bool) -> list:
+    """One model's plan (at `tp_size`) or several planned together onto the card, printed;
+    PlanError where they do not fit."""
+    from ..plan import check_fits, check_fits_together, make_plan, plan_together
     from .console import (
-        err,
         lowered_lines,
         out,
         plan_json,
@@ -67,63 +99,43 @@ def plan(
         shared_plan_table,
     )
 
-    named = [BuildInput.parse(m) for m in model]
-    if weights and len(weights) not in (1, len(named)):
-        raise ConfigError(f"{len(weights)} --weights for {len(named)} --model: give one for "
-                          "all of them, or one per --model in the same order")
-    if workload and len(workload) not in (1, len(named)):
-        raise ConfigError(f"{len(workload)} --workload for {len(named)} --model: give one for "
-                          "all of them, or one per --model in the same order")
-    given = weights or [WeightOnly.NONE]
-    precisions = given * len(named) if len(given) == 1 else given
-    workloads = (workload or [Workload.CHAT]) * (len(named) if len(workload or ()) < 2 else 1)
-    if tp_size != 1 and len(named) > 1:
-        raise ConfigError("--tp-size plans one --model across its own cards; plan models "
-                          "that share a card with --tp-size 1")
-    ckpts = [open_checkpoint(m.path) for m in named]
-    if gpu.strip().lower() == "all":
-        if save_profiles or len(ckpts) > 1:
-            raise ConfigError("--gpu all plans one --model on every card; to plan several "
-                              "models onto one card or save profiles, name the card: --gpu "
-                              "4090d")
-        _plan_every_card(ckpts[0], weights[0] if weights else None, tp_size, workloads[0],
-                         json_out)
-        return
-    profile = load_profile(gpu)
-    names = [m.name or m.path.resolve().name for m in named]
-    if len(ckpts) > 1:
-        shared = plan_together(list(zip(names, ckpts, precisions, workloads, strict=True)),
-                               profile)
+    if len(models) == 1:
+        _, ckpt, weights, workload = models[0]
+        plan = make_plan(ckpt, profile, weights, tp_size, workload)
         if json_out:
-            print_json(shared_plan_json(shared, profile))
-        elif shared.fits:
-            out.print(shared_plan_table(shared, profile))
-            for n, p in zip(shared.names, shared.plans, strict=True):
-                for line in lowered_lines(p):
-                    out.print(f"{n}: {line}", markup=False, highlight=False)
-        check_fits_together(shared)
-        plans = list(shared.plans)
-    else:
-        plans = [make_plan(ckpts[0], profile, precisions[0], tp_size, workloads[0])]
-        if json_out:
-            print_json(plan_json(plans[0]))
+            print_json(plan_json(plan))
         else:
-            out.print(plan_table(plans[0], profile))
-            for line in lowered_lines(plans[0]):
+            out.print(plan_table(plan, profile))
+            for line in lowered_lines(plan):
                 out.print(line, markup=False, highlight=False)
-        check_fits(plans[0])
-    if save_profiles:
-        from ..plan import save_planned_profiles
+        check_fits(plan)
+        return [plan]
+    shared = plan_together(models, profile)
+    if json_out:
+        print_json(shared_plan_json(shared, profile))
+    elif shared.fits:
+        out.print(shared_plan_table(shared, profile))
+        for n, p in zip(shared.names, shared.plans, strict=True):
+            for line in lowered_lines(p):
+                out.print(f"{n}: {line}", markup=False, highlight=False)
+    check_fits_together(shared)
+    return list(shared.plans)
 
-        written = save_planned_profiles(save_profiles, profile,
-                                        list(zip(names, plans, strict=True)))
-        tp = f" --tp-size {tp_size}" if tp_size != 1 else ""
-        for m, p, path in zip(named, plans, written, strict=True):
-            (err if json_out else out).print(
-                f"wrote {path}; build with: qvl-trt build --model {m.path} --gpu {path} "
-                f"--weights {p.weights.value} --workload {p.workload}{tp}", markup=False,
-                highlight=False,
-                soft_wrap=True)
+
+def _save_profiles(folder: Path, profile, named: list[BuildInput], plans: list, tp_size: int,
+                   json_out: bool) -> None:
+    """Write each plan's profile and say how to build from it."""
+    from ..plan import save_planned_profiles
+    from .console import err, out
+
+    written = save_planned_profiles(folder, profile, [
+        (m.name or m.path.resolve().name, p) for m, p in zip(named, plans, strict=True)])
+    tp = f" --tp-size {tp_size}" if tp_size != 1 else ""
+    for m, p, path in zip(named, plans, written, strict=True):
+        (err if json_out else out).print(
+            f"wrote {path}; build with: qvl-trt build --model {m.path} --gpu {path} "
+            f"--weights {p.weights.value} --workload {p.workload}{tp}", markup=False,
+            highlight=False, soft_wrap=True)
 
 
 def _plan_every_card(ckpt, weights: WeightOnly | None, tp_size: int, workload: Workload,
@@ -216,9 +228,7 @@ def build(
     """Build engines and the Triton repository: inspect -> plan -> vision -> llm_checkpoint ->
     llm -> repo -> manifest. Unchanged stages are skipped; exit code 3 means a stage needs
     another machine (the message says which command finishes it)."""
-    from ..build import BuildOptions, Stage, resume_build, run_build
-    from ..manifest import build_name
-    from ..profiles import profile_argument
+    from ..build import Stage, resume_build, run_build
     from .console import build_line
     from .console import out as console
 
@@ -234,19 +244,23 @@ def build(
     else:
         if model is None or gpu is None:
             raise ConfigError("build needs --model and --gpu (or --resume DIR)")
-        options = BuildOptions(
-            model=str(model.resolve()),
-            gpu=profile_argument(gpu),
-            trt_edition=trt_edition,
-            vision_dtype=vision_dtype,
-            tp_size=tp_size,
-            weights=weights or WeightOnly.NONE,
-            workload=workload or Workload.CHAT,
-        )
-        default_out = Path("build") / build_name(Path(gpu).stem, options.weights,
-                                                 options.workload)
+        options, default_out = _new_build(model, gpu, trt_edition, vision_dtype, tp_size,
+                                          weights or WeightOnly.NONE, workload or Workload.CHAT)
         result = run_build(options, out or default_out, only=stages, force=force)
     console.print(build_line(result, time.perf_counter() - started))
+
+
+def _new_build(model: Path, gpu: str, trt_edition: TrtEdition | None, vision_dtype: Dtype,
+               tp_size: int, weights: WeightOnly, workload: Workload):
+    """The options of a new build and its default folder (build/NAME)."""
+    from ..build import BuildOptions
+    from ..manifest import build_name
+    from ..profiles import profile_argument
+
+    options = BuildOptions(model=str(model.resolve()), gpu=profile_argument(gpu),
+                           trt_edition=trt_edition, vision_dtype=vision_dtype, tp_size=tp_size,
+                           weights=weights, workload=workload)
+    return options, Path("build") / build_name(Path(gpu).stem, weights, workload)
 
 
 @command(panel="Build")
