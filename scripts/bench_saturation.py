@@ -35,6 +35,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from qvl_trt.child import kill_group, popen_owned, signals_held
 from qvl_trt.client.metrics import RequestRecord, level_metrics
 from qvl_trt.gateway.readiness import ready_state
 from qvl_trt.serve.progress import Samples, read_metrics, total
@@ -71,16 +72,19 @@ def batch_slots(repo: Path) -> int:
 
 
 class Served:
-    """`qvl-trt serve REPO --openai-port` on free ports, with its readiness port."""
+    """`qvl-trt serve REPO --openai-port` on free ports, with its readiness port. It never
+    outlives this script (popen_owned: its own process group, killed with it), so a Ctrl-C
+    reaches only the script, whose `stop` then ends it cleanly."""
 
     def __init__(self, repo: Path, log: Path) -> None:
         self.ports, self.health, self.openai = free_ports(), free_ports().http, free_ports().http
         self.log = open(log, "wb")  # noqa: SIM115 (closed in stop)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "qvl_trt.cli", "serve", str(repo), "--host", "127.0.0.1",
-             "--http-port", str(self.ports.http), "--grpc-port", str(self.ports.grpc),
-             "--metrics-port", str(self.ports.metrics), "--health-port", str(self.health),
-             "--openai-port", str(self.openai)], stdout=self.log, stderr=subprocess.STDOUT)
+        with signals_held():
+            self.process = popen_owned(
+                [sys.executable, "-m", "qvl_trt.cli", "serve", str(repo), "--host", "127.0.0.1",
+                 "--http-port", str(self.ports.http), "--grpc-port", str(self.ports.grpc),
+                 "--metrics-port", str(self.ports.metrics), "--health-port", str(self.health),
+                 "--openai-port", str(self.openai)], stdout=self.log, stderr=subprocess.STDOUT)
 
     def state(self) -> dict | None:
         return ready_state(f"http://127.0.0.1:{self.health}/ready", 30)
@@ -111,7 +115,7 @@ class Served:
         try:
             self.process.wait(timeout=120)
         except subprocess.TimeoutExpired:
-            self.process.kill()
+            kill_group(self.process.pid)
             self.process.wait()
         self.log.close()
 

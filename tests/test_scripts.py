@@ -1,11 +1,14 @@
 """Every script in scripts/ still starts: each Python script prints its --help (so its imports
-of qvl_trt resolve after a rename), each shell script parses (`bash -n`)."""
+of qvl_trt resolve after a rename), each shell script parses (`bash -n`); and the few facts of
+a script that a cheap run can check (no server started)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,6 +16,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+from qvl_trt.deploy import monitoring as m
+from qvl_trt.deploy.kubernetes import DEFAULT_NAME
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON_SCRIPTS = sorted((REPO / "scripts").glob("*.py"))
@@ -112,3 +118,42 @@ def test_verify_gpu_selects_every_test_file_with_a_tier_marker(tmp_path):
     assert in_source and in_source <= marked, sorted(in_source - marked)
     assert marked == selected, (f"marked, not selected: {sorted(marked - selected)}; "
                                 f"selected, not marked: {sorted(selected - marked)}")
+
+
+# ---- scripts/render_dashboard.py: Prometheus scrapes the pod as the PodMonitor would ---------
+
+def test_render_dashboards_scrape_config_passes_promtool_and_meets_every_pod_selector(tmp_path):
+    """The configuration the picture's Prometheus runs with (printed, nothing started) passes
+    `promtool check config`, scrapes each page the PodMonitor names at its path, and gives its
+    targets labels that every dashboard query's pod-side selector matches (the DCGM exporter's
+    come from outside the pod)."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("needs promtool: apt-get install prometheus (scripts/install_prometheus.sh, "
+                    "run by `make test` as root)")
+    printed = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "render_dashboard.py"), "--print-config"],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        timeout=60, check=False)
+    assert printed.returncode == 0, printed.stderr
+    config = tmp_path / "prometheus.yml"
+    config.write_text(printed.stdout)
+    checked = subprocess.run([promtool, "check", "config", str(config)], capture_output=True,
+                             text=True, timeout=60, check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    jobs = json.loads(printed.stdout)["scrape_configs"]
+    endpoints = m.manifests(DEFAULT_NAME, {"labels": {}}, {})["podmonitor.yaml"]["spec"][
+        "podMetricsEndpoints"]
+    assert [j["metrics_path"] for j in jobs] == [e.get("path", "/metrics") for e in endpoints]
+    for job in jobs:
+        labels = {r["target_label"]: r["replacement"] for r in job["relabel_configs"]}
+        for panel in m.dashboard(DEFAULT_NAME)["panels"]:
+            for target in panel["targets"]:
+                expr = m.grafana_expanded(target["expr"], labels["namespace"])
+                for metric, matchers in m.selectors(expr):
+                    if m.SOURCES[metric] is m.Source.DCGM:
+                        continue
+                    for label, op, value in matchers:
+                        if label in labels:
+                            assert op in ("=", "=~") and re.fullmatch(value, labels[label]), \
+                                (job["job_name"], expr, label)

@@ -51,6 +51,7 @@ from .image import SERVE_GID, SERVE_UID
 
 MIB, GIB = 2**20, 2**30
 DEFAULT_NAME = "qvl-trt"
+CONTAINER = "serve"  # the pod's one container
 # serve's --health-port (GET /ready, /live) in the pod: the port after Triton's three.
 HEALTH_PORT = 8003
 API_KEY_SECRET_KEY = "api-key"  # the key of the Secret that holds the API key
@@ -430,7 +431,7 @@ def _deployment(opts: DeployOptions, needs: PodNeeds, meta: dict[str, Any],
                 "timeoutSeconds": 5, "failureThreshold": failures}
 
     container = {
-        "name": "serve",
+        "name": CONTAINER,
         "image": opts.image,
         # args, not command: the image's entrypoint stays in front. The NGC containers' is
         # /opt/nvidia/nvidia_entrypoint.sh, which sources entrypoint.d/ (their environment
