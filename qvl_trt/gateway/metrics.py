@@ -37,6 +37,18 @@ class GatewayMetrics:
             ["model"], **kw)
         self.in_flight = prom.Gauge(
             "qvl_gateway_requests_in_flight", "Chat completion requests being answered", **kw)
+        self.answer_cache_lookups = prom.Counter(
+            "qvl_gateway_answer_cache_lookups", "Chat completion requests by model and how the "
+            "answer cache took them: hit, miss, or bypass (not cacheable, opted out, or the "
+            "cache is off)", ["model", "result"], **kw)
+        self.answer_cache_evictions = prom.Counter(
+            "qvl_gateway_answer_cache_evictions", "Answers dropped from the answer cache, by "
+            "the bound that dropped them: capacity (entries), bytes, ttl (age)", ["reason"],
+            **kw)
+        self.answer_cache_entries = prom.Gauge(
+            "qvl_gateway_answer_cache_entries", "Answers held by the answer cache", **kw)
+        self.answer_cache_bytes = prom.Gauge(
+            "qvl_gateway_answer_cache_bytes", "Bytes held by the answer cache", **kw)
 
     def exposition(self) -> tuple[bytes, str]:
         """The metrics page and its content type."""
