@@ -441,6 +441,7 @@ def deploy(
         help="serve's --drain-timeout in the pods: seconds the answers in flight get to finish "
         "at a rollout; the termination grace period follows [default: 120].",
         show_default=False)] = None,
+    answer_cache: AnswerCacheOpt = _CACHE.enabled,
     force: Annotated[bool, typer.Option(help="Replace an existing --out folder.")] = False,
 ) -> None:
     """Write Kubernetes manifests that serve a trt repository with `qvl-trt serve`: a
@@ -457,7 +458,7 @@ def deploy(
         image=image, namespace=namespace, mount_path=mount_path, claim=claim,
         claim_path=claim_path, host_path=host_path, gpu_product=gpu_product, cpu=cpu,
         memory_gib=memory_gib, hpa=hpa, api_key_secret=api_key_secret, no_api_key=no_api_key,
-        expose_triton=expose_triton, ipv6=ipv6,
+        expose_triton=expose_triton, ipv6=ipv6, answer_cache=answer_cache,
         **{k: v for k, v in given.items() if v is not None})
     result = write_manifests(repo, out, opts, force=force)
     needs = result.needs
