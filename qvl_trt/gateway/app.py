@@ -23,6 +23,9 @@ fields); more than `max_concurrency` chat requests in flight get 429 with Retry-
 build that is full refuses a request the same way, triton/runtime/admission.py).
 A client that goes away (a closed connection) cancels its handler (aiohttp's
 handler_cancellation), which cancels its Triton call and so the generation.
+Answer cache (answer_cache.py): a deterministic request that repeats an earlier one gets the
+stored answer, replayed through the same code as a fresh one; every chat completion's answer
+carries the x-qvl-cache header (hit, miss or bypass).
 Every error of /v1/ is in OpenAI's shape, also where aiohttp refuses a request before any
 route sees it (a malformed request line or header, a header too large, Content-Length
 with chunked Transfer-Encoding: `_app_runner`) and for a handler's unexpected exception.
