@@ -335,8 +335,10 @@ class Gateway:
             # A hit needs no guide: its answer was checked against the structure when made.
             guide = await guides.guide(req.structure) if hit is None else None
             answer = self._stream if req.stream else self._complete
+            # Where a fresh answer is stored (a hit's is there already).
+            store = key if hit is None else None
             response, status = await answer(request, model, req, guide, received, labels,
-                                            key, hit)
+                                            store, hit)
             return response
         except ApiError as exc:
             status = exc.status
@@ -368,10 +370,11 @@ class Gateway:
             m.prompt_tokens.labels(model.name).inc(last.prompt_tokens)
             m.completion_tokens.labels(model.name).inc(last.completion_tokens)
 
-    def _keep(self, key: str | None, labels: dict[str, str], pieces: list[Piece]) -> None:
-        """Store a fresh answer that went out whole (the cache refuses one cut short)."""
-        if key is not None:
-            self.answers.put(key, labels["build"], pieces)
+    def _keep(self, store: str | None, labels: dict[str, str], pieces: list[Piece]) -> None:
+        """Store a fresh answer that went out whole under its key `store` (None: not to be
+        stored); the cache refuses one cut short."""
+        if store is not None:
+            self.answers.put(store, labels["build"], pieces)
 
     async def _pieces(self, model: ServedModel, req: ChatCompletionRequest,
                       guide: tuple[str, str] | None, labels: dict[str, str],
@@ -411,7 +414,7 @@ class Gateway:
 
     async def _complete(self, request, model: ServedModel, req: ChatCompletionRequest,
                         guide: tuple[str, str] | None, received: float,
-                        labels: dict[str, str], key: str | None, hit: CachedAnswer | None):
+                        labels: dict[str, str], store: str | None, hit: CachedAnswer | None):
         pieces, last = await self._pieces(model, req, guide, labels, received, hit)
         got = [last]
         async with contextlib.aclosing(pieces):
@@ -421,8 +424,7 @@ class Gateway:
         text = "".join(p.text for p in got)
         await asyncio.to_thread(guides.check_answer, req.structure, text, last.finish_reason)
         self._answered(model, False, received, last, hit)
-        if hit is None:
-            self._keep(key, labels, got)
+        self._keep(store, labels, got)
         answer = tool_calls.reader(req.structure)
         deltas = answer.feed(text) + answer.close()
         body = completion(completion_id(), int(time.time()), model.name,
@@ -433,7 +435,7 @@ class Gateway:
 
     async def _stream(self, request, model: ServedModel, req: ChatCompletionRequest,
                       guide: tuple[str, str] | None, received: float,
-                      labels: dict[str, str], key: str | None, hit: CachedAnswer | None):
+                      labels: dict[str, str], store: str | None, hit: CachedAnswer | None):
         """Server-sent events. The first piece is awaited before the headers go out, so a
         refused request (a bad image, a prompt too long) gets its HTTP status (or another
         build: _first_piece); an error after that comes as an error event before [DONE]."""
@@ -471,8 +473,7 @@ class Gateway:
         await response.write(tail + DONE)
         await response.write_eof()
         self._answered(model, True, received, last, hit)
-        if hit is None:
-            self._keep(key, labels, got)
+        self._keep(store, labels, got)
         return response, 200
 
 
