@@ -186,3 +186,16 @@ def test_the_gateway_counts_evictions_and_exports_the_size(monkeypatch) -> None:
 def test_a_bound_that_holds_nothing_is_refused_naming_its_option(fields, option) -> None:
     with pytest.raises(ConfigError, match=f"{option} .*--no-answer-cache"):
         AnswerCacheOptions(**fields)
+
+
+def test_the_gateway_child_gets_the_deployments_switch_and_bounds() -> None:
+    """`qvl-trt serve --openai-port` and the tests start the gateway with these flags (the
+    session's gateway parses the defaults' spelling)."""
+    from qvl_trt.gateway.options import GatewayOptions
+    from qvl_trt.serve.gateway_process import gateway_command
+
+    cmd = gateway_command(GatewayOptions("127.0.0.1:8001", answer_cache=AnswerCacheOptions(
+        enabled=False, max_entries=7, max_mib=1.5, ttl_s=30, tools=True)))
+    flags = cmd[cmd.index("--no-answer-cache"):]
+    assert flags == ["--no-answer-cache", "--answer-cache-entries", "7", "--answer-cache-mib",
+                     "1.5", "--answer-cache-ttl", "30", "--answer-cache-tools"]
