@@ -322,12 +322,13 @@ def test_without_a_key_deploy_says_so_and_the_grace_period_follows_the_drain(
         tmp_path, rtx_repo) -> None:
     out = tmp_path / "k8s"
     done = run_cli("deploy", "--repo", str(rtx_repo), "--image", IMAGE, "--out", str(out),
-                   "--no-api-key", "--drain-timeout", "30")
+                   "--no-api-key", "--drain-timeout", "30", "--no-answer-cache")
     assert done.returncode == 0, done.stderr
     assert "warning: the gateway asks NO key (--no-api-key)" in done.stdout
     spec, container = pod(validated(out))
     assert "QVL_TRT_API_KEY" not in {e["name"] for e in container["env"]}
     assert container["args"][container["args"].index("--drain-timeout") + 1] == "30"
+    assert container["args"][-1] == "--no-answer-cache"  # serve's, for its gateway
     assert spec["terminationGracePeriodSeconds"] == grace_period_s(30) < grace_period_s(120)
     assert grace_period_s(30) >= 5 + 2 * 30
 

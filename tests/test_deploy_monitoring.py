@@ -177,13 +177,8 @@ def _matches(value: str, op: str, pattern: str) -> bool:
 
 
 def report_missing(missing: list[str]) -> None:
-    """Fail naming the missing series; the answer cache's alone (not merged yet) are printed
-    for the integrator and skipped."""
-    pending = [s for s in missing if s.split("{")[0] in m.ANSWER_CACHE_SERIES]
-    assert [s for s in missing if s not in pending] == []
-    if pending:
-        print("answer cache series not published yet (monitoring.ANSWER_CACHE_SERIES):",
-              ", ".join(pending))
+    """Fail naming the missing series."""
+    assert missing == []
 
 
 def test_missing_series_names_what_a_page_lacks() -> None:

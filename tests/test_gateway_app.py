@@ -366,6 +366,94 @@ def test_a_client_that_goes_away_stops_the_generation(gateway, triton_server) ->
         closed_before + 1
 
 
+# ---- the answer cache -----------------------------------------------------------------------
+
+def cache_metrics(gateway) -> dict[str, float]:
+    got = {r: gateway_metric(gateway, "qvl_gateway_answer_cache_lookups_total", model=MODEL,
+                             result=r) for r in ("hit", "miss", "bypass")}
+    got["entries"] = gateway_metric(gateway, "qvl_gateway_answer_cache_entries")
+    return got
+
+
+def late_stop(api, messages, after: int, max_tokens: int) -> tuple[int, str]:
+    """(a seed, a stop string) where the seeded answer has a piece of text that first appears
+    after `after` pieces: with it as the stop string the answer ends there, by itself ("stop").
+    Seeded sampling, not greedy: the random tiny model's greedy answers soon repeat a token."""
+    for seed in range(1, 6):
+        deltas = streamed(api.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=max_tokens, temperature=1, seed=seed,
+            stream=True, extra_body={"answer_cache": False}))[1]
+        text = "".join(deltas)
+        for i in range(len(deltas) - 2, after, -1):
+            for n in (1, 2, 3):
+                if (s := "".join(deltas[i:i + n])).strip() and \
+                        text.find(s) == len("".join(deltas[:i])):
+                    return seed, s
+    raise AssertionError("no seed gives a late stop string")
+
+
+def test_a_repeated_deterministic_answer_comes_from_the_cache(gateway) -> None:
+    """Through the real openai client: a seeded answer that ended by itself (at a stop string:
+    the tiny model rarely ends on its own) is answered again from the cache, with the same
+    choices and usage, streamed in the same content deltas; no-store, the body's opt-out, a
+    sampled request without a seed, a cancelled stream and a greedy answer cut at max_tokens
+    are not; the counters move."""
+    api = client(gateway)
+    messages = image_question(31, "What does the answer cache hold?")
+    # A stop late enough that the cancelled stream below is left with tokens to generate.
+    seed, stop = late_stop(api, messages, after=16, max_tokens=48)
+    print(f"seed {seed}, stop string {stop!r}")
+    before = cache_metrics(gateway)
+
+    def ask(stream: bool = False, headers: dict | None = None, **fields):
+        fields = {"max_tokens": 48, "temperature": 1, "seed": seed, **fields}
+        raw = api.chat.completions.with_raw_response.create(
+            model=MODEL, messages=messages, stream=stream, extra_headers=headers, **fields)
+        return raw.headers["x-qvl-cache"], raw.parse()
+
+    # A stream the client leaves early is not kept.
+    with api.chat.completions.create(model=MODEL, messages=messages, max_tokens=48,
+                                     temperature=1, seed=seed, stop=stop, stream=True) as cut:
+        next(c for c in cut if c.choices and c.choices[0].delta.content)
+    usage_opts = {"include_usage": True}
+    status, stream = ask(stream=True, stop=stop, stream_options=usage_opts)
+    assert status == "miss"
+    miss = streamed(stream)
+    assert miss[2] == ["stop"]
+    status, stream = ask(stream=True, stop=stop, stream_options=usage_opts)
+    assert status == "hit"
+    hit = streamed(stream)
+    assert hit[1] == miss[1] and len(hit[1]) > 5  # the same content deltas, in the same chunks
+    assert hit[2] == ["stop"] and hit[3] == miss[3]  # finish and usage as the original's
+
+    # The whole answer shares the stream's entry; two hits in a row are the same answer.
+    status, first = ask(stop=stop)
+    status2, again = ask(stop=stop)
+    assert status == status2 == "hit"
+    assert first.choices[0].message.content == miss[0]
+    assert [c.model_dump() for c in first.choices] == [c.model_dump() for c in again.choices]
+    assert first.usage == again.usage and first.usage.completion_tokens == miss[3] \
+        .completion_tokens
+    assert first.id != again.id  # a new response each time
+
+    assert ask(stop=stop, headers={"Cache-Control": "no-store"})[0] == "bypass"
+    assert ask(stop=stop, extra_body={"answer_cache": False})[0] == "bypass"
+    assert ask(stop=stop, seed=None)[0] == "bypass"  # sampled, no seed
+    # Greedy, so looked up, but cut at max_tokens: asked twice, generated twice.
+    assert [ask(max_tokens=4, temperature=0, seed=None)[0] for _ in range(2)] == ["miss", "miss"]
+    with pytest.raises(openai.NotFoundError) as caught:
+        api.chat.completions.create(model="nope", messages=messages, temperature=0)
+    assert caught.value.response.headers["x-qvl-cache"] == "bypass"
+
+    after = cache_metrics(gateway)
+    # bypass: answer_cache false, no-store, no seed; miss: the cancelled stream, the
+    # stream, max_tokens 4 twice; hit: the stream and two whole answers.
+    assert {k: after[k] - before[k] for k in ("hit", "miss", "bypass")} == \
+        {"hit": 3, "miss": 4, "bypass": 3}
+    assert after["entries"] >= before["entries"] + 1
+    assert gateway_metric(gateway, "qvl_gateway_answer_cache_bytes") > 0
+
+
 # ---- readiness, limits, metrics -------------------------------------------------------------
 
 def test_metrics_count_requests_tokens_and_latency(gateway) -> None:

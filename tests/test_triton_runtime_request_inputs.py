@@ -311,7 +311,7 @@ def test_preprocessing_sends_min_tokens_no_end_id_and_greedy_as_tensorrt_llm_rea
         tmp_path, tiny_build, tiny_ckpt) -> None:
     """ignore_eos: end_id -1 (no end id) and no other end id among the stop words, min_tokens
     0 (nothing to hold back); min_tokens alone travels as it is; a temperature that scales as 0
-    does is greedy. The repository records the checkpoint's name."""
+    does is greedy. The repository records the checkpoint's name and the build's cache key."""
     from qvl_trt.checkpoint import open_checkpoint
     from qvl_trt.triton import contract as c
     from qvl_trt.triton.model_configs import Flavor
@@ -324,6 +324,9 @@ def test_preprocessing_sends_min_tokens_no_end_id_and_greedy_as_tensorrt_llm_rea
     params = c.PreprocessingParameters.from_parameters(
         {k: v.string_value for k, v in read_config(repo / "preprocessing").parameters.items()})
     assert params.checkpoint_name == tiny_ckpt.name
+    # The build by content, which the gateway's answer cache keys answers by.
+    assert params.cache_key == json.loads((tiny_build / "manifest.json").read_text())[
+        "cache_key"]
     step = Preprocessor(tiny_ckpt, params)
     end_ids = open_checkpoint(tiny_ckpt).generation.end_ids
     assert len(end_ids) == 2  # one end_id, one more as a one-token stop word

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from ..errors import ConfigError
-from ..gateway.options import API_KEY_ENV, GatewayOptions
+from ..gateway.options import API_KEY_ENV, AnswerCacheOptions, GatewayOptions
 from ..serve.liveness import LivenessRules
 from ..serve.options import ServeOptions
 from ..serve.server import Ports
@@ -25,7 +25,10 @@ from .app import (
 )
 
 # The options' defaults are the dataclasses' (one home per default).
-_SERVE, _GATEWAY = ServeOptions, GatewayOptions
+_SERVE, _GATEWAY, _CACHE = ServeOptions, GatewayOptions, AnswerCacheOptions
+AnswerCacheOpt = Annotated[bool, typer.Option(
+    help="Answer a deterministic request (temperature 0, top_k 1 or a seed) that repeats an "
+    "earlier one from the gateway's answer cache, without generating it (docs/openai.md).")]
 
 
 @command(panel="Serve and measure")
@@ -339,6 +342,7 @@ def serve(
         help="Restart the server when a probe has waited this many seconds whatever the "
         "progress (a model that holds the requests it has while others go on).")]
     = _SERVE.liveness.probe_deadline_s,
+    answer_cache: AnswerCacheOpt = _SERVE.answer_cache,
     dry_run: Annotated[bool, typer.Option(
         help="Print the command it would run, and exit.")] = False,
 ) -> None:
@@ -357,7 +361,8 @@ def serve(
                         inference_host, world_size, log_file, log_verbose, health_port,
                         openai_port, openai_host, api_key=os.environ.get(API_KEY_ENV),
                         drain_timeout_s=drain_timeout,
-                        liveness=LivenessRules(probe_interval, stall_timeout, probe_deadline))
+                        liveness=LivenessRules(probe_interval, stall_timeout, probe_deadline),
+                        answer_cache=answer_cache)
     if dry_run:
         console.print(prepare(repository, opts).command, highlight=False, markup=False,
                       soft_wrap=True)
@@ -439,6 +444,7 @@ def deploy(
     monitoring: Annotated[bool, typer.Option(
         help="Also a PodMonitor and a PrometheusRule (Prometheus Operator) and a Grafana "
         "dashboard, as a ConfigMap for Grafana's sidecar and as JSON in grafana/.")] = False,
+    answer_cache: AnswerCacheOpt = _CACHE.enabled,
     force: Annotated[bool, typer.Option(help="Replace an existing --out folder.")] = False,
 ) -> None:
     """Write Kubernetes manifests that serve a trt repository with `qvl-trt serve`: a
@@ -456,6 +462,7 @@ def deploy(
         claim_path=claim_path, host_path=host_path, gpu_product=gpu_product, cpu=cpu,
         memory_gib=memory_gib, hpa=hpa, api_key_secret=api_key_secret, no_api_key=no_api_key,
         expose_triton=expose_triton, ipv6=ipv6, monitoring=monitoring,
+        answer_cache=answer_cache,
         **{k: v for k, v in given.items() if v is not None})
     result = write_manifests(repo, out, opts, force=force)
     needs = result.needs
@@ -493,6 +500,16 @@ def gateway(
         help="Answer /ready with what this URL's /ready answers (`qvl-trt serve` passes its "
         "own) [default: whether Triton's models are ready].", show_default=False)]
     = _GATEWAY.ready_url,
+    answer_cache: AnswerCacheOpt = _CACHE.enabled,
+    answer_cache_entries: Annotated[int, typer.Option(
+        help="Most answers the answer cache holds (least recently used out first).")]
+    = _CACHE.max_entries,
+    answer_cache_mib: Annotated[float, typer.Option(
+        help="Most MiB the answer cache holds.")] = _CACHE.max_mib,
+    answer_cache_ttl: Annotated[float, typer.Option(
+        help="Seconds a cached answer is kept.")] = _CACHE.ttl_s,
+    answer_cache_tools: Annotated[bool, typer.Option(
+        help="Cache the answers of requests with tools too.")] = _CACHE.tools,
 ) -> None:
     """OpenAI-compatible endpoint and chat page in front of a running Triton (`qvl-trt serve`,
     or the container): POST /v1/chat/completions, GET /v1/models, the chat page at /, /ready,
@@ -513,7 +530,10 @@ def gateway(
                           max_concurrency=max_concurrency, max_body_bytes=max_body_bytes,
                           shutdown_timeout_s=shutdown_timeout,
                           api_key=os.environ.get(API_KEY_ENV), ready_url=ready_url,
-                          triton_admin_key=os.environ.get(ADMIN_KEY_ENV))
+                          triton_admin_key=os.environ.get(ADMIN_KEY_ENV),
+                          answer_cache=AnswerCacheOptions(
+                              answer_cache, answer_cache_entries, answer_cache_mib,
+                              answer_cache_ttl, answer_cache_tools))
     shown = f"http://{local_address(host, port)}"
     run_gateway(opts, on_ready=lambda: console.print(
         f"gateway listening: OpenAI endpoint {shown}/v1, chat page {shown}/ (Triton gRPC "

@@ -30,7 +30,7 @@ from typing import Any
 from ..atomic import staged_dir
 from ..deps import require
 from ..errors import ConfigError
-from ..gateway.options import API_KEY_ENV, DEFAULT_PORT
+from ..gateway.options import API_KEY_ENV, DEFAULT_PORT, AnswerCacheOptions
 from ..gateway.readiness import LIVE_PATH, READY_PATH
 from ..profiles import check_gpu_product, gpu_product_label
 from ..serve.gateway_process import STOP_GRACE_S
@@ -151,6 +151,7 @@ class DeployOptions:
     ipv6: bool = False  # listen on IPv6 (a single-stack IPv6 cluster)
     drain_timeout_s: float = DEPLOY_DRAIN_S  # serve's --drain-timeout in the pods
     monitoring: bool = False  # a PodMonitor, a PrometheusRule and a Grafana dashboard too
+    answer_cache: bool = AnswerCacheOptions.enabled  # the gateway's (serve's --answer-cache)
 
     def __post_init__(self) -> None:
         if not self.image or any(ch.isspace() for ch in self.image):
@@ -413,7 +414,8 @@ def _deployment(opts: DeployOptions, needs: PodNeeds, meta: dict[str, Any],
              "--http-port", str(ports.http), "--grpc-port", str(ports.grpc),
              "--metrics-port", str(ports.metrics),
              "--health-port", str(opts.health_port), "--openai-port", str(opts.openai_port),
-             "--drain-timeout", f"{opts.drain_timeout_s:g}"]
+             "--drain-timeout", f"{opts.drain_timeout_s:g}",
+             *([] if opts.answer_cache else ["--no-answer-cache"])]
     memory = _bytes_quantity(needs.memory_bytes)
     requests = {"cpu": _cpu_quantity(needs.cpu), "memory": memory, GPU_RESOURCE: needs.gpus}
     limits = {"memory": memory, GPU_RESOURCE: needs.gpus}

@@ -6,8 +6,7 @@ Triton's own nv_inference_*, the stock tensorrt_llm backend's nv_trt_llm_*, the 
 qvl_llm_* and qvl_vision_*), the gateway's (port `openai`, /metrics: qvl_gateway_*) and
 serve's (port `health`, /metrics: qvl_serve_*). GPU utilisation and memory come from NVIDIA's
 DCGM exporter, which runs beside the pods (the GPU operator installs it), never in them:
-DCGM_SERIES. The answer cache's series (ANSWER_CACHE_SERIES) are the gateway's once its
-answer cache exists.
+DCGM_SERIES.
 
 Every selector in a query names its metric with braces (`name{...}`), so `selectors` reads
 them back from the text; the tests compare them with what a served deployment publishes
@@ -49,14 +48,9 @@ DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 DCGM_FB_USED = "DCGM_FI_DEV_FB_USED"
 DCGM_FB_FREE = "DCGM_FI_DEV_FB_FREE"
 DCGM_SERIES = (DCGM_GPU_UTIL, DCGM_FB_USED, DCGM_FB_FREE)
-# The gateway's answer cache, named here before it lands in gateway/metrics.py: once it has,
-# these come from there and the served checks find them.
-ANSWER_CACHE_LOOKUPS = "qvl_gateway_answer_cache_lookups_total"  # labels model, result
-ANSWER_CACHE_EVICTIONS = "qvl_gateway_answer_cache_evictions_total"  # label reason
-ANSWER_CACHE_ENTRIES = "qvl_gateway_answer_cache_entries"
-ANSWER_CACHE_BYTES = "qvl_gateway_answer_cache_bytes"
-ANSWER_CACHE_SERIES = (ANSWER_CACHE_LOOKUPS, ANSWER_CACHE_EVICTIONS, ANSWER_CACHE_ENTRIES,
-                       ANSWER_CACHE_BYTES)
+# The gateway's answer cache.
+ANSWER_CACHE_SERIES = (gm.ANSWER_CACHE_LOOKUPS, gm.ANSWER_CACHE_EVICTIONS,
+                       gm.ANSWER_CACHE_ENTRIES, gm.ANSWER_CACHE_BYTES)
 
 
 
@@ -182,14 +176,14 @@ def _panels(q: Queries) -> list[dict[str, Any]]:
             (q.hit_ratio(q.rate(c.VISION_CACHE_HITS),
                          f"{q.rate(c.VISION_CACHE_HITS)} + {q.rate(c.VISION_CACHE_MISSES)}"),
              "vision cache"),
-            (q.hit_ratio(q.rate(ANSWER_CACHE_LOOKUPS, 'result="hit"'),
-                         q.rate(ANSWER_CACHE_LOOKUPS, 'result=~"hit|miss"')), "answer cache")],
+            (q.hit_ratio(q.rate(gm.ANSWER_CACHE_LOOKUPS, 'result="hit"'),
+                         q.rate(gm.ANSWER_CACHE_LOOKUPS, 'result=~"hit|miss"')), "answer cache")],
             "Images whose prompt-table rows were cached; answers served from the gateway's "
             "cache (bypassed lookups not counted)"),
         _panel("Answer cache", "bytes", [
-            (f"sum({q.of(ANSWER_CACHE_BYTES)})", "bytes"),
-            (f"sum({q.of(ANSWER_CACHE_ENTRIES)})", "entries"),
-            (f"sum by (reason) ({q.rate(ANSWER_CACHE_EVICTIONS)})", "evicted/s: {{reason}}")]),
+            (f"sum({q.of(gm.ANSWER_CACHE_BYTES)})", "bytes"),
+            (f"sum({q.of(gm.ANSWER_CACHE_ENTRIES)})", "entries"),
+            (f"sum by (reason) ({q.rate(gm.ANSWER_CACHE_EVICTIONS)})", "evicted/s: {{reason}}")]),
         _panel("Tokens/s", "short", [
             (f"sum({q.rate(gm.PROMPT_TOKENS)})", "in (prompt)"),
             (f"sum({q.rate(gm.COMPLETION_TOKENS)})", "out (completion)")]),

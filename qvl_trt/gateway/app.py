@@ -23,6 +23,9 @@ fields); more than `max_concurrency` chat requests in flight get 429 with Retry-
 build that is full refuses a request the same way, triton/runtime/admission.py).
 A client that goes away (a closed connection) cancels its handler (aiohttp's
 handler_cancellation), which cancels its Triton call and so the generation.
+Answer cache (answer_cache.py): a deterministic request that repeats an earlier one gets the
+stored answer, replayed through the same code as a fresh one; every chat completion's answer
+carries the x-qvl-cache header (hit, miss or bypass).
 Every error of /v1/ is in OpenAI's shape, also where aiohttp refuses a request before any
 route sees it (a malformed request line or header, a header too large, Content-Length
 with chunked Transfer-Encoding: `_app_runner`) and for a handler's unexpected exception.
@@ -46,6 +49,15 @@ from ..deps import require
 from ..errors import ConfigError
 from ..triton import contract as c
 from . import guides, routing, tool_calls
+from .answer_cache import (
+    CACHE_HEADER,
+    AnswerCache,
+    CachedAnswer,
+    Lookup,
+    answer_key,
+    cacheable,
+    request_digest,
+)
 from .metrics import CLIENT_CLOSED, GatewayMetrics, TokenGaps
 from .openai_api import (
     DONE,
@@ -68,6 +80,7 @@ log = logging.getLogger(__name__)
 
 # Room in a request body beside its messages (settings, JSON punctuation).
 BODY_SLACK_BYTES = 64 * 2**10
+CHAT_PATH = "/v1/chat/completions"
 PAGE = "static/chat.html"
 
 
@@ -89,6 +102,13 @@ class Gateway:
         self._discovery: asyncio.Task | None = None
         self._discovery_error = "looking for the builds Triton serves"
         self._page = chat_page()
+        self.answers: AnswerCache | None = None
+        if opts.answer_cache.enabled:
+            evictions = self.metrics.answer_cache_evictions
+            self.answers = AnswerCache(opts.answer_cache,
+                                       on_evict=lambda reason: evictions.labels(reason).inc())
+            self.metrics.answer_cache_entries.set_function(lambda: self.answers.stats().entries)
+            self.metrics.answer_cache_bytes.set_function(lambda: self.answers.stats().bytes)
 
     def app(self):
         web = self.web
@@ -97,12 +117,13 @@ class Gateway:
             web.get("/", self.page),
             web.get("/v1/models", self.models),
             web.get("/v1/models/{model}", self.model),
-            web.post("/v1/chat/completions", self.chat),
+            web.post(CHAT_PATH, self.chat),
             web.get(READY_PATH, self.ready),
             web.get(LIVE_PATH, self.live),
             web.get("/metrics", self.metrics_page),
         ])
         app.on_startup.append(self._startup)
+        app.on_response_prepare.append(self._cache_header)
         app.on_cleanup.append(self._cleanup)
         return app
 
@@ -141,6 +162,11 @@ class Gateway:
         if self.upstream is not None:
             await self.upstream.close()
 
+    async def _cache_header(self, request, response) -> None:
+        """Every chat completion's answer, errors too, says how the answer cache took it."""
+        if request.path == CHAT_PATH:
+            response.headers[CACHE_HEADER] = request.get(CACHE_HEADER, Lookup.BYPASS).value
+
     # ---- errors ---------------------------------------------------------------------------
 
     def _error_middleware(self):
@@ -171,7 +197,7 @@ class Gateway:
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
                                                                   key.encode()):
-            if request.path == "/v1/chat/completions":
+            if request.path == CHAT_PATH:
                 self.metrics.requests.labels("-", "-", "-", 401).inc()
             raise ApiError(401, "missing or incorrect API key; send the header Authorization: "
                            "Bearer KEY with this server's key (the openai package's api_key)",
@@ -301,9 +327,18 @@ class Gateway:
             labels["stream"] = "true" if req.stream else "false"
             model = self._model(req.model)
             labels["model"] = model.name
-            guide = await guides.guide(req.structure)
+            key = await self._answer_key(request, model, req)
+            hit = self.answers.get(key) if key is not None else None
+            lookup = Lookup.BYPASS if key is None else Lookup.MISS if hit is None else Lookup.HIT
+            request[CACHE_HEADER] = lookup
+            self.metrics.answer_cache_lookups.labels(model.name, lookup.value).inc()
+            # A hit needs no guide: its answer was checked against the structure when made.
+            guide = await guides.guide(req.structure) if hit is None else None
             answer = self._stream if req.stream else self._complete
-            response, status = await answer(request, model, req, guide, received, labels)
+            # Where a fresh answer is stored (a hit's is there already).
+            store = key if hit is None else None
+            response, status = await answer(request, model, req, guide, received, labels,
+                                            store, hit)
             return response
         except ApiError as exc:
             status = exc.status
@@ -316,13 +351,42 @@ class Gateway:
             self.metrics.in_flight.dec()
             self.metrics.requests.labels(**labels, status=status).inc()
 
-    def _answered(self, model: ServedModel, stream: bool, received: float,
-                  last: Piece) -> None:
+    async def _answer_key(self, request, model: ServedModel,
+                          req: ChatCompletionRequest) -> str | None:
+        """The request's answer-cache key, or None: not to be looked up nor stored."""
+        if self.answers is None or not cacheable(
+                req, request.headers.get("Cache-Control", ""), self.answers.opts):
+            return None
+        digest = await asyncio.to_thread(request_digest, req)  # hashes the data URLs
+        return None if digest is None else answer_key(digest, model)
+
+    def _answered(self, model: ServedModel, stream: bool, received: float, last: Piece,
+                  hit: CachedAnswer | None) -> None:
+        """The metrics of an answer; a hit's tokens were not generated, and count once."""
         m = self.metrics
         m.latency.labels(model.name, "true" if stream else "false").observe(
             time.perf_counter() - received)
-        m.prompt_tokens.labels(model.name).inc(last.prompt_tokens)
-        m.completion_tokens.labels(model.name).inc(last.completion_tokens)
+        if hit is None:
+            m.prompt_tokens.labels(model.name).inc(last.prompt_tokens)
+            m.completion_tokens.labels(model.name).inc(last.completion_tokens)
+
+    def _keep(self, store: str | None, labels: dict[str, str], pieces: list[Piece]) -> None:
+        """Store a fresh answer that went out whole under its key `store` (None: not to be
+        stored); the cache refuses one cut short."""
+        if store is not None:
+            self.answers.put(store, labels["build"], pieces)
+
+    async def _pieces(self, model: ServedModel, req: ChatCompletionRequest,
+                      guide: tuple[str, str] | None, labels: dict[str, str],
+                      received: float, hit: CachedAnswer | None):
+        """(the rest of the pieces, the first piece, what counts the gaps between them): a
+        hit's, replayed (no gaps counted: nothing was generated), or the deployment's."""
+        if hit is not None:
+            labels["build"] = hit.build
+            pieces = hit.replay()
+            return pieces, await anext(pieces), None
+        pieces, first = await self._first_piece(model, req, guide, labels)
+        return pieces, first, self._first_token(model, received, first)
 
     def _first_token(self, model: ServedModel, received: float, first: Piece) -> TokenGaps:
         """The time to the first piece observed; what counts the gaps after it."""
@@ -352,18 +416,19 @@ class Gateway:
 
     async def _complete(self, request, model: ServedModel, req: ChatCompletionRequest,
                         guide: tuple[str, str] | None, received: float,
-                        labels: dict[str, str]):
-        pieces, last = await self._first_piece(model, req, guide, labels)
-        gaps = self._first_token(model, received, last)
-        texts = [last.text]
+                        labels: dict[str, str], store: str | None, hit: CachedAnswer | None):
+        pieces, last, gaps = await self._pieces(model, req, guide, labels, received, hit)
+        got = [last]
         async with contextlib.aclosing(pieces):
             async for piece in pieces:
-                gaps.piece(piece.completion_tokens)
-                texts.append(piece.text)
+                if gaps is not None:
+                    gaps.piece(piece.completion_tokens)
+                got.append(piece)
                 last = piece
-        text = "".join(texts)
+        text = "".join(p.text for p in got)
         await asyncio.to_thread(guides.check_answer, req.structure, text, last.finish_reason)
-        self._answered(model, False, received, last)
+        self._answered(model, False, received, last, hit)
+        self._keep(store, labels, got)
         answer = tool_calls.reader(req.structure)
         deltas = answer.feed(text) + answer.close()
         body = completion(completion_id(), int(time.time()), model.name,
@@ -374,13 +439,13 @@ class Gateway:
 
     async def _stream(self, request, model: ServedModel, req: ChatCompletionRequest,
                       guide: tuple[str, str] | None, received: float,
-                      labels: dict[str, str]):
+                      labels: dict[str, str], store: str | None, hit: CachedAnswer | None):
         """Server-sent events. The first piece is awaited before the headers go out, so a
         refused request (a bad image, a prompt too long) gets its HTTP status (or another
         build: _first_piece); an error after that comes as an error event before [DONE]."""
-        pieces, piece = await self._first_piece(model, req, guide, labels)
+        pieces, piece, gaps = await self._pieces(model, req, guide, labels, received, hit)
+        got: list[Piece] = []
         async with contextlib.aclosing(pieces):
-            gaps = self._first_token(model, received, piece)
             response = self.web.StreamResponse(headers={
                 "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                 "X-Accel-Buffering": "no"})  # nginx: do not buffer the stream
@@ -389,19 +454,19 @@ class Gateway:
                                  continuous_usage=req.continuous_usage)
             await response.write(writer.event({"role": "assistant", "content": ""},
                                               counts=usage(piece.prompt_tokens, 0)))
-            answer, texts = tool_calls.reader(req.structure), []
+            answer = tool_calls.reader(req.structure)
             try:
                 while piece is not None:
                     last = piece
-                    texts.append(piece.text)
+                    got.append(piece)
                     counts = usage(piece.prompt_tokens, piece.completion_tokens)
                     for delta in answer.feed(piece.text):
                         await response.write(writer.event(delta.chunk(), counts=counts))
                     piece = await anext(pieces, None)
-                    if piece is not None:
+                    if piece is not None and gaps is not None:
                         gaps.piece(piece.completion_tokens)
-                await asyncio.to_thread(guides.check_answer, req.structure, "".join(texts),
-                                        last.finish_reason)
+                await asyncio.to_thread(guides.check_answer, req.structure,
+                                        "".join(p.text for p in got), last.finish_reason)
             except ApiError as exc:  # instead of the finish reason
                 await response.write(sse(exc.body()) + DONE)
                 return response, exc.status
@@ -413,7 +478,8 @@ class Gateway:
             tail += writer.usage_event(usage(last.prompt_tokens, last.completion_tokens))
         await response.write(tail + DONE)
         await response.write_eof()
-        self._answered(model, True, received, last)
+        self._answered(model, True, received, last, hit)
+        self._keep(store, labels, got)
         return response, 200
 
 

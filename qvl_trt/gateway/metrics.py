@@ -24,6 +24,10 @@ INTER_TOKEN = "qvl_gateway_inter_token_latency_seconds"
 PROMPT_TOKENS = "qvl_gateway_prompt_tokens_total"
 COMPLETION_TOKENS = "qvl_gateway_completion_tokens_total"
 IN_FLIGHT = "qvl_gateway_requests_in_flight"
+ANSWER_CACHE_LOOKUPS = "qvl_gateway_answer_cache_lookups_total"  # labels model, result
+ANSWER_CACHE_EVICTIONS = "qvl_gateway_answer_cache_evictions_total"  # label reason
+ANSWER_CACHE_ENTRIES = "qvl_gateway_answer_cache_entries"
+ANSWER_CACHE_BYTES = "qvl_gateway_answer_cache_bytes"
 
 
 class GatewayMetrics:
@@ -57,6 +61,24 @@ class GatewayMetrics:
             ["model"], **kw)
         self.in_flight = prom.Gauge(
             IN_FLIGHT, "Chat completion requests being answered", **kw)
+        self.answer_cache_lookups = prom.Counter(
+            ANSWER_CACHE_LOOKUPS, "Chat completion requests by model and how the "
+            "answer cache took them: hit, miss, or bypass (not cacheable, opted out, or the "
+            "cache is off)", ["model", "result"], **kw)
+        self.answer_cache_evictions = prom.Counter(
+            ANSWER_CACHE_EVICTIONS, "Answers dropped from the answer cache, by "
+            "the bound that dropped them: capacity (entries), bytes, ttl (age)", ["reason"],
+            **kw)
+        # Every reason from the start, so a dashboard's rate reads 0 rather than no data.
+        from ..lru import EVICTED_FOR_BYTES, EVICTED_FOR_ENTRIES
+        from .answer_cache import EVICTED_FOR_AGE
+
+        for reason in (EVICTED_FOR_ENTRIES, EVICTED_FOR_BYTES, EVICTED_FOR_AGE):
+            self.answer_cache_evictions.labels(reason)
+        self.answer_cache_entries = prom.Gauge(
+            ANSWER_CACHE_ENTRIES, "Answers held by the answer cache", **kw)
+        self.answer_cache_bytes = prom.Gauge(
+            ANSWER_CACHE_BYTES, "Bytes held by the answer cache", **kw)
 
     def exposition(self) -> tuple[bytes, str]:
         """The metrics page and its content type."""

@@ -108,6 +108,8 @@ class ChatCompletionRequest:
     min_tokens: int | None = None
     ignore_eos: bool = False
     structure: Structure = Structure()  # response_format, tools, tool_choice
+    # This server's: false keeps the request out of the answer cache (answer_cache.py).
+    answer_cache: bool = True
 
 
 # Fields the deployment cannot honour, with the values that ask for nothing more than what
@@ -136,7 +138,7 @@ _IGNORED = ("user", "metadata", "service_tier")
 _KNOWN = ("model", "messages", "max_tokens", "max_completion_tokens", "min_tokens",
           "ignore_eos", "temperature", "top_p", "top_k", "seed", "stop", "stream",
           "stream_options", "response_format", "tools", "tool_choice", "parallel_tool_calls",
-          *_IGNORED, *_DEFAULT_ONLY)
+          "answer_cache", *_IGNORED, *_DEFAULT_ONLY)
 _STREAM_OPTIONS = ("include_usage", "continuous_usage_stats")
 
 
@@ -194,7 +196,8 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
         temperature=_number(data, "temperature"), top_p=top_p,
         top_k=top_k, seed=_seed(data), stop=_stop(data), stream=stream,
         include_usage=include_usage, continuous_usage=continuous_usage,
-        min_tokens=min_tokens, ignore_eos=ignore_eos, structure=structure)
+        min_tokens=min_tokens, ignore_eos=ignore_eos, structure=structure,
+        answer_cache=_optional(data, "answer_cache", bool, "true or false") in (None, True))
 
 
 # ---- structured output: response_format, tools, tool_choice ---------------------------------

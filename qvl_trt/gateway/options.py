@@ -14,6 +14,34 @@ API_KEY_ENV = "QVL_TRT_API_KEY"
 
 
 @dataclass(frozen=True)
+class AnswerCacheOptions:
+    """The answer cache (answer_cache.py): deterministic answers kept for repeated requests."""
+
+    enabled: bool = True
+    max_entries: int = 4096
+    max_mib: float = 64.0  # the answers' text and pieces, as answer_cache.py counts them
+    ttl_s: float = 600.0  # an answer older than this is asked again
+    # Requests with `tools`: off by default, as a tool call's answer is often acted on (the
+    # call made) and a client may want a fresh decision each time; on: cached like the rest.
+    tools: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_entries < 1:
+            raise ConfigError(f"--answer-cache-entries {self.max_entries} must be at least 1; "
+                              "turn the cache off with --no-answer-cache")
+        if not self.max_mib > 0:
+            raise ConfigError(f"--answer-cache-mib {self.max_mib:g} must be above 0; turn the "
+                              "cache off with --no-answer-cache")
+        if not self.ttl_s > 0:
+            raise ConfigError(f"--answer-cache-ttl {self.ttl_s:g} must be above 0 seconds; "
+                              "turn the cache off with --no-answer-cache")
+
+    @property
+    def max_bytes(self) -> int:
+        return int(self.max_mib * 2**20)
+
+
+@dataclass(frozen=True)
 class GatewayOptions:
     triton_url: str  # HOST:PORT of Triton's gRPC endpoint (client.generate.parse_url)
     host: str = "0.0.0.0"
@@ -29,6 +57,7 @@ class GatewayOptions:
     triton_admin_key: str | None = field(default=None, repr=False)
     # serve's /ready, which this gateway's /ready then forwards (readiness.py); None: ask Triton
     ready_url: str | None = None
+    answer_cache: AnswerCacheOptions = AnswerCacheOptions()
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:

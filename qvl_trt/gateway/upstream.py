@@ -21,6 +21,7 @@ from typing import Any
 
 from ..deps import require
 from ..errors import InputError
+from ..hashing import fingerprint
 from ..triton import contract as c
 from ..triton.restricted import grpc_headers
 from .openai_api import ApiError, ChatCompletionRequest
@@ -41,6 +42,10 @@ class Build:
     # The requests its tensorrt_llm_bls admits at once: tensorrt_llm's batch slots and the
     # places of its queue (triton/runtime/admission.py).
     capacity: int
+    # sha256 of its models' configs as Triton reports them (its manifest's cache key, the
+    # build's inputs by content, is among preprocessing's parameters): the answer cache's
+    # name for what answers.
+    identity: str = ""
 
 
 @dataclass(frozen=True)
@@ -202,13 +207,14 @@ class Upstream:
                 continue
             if (await self._config(name)).get("platform") != "ensemble":
                 continue
-            params = c.config_parameters(await self._config(models.preprocessing))
+            configs = {m: await self._config(m) for m in models.all()}
             limits = c.PreprocessingParameters.from_parameters(
-                params, f"{models.preprocessing} on {self.url}")
+                c.config_parameters(configs[models.preprocessing]),
+                f"{models.preprocessing} on {self.url}")
             caller = c.TensorrtLlmBlsParameters.from_parameters(
-                c.config_parameters(await self._config(models.tensorrt_llm_bls)),
+                c.config_parameters(configs[models.tensorrt_llm_bls]),
                 f"{models.tensorrt_llm_bls} on {self.url}")
-            builds.append(Build(name, models, limits, caller.capacity))
+            builds.append(Build(name, models, limits, caller.capacity, fingerprint(configs)))
         return served_models(builds)
 
     async def _config(self, model: str) -> dict[str, Any]:

@@ -34,6 +34,11 @@ def gateway_command(opts: GatewayOptions) -> list[str]:
         cmd += ["--max-body-bytes", str(opts.max_body_bytes)]
     if opts.ready_url is not None:
         cmd += ["--ready-url", opts.ready_url]
+    cache = opts.answer_cache
+    cmd += ["--answer-cache" if cache.enabled else "--no-answer-cache",
+            "--answer-cache-entries", str(cache.max_entries),
+            "--answer-cache-mib", f"{cache.max_mib:g}", "--answer-cache-ttl", f"{cache.ttl_s:g}",
+            "--answer-cache-tools" if cache.tools else "--no-answer-cache-tools"]
     return cmd
 
 

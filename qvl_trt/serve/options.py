@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..gateway.options import AnswerCacheOptions
 from .liveness import LivenessRules
 from .server import Ports, ServerOptions
 
@@ -29,3 +30,4 @@ class ServeOptions:
     # After SIGTERM, how long the requests in flight get to finish before they are cut.
     drain_timeout_s: float = ServerOptions.drain_timeout_s
     liveness: LivenessRules = LivenessRules()  # when a busy server counts as dead
+    answer_cache: bool = AnswerCacheOptions.enabled  # the gateway's, at its default bounds

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..gateway.options import GatewayOptions
+from ..gateway.options import AnswerCacheOptions, GatewayOptions
 from ..gateway.readiness import READY_PATH
 from ..machine import TritonInstall
 from .gateway_process import GatewayProcess
@@ -78,7 +78,8 @@ def prepare(repo: Path, opts: ServeOptions) -> Serving:
             port=opts.openai_port, api_key=opts.api_key, triton_admin_key=server.admin_key,
             # Its answers in flight get the drain serve gives Triton's (docs/deployment.md).
             shutdown_timeout_s=opts.drain_timeout_s,
-            ready_url=f"http://{local_address(health_host, health_port)}{READY_PATH}")
+            ready_url=f"http://{local_address(health_host, health_port)}{READY_PATH}",
+            answer_cache=AnswerCacheOptions(enabled=opts.answer_cache))
     return Serving(needs, install, server, health_port, health_host, gateway)
 
 

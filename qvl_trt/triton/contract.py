@@ -147,6 +147,9 @@ class PreprocessingParameters(ModelParameters):
     # checkpoint that have it (triton/repository.py _served_names says which); empty: served
     # alone, by its ensemble's name.
     served_name: str = ""
+    # The build's manifest cache key (its inputs by content, as build.json names it): with
+    # the other configs, what tells the gateway's answer cache one build from another.
+    cache_key: str = ""
 
 
 @dataclass(frozen=True)

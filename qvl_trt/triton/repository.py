@@ -330,8 +330,8 @@ def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOpt
 
 
 def preprocessing_parameters(profile: GpuProfile, options: RepoOptions,
-                             checkpoint_name: str = "",
-                             served_name: str = "") -> c.PreprocessingParameters:
+                             checkpoint_name: str = "", served_name: str = "",
+                             cache_key: str = "") -> c.PreprocessingParameters:
     """The preprocessing model's parameters for a profile (scripts/bench_preprocess.py runs the
     model's code with them)."""
     lim = profile.limits
@@ -341,7 +341,7 @@ def preprocessing_parameters(profile: GpuProfile, options: RepoOptions,
         max_pixels=lim.vision_max_pixels, max_visual_tokens=lim.max_visual_tokens_per_request,
         default_max_tokens=options.default_max_tokens,
         image_url_allow_list=",".join(options.image_url_allow_list),
-        checkpoint_name=checkpoint_name, served_name=served_name,
+        checkpoint_name=checkpoint_name, served_name=served_name, cache_key=cache_key,
         **asdict(RequestBounds()), **asdict(RequestLimits.from_profile(profile).video))
 
 
@@ -349,7 +349,8 @@ def _python_parameters(build: _Build, options: RepoOptions,
                        served_name: str) -> dict[str, c.ModelParameters]:
     parameters: dict[str, c.ModelParameters] = {
         c.PREPROCESSING: preprocessing_parameters(build.profile, options,
-                                                  build.checkpoint_name, served_name),
+                                                  build.checkpoint_name, served_name,
+                                                  build.manifest.cache_key),
         c.VISION_ENCODER: c.VisionEncoderParameters(
             flavor=options.flavor, device=options.device, dtype=options.reference_dtype,
             cache_bytes=options.vision_cache_mib * 2**20),
