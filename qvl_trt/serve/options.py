@@ -29,3 +29,4 @@ class ServeOptions:
     # After SIGTERM, how long the requests in flight get to finish before they are cut.
     drain_timeout_s: float = ServerOptions.drain_timeout_s
     liveness: LivenessRules = LivenessRules()  # when a busy server counts as dead
+    warm_up: bool = True  # a warm request through each ensemble before ready (serve/warmup.py)
