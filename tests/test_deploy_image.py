@@ -261,8 +261,28 @@ def check_base_of(site: Path) -> subprocess.CompletedProcess:
 
 
 def test_check_base_passes_the_base_upstreams_files_describe(tmp_path) -> None:
-    done = check_base_of(fake_site(tmp_path / "site", UPSTREAM_26_07))
+    site = fake_site(tmp_path / "site", UPSTREAM_26_07)
+    done = check_base_of(site)
     assert done.returncode == 0 and done.stderr == "", done.stderr
+    # As the image build runs it: image.py and the data file copied alone, run as a script
+    # (no qvl_trt package beside them), so that qvl-trt's source comes after the engines.
+    import shutil
+
+    from qvl_trt.deploy import image
+
+    alone = tmp_path / "recipe"
+    alone.mkdir()
+    for source in (Path(image.__file__), image.CONTAINER_PACKAGES):
+        shutil.copy(source, alone / source.name)
+    done = subprocess.run([sys.executable, "-I", str(alone / "image.py"), "check-base",
+                           str(alone / image.CONTAINER_PACKAGES.name), "--site", str(site)],
+                          capture_output=True, text=True, cwd=alone)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    broken = fake_site(tmp_path / "numpy2", {**UPSTREAM_26_07, "numpy": "2.0.2"})
+    done = subprocess.run([sys.executable, "-I", str(alone / "image.py"), "check-base",
+                           str(alone / image.CONTAINER_PACKAGES.name), "--site", str(broken)],
+                          capture_output=True, text=True, cwd=alone)
+    assert done.returncode == 1 and "numpy 2.0.2 is outside" in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize(("package", "version", "needs"), [

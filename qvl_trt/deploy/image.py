@@ -18,6 +18,7 @@ so it imports nothing outside the standard library at module level.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -230,8 +231,6 @@ def _copy_repository(repo: Path, ctx: Path) -> tuple[str, ...]:
     REPOSITORY, as hard links where the file system allows (engines are GBs). Every file ends
     up readable, and every folder listable, by anyone: the image's files are root's, and its
     user (SERVE_UID) only reads them. Returns the models whose engine folders are apart."""
-    import os
-
     from ..triton.repository import ENGINE_DIR, VERSION
 
     def readable(src: str, dst: str) -> None:

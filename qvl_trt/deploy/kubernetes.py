@@ -423,15 +423,22 @@ def _deployment(opts: DeployOptions, needs: PodNeeds, meta: dict[str, Any],
     memory = _bytes_quantity(needs.memory_bytes)
     requests = {"cpu": _cpu_quantity(needs.cpu), "memory": memory, GPU_RESOURCE: needs.gpus}
     limits = {"memory": memory, GPU_RESOURCE: needs.gpus}
-    repo_mount: dict[str, Any] = {"name": "repository", "mountPath": mount, "readOnly": True}
-    if opts.repo_in_image:
-        volume: dict[str, Any] = {}
-    elif opts.host_path is None:
-        volume = {"persistentVolumeClaim": {"claimName": opts.claim_name, "readOnly": True}}
-        if opts.claim_path:
-            repo_mount["subPath"] = str(PurePosixPath(opts.claim_path))
-    else:
-        volume = {"hostPath": {"path": opts.host_path, "type": "Directory"}}
+    # The repository's volume, read-only at the path it was written for: none when the image
+    # carries it there.
+    repo_mounts: list[dict[str, Any]] = []
+    repo_volumes: list[dict[str, Any]] = []
+    if not opts.repo_in_image:
+        repo_mount: dict[str, Any] = {"name": "repository", "mountPath": mount,
+                                      "readOnly": True}
+        if opts.host_path is None:
+            volume: dict[str, Any] = {"persistentVolumeClaim": {"claimName": opts.claim_name,
+                                                                "readOnly": True}}
+            if opts.claim_path:
+                repo_mount["subPath"] = str(PurePosixPath(opts.claim_path))
+        else:
+            volume = {"hostPath": {"path": opts.host_path, "type": "Directory"}}
+        repo_mounts.append(repo_mount)
+        repo_volumes.append({"name": "repository", **volume})
 
     def probe(path: str, period: int, failures: int) -> dict[str, Any]:
         return {"httpGet": {"path": path, "port": "health"}, "periodSeconds": period,
@@ -461,8 +468,7 @@ def _deployment(opts: DeployOptions, needs: PodNeeds, meta: dict[str, Any],
         "readinessProbe": probe(READY_PATH, 5, 2),
         "livenessProbe": probe(LIVE_PATH, 10, 3),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_S)]}}},
-        "volumeMounts": [*([] if opts.repo_in_image else [repo_mount]),
-                         {"name": "dshm", "mountPath": str(SHM_DIR)},
+        "volumeMounts": [*repo_mounts, {"name": "dshm", "mountPath": str(SHM_DIR)},
                          {"name": "tmp", "mountPath": TMP_DIR},
                          {"name": "cache", "mountPath": CACHE_DIR}],
     }
@@ -491,7 +497,7 @@ def _deployment(opts: DeployOptions, needs: PodNeeds, meta: dict[str, Any],
             "enableServiceLinks": False,
             "automountServiceAccountToken": False,
             "containers": [container],
-            "volumes": [*([] if opts.repo_in_image else [{"name": "repository", **volume}]),
+            "volumes": [*repo_volumes,
                         {"name": "dshm", "emptyDir": {"medium": "Memory",
                                                       "sizeLimit": _bytes_quantity(
                                                           needs.shm_bytes)}},
