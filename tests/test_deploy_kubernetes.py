@@ -35,12 +35,12 @@ from qvl_trt.deploy.kubernetes import (  # noqa: E402 (needs yaml's skip first)
     GATEWAY_BYTES,
     PROCESS_BYTES,
     SERVE_BYTES,
-    STARTUP_WINDOW_S,
     TRITON_CLIENT_LABEL,
     DeployOptions,
     grace_period_s,
     write_manifests,
 )
+from qvl_trt.serve.load_time import STARTUP_WINDOW_S  # noqa: E402
 from qvl_trt.serve.needs import point_engine_paths, read_serve_plan  # noqa: E402
 from qvl_trt.triton.pbconfig import instance_count, read_config  # noqa: E402
 
@@ -214,6 +214,40 @@ def test_geforce_manifests_select_the_card_and_mount_the_repository_where_writte
         assert spec["volumes"][0]["hostPath"] == {"path": "/srv/qvl/repo", "type": "Directory"}
 
 
+def test_the_startup_probe_waits_the_measured_start_with_its_margin(tmp_path,
+                                                                   rtx_repo) -> None:
+    """With a start recorded in the repository (serve's slowest, serve/load_time.py) the
+    startup probe gives STARTUP_MARGIN times it, at least STARTUP_FLOOR_S, and the manifest
+    says so; the image carrying the repository needs no volume; --min-replicas 0 (no warm pod)
+    is refused."""
+    from qvl_trt.serve.load_time import STARTUP_FLOOR_S, STARTUP_MARGIN, record_load_time
+    from qvl_trt.testing.trt_layout import linked_copy
+
+    repo = linked_copy(rtx_repo, tmp_path / "repo")
+    # The slowest start is kept: 50 s after 100 s leaves the window at 100 s's.
+    for measured, window in ((4.0, STARTUP_FLOOR_S), (100.0, STARTUP_MARGIN * 100),
+                             (50.0, STARTUP_MARGIN * 100)):
+        record_load_time(repo, measured)
+        out = tmp_path / f"k8s-{measured:g}"
+        docs = validated(write_manifests(repo, out, DeployOptions(
+            IMAGE, repo_in_image=True, hpa=True, replicas=1)).out)
+        spec, container = pod(docs)
+        startup = container["startupProbe"]
+        assert startup["failureThreshold"] * startup["periodSeconds"] == \
+            math.ceil(window / startup["periodSeconds"]) * startup["periodSeconds"]
+        assert f"startup: up to {window:.0f} s, {STARTUP_MARGIN:g}x the slowest of" in \
+            (out / "deployment.yaml").read_text()
+        assert "repository" not in {v["name"] for v in spec["volumes"]}
+        assert "repository" not in {m["name"] for m in container["volumeMounts"]}
+        assert container["args"][2] == str(rtx_repo)  # where the image holds it
+        assert docs["HorizontalPodAutoscaler"]["spec"]["minReplicas"] == 1
+    with pytest.raises(ConfigError, match="drop --claim"):
+        DeployOptions(IMAGE, repo_in_image=True, claim="models")
+    done = run_cli("deploy", "--repo", str(repo), "--image", IMAGE, "--out", str(tmp_path / "z"),
+                   "--hpa", "--min-replicas", "0")
+    assert done.returncode == 1 and "keeps a warm pod" in done.stderr, done.stderr
+
+
 def test_the_validator_refuses_a_broken_manifest(tmp_path, rtx_repo) -> None:
     """The schema check above can fail: a wrong type, and an unknown field (strict)."""
     docs = validated(write_manifests(rtx_repo, tmp_path / "k8s", DeployOptions(IMAGE)).out)
@@ -262,6 +296,7 @@ VARIANTS = {
     "ipv6": ("4090d", {"ipv6": True, "expose_triton": True}),
     "no-api-key": ("4090d", {"no_api_key": True, "drain_timeout_s": 30}),
     "sized": ("4090d", {"cpu": 2.5, "memory_gib": 64}),
+    "repo-in-image": ("4090d", {"repo_in_image": True, "hpa": True}),
 }
 
 

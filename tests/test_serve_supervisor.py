@@ -229,10 +229,29 @@ def open_streams(serve: Serve, count: int, max_tokens: int) -> Iterator[list[Str
             stream.close()
 
 
-def test_a_killed_stub_is_noticed_and_service_comes_back(serve: Serve) -> None:
+def warm_images(serve: Serve) -> float:
+    """The images the vision encoder has encoded since its server started (its cache's misses):
+    the health probes send none."""
+    from qvl_trt.serve.progress import read_metrics, total
+
+    samples = read_metrics(f"http://127.0.0.1:{serve.ports.metrics}/metrics")
+    assert samples is not None, serve.output()
+    return total(samples, "qvl_vision_cache_misses_total")
+
+
+def test_a_killed_stub_is_noticed_and_service_comes_back(serve: Serve, repo: Path) -> None:
+    """Also: each start warms the models up before ready (one image through the ensemble
+    before any client's request) and adds to the repository's load-time record."""
+    from qvl_trt.serve.load_time import read_load_time
     from qvl_trt.serve.server import STUB_NAME
 
+    before = read_load_time(repo)
     serve.wait_ready()
+    assert warm_images(serve) == 1, serve.output()
+    assert "warmed up ensemble in" in serve.serve_log.read_text()
+    recorded = read_load_time(repo)
+    assert recorded is not None and recorded.starts == (before.starts if before else 0) + 1
+    assert recorded.slowest_s > 0
     want = generate(serve, 8)
     # Every stub is watched alike (Supervisor._stubs, a pid per model instance): an idle one
     # that holds the admission places and the one streaming the answer stand for the rest.
@@ -254,6 +273,7 @@ def test_a_killed_stub_is_noticed_and_service_comes_back(serve: Serve) -> None:
         inflight.close()
         serve.wait_restarted(restarts)  # one restart, noticed and over
         back = time.monotonic() - killed
+        assert warm_images(serve) == 1  # the restarted server was warmed up too
         got = generate(serve, 8)
         print(f"{model}: in-flight error after {errored:.2f} s, ready after {back:.1f} s")
         assert got == want

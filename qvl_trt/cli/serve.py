@@ -255,6 +255,10 @@ def image(
         "run on [default: whether --repo has such an engine].", show_default=False)] = None,
     tag: Annotated[str | None, typer.Option(
         help="Image tag [default: qvl-trt:VERSION-rtx or -trt].", show_default=False)] = None,
+    bake_repo: Annotated[bool, typer.Option(
+        help="Copy --repo (engines, tokenizer, configs) into the image, which then serves it "
+        "when run with no arguments, without a volume (`qvl-trt deploy --repo-in-image`).")]
+    = False,
     force: Annotated[bool, typer.Option(help="Replace an existing --out folder.")] = False,
 ) -> None:
     """Write the serving image recipe: a Dockerfile FROM the TensorRT-LLM container that adds
@@ -266,6 +270,8 @@ def image(
 
     if out.exists() and not force:
         raise ConfigError(f"{out} exists; pass --force to replace it")
+    if bake_repo and repo is None:
+        raise ConfigError("--bake-repo copies --repo into the image; pass --repo REPOSITORY")
     plan = None
     if repo is not None:
         from ..profiles import TrtEdition
@@ -277,12 +283,23 @@ def image(
         plan = read_serve_plan(repo)
         if rtx is None:
             rtx = TrtEdition.TENSORRT_RTX in plan.vision_editions.values()
-    recipe = write_image_recipe(out, rtx=bool(rtx), tag=tag)
+    recipe = write_image_recipe(out, rtx=bool(rtx), tag=tag,
+                                bake_repo=repo if bake_repo else None)
     console.print(f"wrote the image recipe {out}: adds {', '.join(recipe.requirements)}",
                   highlight=False, markup=False, soft_wrap=True)
     console.print(f"build it with: {recipe.build_command}", highlight=False, markup=False,
                   soft_wrap=True)
-    if plan is not None:
+    if recipe.baked_root is not None:
+        from ..deploy.container import TRTLLM_CONTAINER, baked_container_command
+
+        console.print(f"the image carries {repo} at {recipe.baked_root}: its size is the base "
+                      f"image's ({TRTLLM_CONTAINER}), the additions' and "
+                      f"{recipe.repo_bytes / 2**30:.2f} GiB of repository "
+                      f"({recipe.repo_bytes:,} bytes)", highlight=False, markup=False,
+                      soft_wrap=True)
+        console.print(f"serve it with: {baked_container_command(plan, recipe.tag)}",
+                      highlight=False, markup=False, soft_wrap=True)
+    elif plan is not None:
         from ..deploy.container import serve_container_command
 
         console.print(f"serve {repo} with: {serve_container_command(plan, recipe.tag)}",
@@ -343,6 +360,10 @@ def serve(
         "progress (a model that holds the requests it has while others go on).")]
     = _SERVE.liveness.probe_deadline_s,
     answer_cache: AnswerCacheOpt = _SERVE.answer_cache,
+    warm_up: Annotated[bool, typer.Option(
+        help="Before reporting ready, send each ensemble one small request with an image, so "
+        "the first client's request finds the models warm (Triton's request counters count "
+        "it).")] = _SERVE.warm_up,
     dry_run: Annotated[bool, typer.Option(
         help="Print the command it would run, and exit.")] = False,
 ) -> None:
@@ -362,7 +383,7 @@ def serve(
                         openai_port, openai_host, api_key=os.environ.get(API_KEY_ENV),
                         drain_timeout_s=drain_timeout,
                         liveness=LivenessRules(probe_interval, stall_timeout, probe_deadline),
-                        answer_cache=answer_cache)
+                        answer_cache=answer_cache, warm_up=warm_up)
     if dry_run:
         console.print(prepare(repository, opts).command, highlight=False, markup=False,
                       soft_wrap=True)
@@ -389,7 +410,9 @@ def deploy(
     namespace: Annotated[str | None, typer.Option(
         help="Namespace [default: kubectl's current one].", show_default=False)] = None,
     replicas: Annotated[int | None, typer.Option(
-        help="Pods, each a whole server on one node (with --hpa: the minimum) [default: one].",
+        "--replicas", "--min-replicas",
+        help="Pods, each a whole server on one node; with --hpa the autoscaler's minimum, at "
+        "least one, so that a warm pod always answers [default: one].",
         show_default=False)] = None,
     openai_port: Annotated[int | None, typer.Option(
         help="Port of the OpenAI gateway in the pod and the Service [default: the gateway's "
@@ -409,6 +432,9 @@ def deploy(
     host_path: Annotated[str | None, typer.Option(
         help="Instead of a claim: the repository's folder on every GPU node.",
         show_default=False)] = None,
+    repo_in_image: Annotated[bool, typer.Option(
+        help="--image carries the repository (`qvl-trt image --bake-repo`): no volume, no "
+        "claim.")] = False,
     gpu_product: Annotated[str | None, typer.Option(
         help="Value of the nvidia.com/gpu.product node label to schedule on (or the NVML "
         "device name, which becomes it) [default: the GPU profile's gpu.product].",
@@ -459,7 +485,8 @@ def deploy(
              "target_pending": target_pending, "drain_timeout_s": drain_timeout}
     opts = DeployOptions(
         image=image, namespace=namespace, mount_path=mount_path, claim=claim,
-        claim_path=claim_path, host_path=host_path, gpu_product=gpu_product, cpu=cpu,
+        claim_path=claim_path, host_path=host_path, repo_in_image=repo_in_image,
+        gpu_product=gpu_product, cpu=cpu,
         memory_gib=memory_gib, hpa=hpa, api_key_secret=api_key_secret, no_api_key=no_api_key,
         expose_triton=expose_triton, ipv6=ipv6, monitoring=monitoring,
         answer_cache=answer_cache,
@@ -469,10 +496,15 @@ def deploy(
     console.print(f"wrote {', '.join(result.files)} into {result.out}", highlight=False)
     for note in needs.notes:
         console.print(f"  {note}", highlight=False, markup=False)
-    where = f"the claim {result.claim}" if result.claim else f"the node folder {host_path}"
-    console.print(f"the pods mount {where} at {needs.mount_path} (it must hold the "
-                  f"repository{f' under {claim_path}' if claim_path else ''})",
-                  highlight=False, markup=False, soft_wrap=True)
+    if repo_in_image:
+        console.print(f"the pods serve the repository in {image} at {needs.mount_path} (built "
+                      f"with `qvl-trt image --repo {repo} --bake-repo`)", highlight=False,
+                      markup=False, soft_wrap=True)
+    else:
+        where = f"the claim {result.claim}" if result.claim else f"the node folder {host_path}"
+        console.print(f"the pods mount {where} at {needs.mount_path} (it must hold the "
+                      f"repository{f' under {claim_path}' if claim_path else ''})",
+                      highlight=False, markup=False, soft_wrap=True)
     for line in result.access:
         console.print(line, highlight=False, markup=False, soft_wrap=True)
     console.print(f"apply them with: {result.apply_command}", highlight=False, markup=False,

@@ -8,9 +8,10 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..gateway.options import DEFAULT_PORT
 from ..serve.needs import ServePlan, shm_flag
 from ..serve.server import Ports
-from .image import load_container_packages
+from .image import HEALTH_PORT, load_container_packages
 
 # Triton 2.71 with TensorRT-LLM 1.2.1, the last line with the TensorRT engine path; named in
 # the container's package data (trtllm_container.toml) beside what it holds.
@@ -33,10 +34,10 @@ def container_run(mounts: Sequence[Path], command: str, *, image: str, shm_bytes
     (Docker's default is 64 MB). The image has what the command needs installed: nothing is
     installed when the container starts (a GPU node may have no package index)."""
     paths = [Path(p).resolve() for p in mounts]
-    volumes = " ".join(f"-v {shlex.quote(f'{p}:{p}')}" for p in dict.fromkeys(paths))
+    volumes = "".join(f" -v {shlex.quote(f'{p}:{p}')}" for p in dict.fromkeys(paths))
     published = "".join(f" -p {p}:{p}" for p in ports)
-    return (f"docker run --rm --gpus all --shm-size={shm_flag(shm_bytes)}{published} "
-            f"{volumes} {shlex.quote(image)} {command}")
+    return (f"docker run --rm --gpus all --shm-size={shm_flag(shm_bytes)}{published}"
+            f"{volumes} {shlex.quote(image)}{f' {command}' if command else ''}")
 
 
 def serve_container_command(plan: ServePlan, image: str) -> str:
@@ -47,3 +48,11 @@ def serve_container_command(plan: ServePlan, image: str) -> str:
     return container_run([plan.repo], shlex.join(["qvl-trt", "serve", str(plan.repo)]),
                          image=image, shm_bytes=plan.shm_bytes,
                          ports=(ports.http, ports.grpc, ports.metrics))
+
+
+def baked_container_command(plan: ServePlan, image: str) -> str:
+    """The `docker run` line of an image that carries the repository (`qvl-trt image
+    --bake-repo`): no volume and no command, its own serves it
+    (image.baked_serve_arguments); the gateway, the health endpoint and the metrics published."""
+    return container_run([], "", image=image, shm_bytes=plan.shm_bytes,
+                         ports=(DEFAULT_PORT, HEALTH_PORT, Ports().metrics))

@@ -1,15 +1,24 @@
 """The serving image recipe: a Docker build context FROM the TensorRT-LLM container
 (container.py) that adds exactly what qvl-trt's python models and `qvl-trt serve` import and
-the container lacks, pinned so that nothing the container already has is upgraded.
+the container lacks, pinned so that nothing the container already has is upgraded; baked
+(`bake_repo`), it also carries a repository and serves it when run with no arguments.
+
+Layers, from the least often changed: the base check and the additions (requirements.txt);
+then, baked, each engine folder in a layer of its own, the rest of the repository (configs,
+tokenizer: small); then qvl-trt's source. A new qvl-trt or a changed config rebuilds and
+pushes only the layers after the engines; the engines' layers stay in the build cache and
+the registry for as long as the additions and the engines themselves do not change.
 
 The container's package set is data (trtllm_container.toml, with its upstream sources); the
 image build checks the real base image against it before and after installing. This module
-runs inside that build too (`python3 -m qvl_trt.deploy.image check-base FILE`), so it
-imports nothing outside the standard library at module level.
+runs inside that build too, as a script copied alone (`python3 image.py check-base FILE`),
+so it imports nothing outside the standard library at module level.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shlex
 import shutil
@@ -36,6 +45,16 @@ RTX_EXTRA = "rtx"
 SERVE_USER, SERVE_UID, SERVE_GID = "triton-server", 1000, 1000
 DOCKERFILE = "Dockerfile"
 REQUIREMENTS = "requirements.txt"
+# In a baked recipe's build context: the engine folders (ENGINES/<model>/<version>/<engine>)
+# apart from the rest of the repository (REPOSITORY), so that each is a COPY, and a layer,
+# of its own.
+ENGINES = "engines"
+REPOSITORY = "repository"
+# Where a baked repository without a tensorrtllm model (which fixes its own path) goes.
+BAKED_REPO = f"{IMAGE_HOME}/repository"
+# serve's --health-port (GET /ready, /live) in a container and a pod: the port after Triton's
+# three; the OpenAI gateway on its own default port.
+HEALTH_PORT = 8003
 
 
 def canonical(name: str) -> str:
@@ -138,20 +157,32 @@ def image_tag(*, rtx: bool) -> str:
 
 
 @dataclass(frozen=True)
+class BakedRepo:
+    """A repository the image carries."""
+    root: str  # where the image holds it
+    engines: tuple[str, ...]  # the models whose engine folders are layers of their own
+    startup_s: float  # its startup window (serve/load_time.py), the health check's grace
+
+
+@dataclass(frozen=True)
 class ImageRecipe:
     context: Path
     tag: str
     requirements: tuple[str, ...]
+    baked_root: str | None = None  # where a baked repository is in the image; None: none
+    repo_bytes: int = 0  # the baked repository's files (its engines, tokenizer, configs)
 
     @property
     def build_command(self) -> str:
         return f"docker build -t {shlex.quote(self.tag)} {shlex.quote(str(self.context))}"
 
 
-def write_image_recipe(dest: Path, *, rtx: bool, tag: str | None = None) -> ImageRecipe:
+def write_image_recipe(dest: Path, *, rtx: bool, tag: str | None = None,
+                       bake_repo: Path | None = None) -> ImageRecipe:
     """Write the build context `dest`: Dockerfile, requirements.txt, the container's package
-    data and a copy of the qvl_trt package with its data folders. Atomic: a failed write
-    leaves no `dest`."""
+    data and a copy of the qvl_trt package with its data folders; with `bake_repo`, that
+    repository too (ENGINES, REPOSITORY), which the image serves by default. Atomic: a
+    failed write leaves no `dest`."""
     from ..atomic import staged_dir
     from ..resources import data_dir
 
@@ -159,6 +190,8 @@ def write_image_recipe(dest: Path, *, rtx: bool, tag: str | None = None) -> Imag
     requirements = serving_requirements(rtx=rtx, packages=packages)
     tag = tag or image_tag(rtx=rtx)
     source = Path(__file__).resolve().parents[1]
+    baked: BakedRepo | None = None
+    repo_bytes = 0
     with staged_dir(Path(dest)) as ctx:
         home = ctx / "qvl-trt"
         shutil.copytree(source, home / "qvl_trt",
@@ -166,26 +199,106 @@ def write_image_recipe(dest: Path, *, rtx: bool, tag: str | None = None) -> Imag
         for name in ("build_configs", "triton_repo"):
             shutil.copytree(data_dir(name), home / name,
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        if bake_repo is not None:
+            baked = _baked(Path(bake_repo), ctx)
+            repo_bytes = sum(f.stat().st_size for f in ctx.rglob("*") if f.is_file()
+                             and f.parts[len(ctx.parts)] in (ENGINES, REPOSITORY))
         (ctx / REQUIREMENTS).write_text(
             "# What the serving image adds to the TensorRT-LLM container (qvl-trt image).\n"
             + "".join(f"{r}\n" for r in requirements))
-        (ctx / DOCKERFILE).write_text(dockerfile(packages, tag=tag, rtx=rtx))
-    return ImageRecipe(Path(dest), tag, requirements)
+        (ctx / DOCKERFILE).write_text(dockerfile(packages, tag=tag, rtx=rtx, baked=baked))
+    return ImageRecipe(Path(dest), tag, requirements, baked.root if baked else None,
+                       repo_bytes)
 
 
-def dockerfile(packages: ContainerPackages, *, tag: str, rtx: bool) -> str:
-    data = f"{IMAGE_HOME}/qvl_trt/deploy/{CONTAINER_PACKAGES.name}"
+def _baked(repo: Path, ctx: Path) -> BakedRepo:
+    """`repo` copied into the build context. The image holds it where its tensorrtllm models'
+    gpt_model_path names (the backend takes absolute paths, and serve cannot re-point them
+    in a read-only image), else at BAKED_REPO."""
+    from ..errors import ConfigError
+    from ..serve.load_time import read_load_time, startup_window_s
+    from ..serve.needs import read_serve_plan, written_root
+
+    if not repo.is_dir():
+        raise ConfigError(f"--repo {repo} is not a folder; pass a model repository written by "
+                          "`qvl-trt repo` or `qvl-trt build`")
+    root = str(written_root(read_serve_plan(repo)) or BAKED_REPO)
+    return BakedRepo(root, _copy_repository(repo, ctx), startup_window_s(read_load_time(repo)))
+
+
+def _copy_repository(repo: Path, ctx: Path) -> tuple[str, ...]:
+    """Copy `repo` into the build context, its engine folders under ENGINES and the rest under
+    REPOSITORY, as hard links where the file system allows (engines are GBs). Every file ends
+    up readable, and every folder listable, by anyone: the image's files are root's, and its
+    user (SERVE_UID) only reads them. Returns the models whose engine folders are apart."""
+    from ..triton.repository import ENGINE_DIR, VERSION
+
+    def readable(src: str, dst: str) -> None:
+        if os.stat(src).st_mode & 0o004:
+            try:
+                os.link(src, dst)
+                return
+            except OSError:  # another file system
+                pass
+        shutil.copy2(src, dst)
+        os.chmod(dst, os.stat(dst).st_mode | 0o444)  # a copy: the repository stays as it is
+
+    engines = tuple(sorted(p.parent.parent.name for p in repo.glob(f"*/{VERSION}/{ENGINE_DIR}")
+                           if p.is_dir()))
+    for model in engines:
+        folder = f"{model}/{VERSION}/{ENGINE_DIR}"
+        shutil.copytree(repo / folder, ctx / ENGINES / folder, copy_function=readable)
+    inner = {str(repo / model / VERSION) for model in engines}
+    shutil.copytree(repo, ctx / REPOSITORY, copy_function=readable, ignore=lambda folder, names:
+                    [ENGINE_DIR] if folder in inner else [])
+    for top in (ctx / ENGINES, ctx / REPOSITORY):
+        for folder in (top, *(p for p in top.rglob("*") if p.is_dir())):
+            folder.chmod(0o755)
+    return engines
+
+
+def serve_arguments(repo: str, *, host: str, inference_host: str, openai_port: int,
+                    health_port: int = HEALTH_PORT, drain_timeout_s: float | None = None
+                    ) -> list[str]:
+    """`qvl-trt serve` of `repo` in a container or a pod: every address (`host`) for the
+    gateway, the metrics and the health endpoint; Triton's HTTP and gRPC, which ask no key, on
+    `inference_host`; Triton's default ports."""
+    from ..serve.server import Ports
+
+    ports = Ports()
+    args = ["qvl-trt", "serve", repo, "--host", host, "--inference-host", inference_host,
+            "--http-port", str(ports.http), "--grpc-port", str(ports.grpc),
+            "--metrics-port", str(ports.metrics),
+            "--health-port", str(health_port), "--openai-port", str(openai_port)]
+    if drain_timeout_s is not None:
+        args += ["--drain-timeout", f"{drain_timeout_s:g}"]
+    return args
+
+
+def baked_serve_arguments(root: str) -> list[str]:
+    """What a baked image runs by default: the repository on the default ports, the gateway
+    (QVL_TRT_API_KEY in the environment: its key) on every address, Triton's own endpoints on
+    the loopback interface."""
+    from ..gateway.options import DEFAULT_PORT
+
+    return serve_arguments(root, host="0.0.0.0", inference_host="127.0.0.1",
+                           openai_port=DEFAULT_PORT)
+
+
+def dockerfile(packages: ContainerPackages, *, tag: str, rtx: bool,
+               baked: BakedRepo | None = None) -> str:
     recipe = f"{IMAGE_HOME}/image"
-    check = f"python3 -m qvl_trt.deploy.image check-base {data}"
+    check = f"python3 {recipe}/{Path(__file__).name} check-base {recipe}/{CONTAINER_PACKAGES.name}"
     edition = "TensorRT-RTX (GeForce profiles)" if rtx else "full TensorRT"
-    return f"""\
+    data = "qvl-trt/qvl_trt/deploy"
+    text = f"""\
 # The qvl-trt serving image: {packages.image} plus what qvl-trt's python models and
 # `qvl-trt serve` import that it lacks; vision engines on {edition}.
 # Written by `qvl-trt image`; build it with: docker build -t {tag} .
 FROM {packages.image}
-COPY qvl-trt {IMAGE_HOME}
-COPY {REQUIREMENTS} {recipe}/{REQUIREMENTS}
-ENV PYTHONPATH={IMAGE_HOME}${{PYTHONPATH:+:${{PYTHONPATH}}}}
+# The base check alone (this module runs as a script, standard library only), so that the
+# layers up to the engines do not change with qvl-trt's source.
+COPY {REQUIREMENTS} {data}/{Path(__file__).name} {data}/{CONTAINER_PACKAGES.name} {recipe}/
 # The base must carry the packages the recipe relies on, at versions qvl-trt works with
 # (a version other than upstream's pin only warns).
 RUN {check}
@@ -195,6 +308,19 @@ RUN python3 -m pip list --format=freeze > {recipe}/constraints.txt \\
  && PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir \\
         -c {recipe}/constraints.txt -r {recipe}/{REQUIREMENTS} \\
  && {check}
+"""
+    if baked is not None:
+        text += f"""\
+# The repository, served from {baked.root}: each engine folder in a layer of its own, before
+# what changes more often. Root's files, readable by all: the image's user reads them and
+# cannot change them.
+"""
+        text += "".join(f"COPY {ENGINES}/{model} {baked.root}/{model}\n"
+                        for model in baked.engines)
+        text += f"COPY {REPOSITORY} {baked.root}\n"
+    text += f"""\
+COPY qvl-trt {IMAGE_HOME}
+ENV PYTHONPATH={IMAGE_HOME}${{PYTHONPATH:+:${{PYTHONPATH}}}}
 RUN printf '#!/usr/bin/env python3\\nfrom qvl_trt.cli import main\\nmain()\\n' \\
         > /usr/local/bin/qvl-trt && chmod +x /usr/local/bin/qvl-trt \\
  && qvl-trt --version
@@ -203,6 +329,22 @@ RUN printf '#!/usr/bin/env python3\\nfrom qvl_trt.cli import main\\nmain()\\n' \
 RUN [ "$(id -u {SERVE_USER})" = {SERVE_UID} ] && [ "$(id -g {SERVE_USER})" = {SERVE_GID} ]
 USER {SERVE_UID}:{SERVE_GID}
 """
+    if baked is not None:
+        ready = f"http://127.0.0.1:{HEALTH_PORT}/ready"
+        probe = ["python3", "-c", f"import urllib.request; urllib.request.urlopen({ready!r}, "
+                 "timeout=5)"]
+        text += f"""\
+# `docker run --gpus all IMAGE` serves the repository. CMD, not ENTRYPOINT: the base's
+# entrypoint (/opt/nvidia/nvidia_entrypoint.sh) sets the container's environment up and then
+# execs it (triton-inference-server/server docker/cpu_only/nvidia_entrypoint.sh), and other
+# arguments to `docker run` (a pod's args) replace it.
+CMD {json.dumps(baked_serve_arguments(baked.root))}
+# Healthy while serve's /ready answers 200 (a 503 raises), after the repository's startup
+# window (serve/load_time.py); Kubernetes ignores it and asks the same endpoint itself.
+HEALTHCHECK --interval=10s --timeout=10s --start-period={baked.startup_s:.0f}s \\
+    CMD {json.dumps(probe)}
+"""
+    return text
 
 
 @dataclass(frozen=True)
@@ -247,7 +389,7 @@ def check_base(path: Path, site: Path | None = None) -> BaseCheck:
 
 
 USAGE = ("usage: python3 -m qvl_trt.deploy.image check-base PACKAGES.toml [--site DIR]\n"
-         "       python3 -m qvl_trt.deploy.image write DIR [--rtx]")
+         "       python3 -m qvl_trt.deploy.image write DIR [--rtx] [--bake-repo REPO]")
 
 
 def _main(argv: list[str]) -> int:
@@ -262,10 +404,14 @@ def _main(argv: list[str]) -> int:
             print(f"error: {line}; this recipe was written for another base image: "
                   "regenerate it with `qvl-trt image` of a matching qvl-trt", file=sys.stderr)
         return 1 if found.errors else 0
-    if len(argv) in (2, 3) and argv[0] == "write" and argv[2:] in ([], ["--rtx"]):
-        recipe = write_image_recipe(Path(argv[1]), rtx=argv[2:] == ["--rtx"])
-        print(recipe.tag)
-        return 0
+    if argv[:1] == ["write"] and len(argv) >= 2:
+        rtx = "--rtx" in argv[2:]
+        rest = [a for a in argv[2:] if a != "--rtx"]
+        if len(rest) in (0, 2) and rest[:1] in ([], ["--bake-repo"]):
+            recipe = write_image_recipe(Path(argv[1]), rtx=rtx,
+                                        bake_repo=Path(rest[1]) if rest else None)
+            print(recipe.tag)
+            return 0
     print(USAGE, file=sys.stderr)
     return 2
 

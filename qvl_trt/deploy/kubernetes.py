@@ -11,7 +11,8 @@ is read from the repository (`read_serve_plan`). Each pod is a whole server on o
 tensor-parallel engine's ranks share it); scaling past one node is replicas behind the
 Service.
 
-The repository is mounted read-only at the path it was written for (`qvl-trt repo
+The repository is mounted read-only, or carried by the image (`repo_in_image`: `qvl-trt image
+--bake-repo`, no volume, no claim), at the path it was written for (`qvl-trt repo
 --mount-path`, or where it was written): the tensorrtllm backend reads gpt_model_path as an
 absolute path, and `serve` re-points a moved repository by rewriting its config.pbtxt
 (point_engine_paths), which a read-only volume refuses and which several replicas sharing a
@@ -35,6 +36,12 @@ from ..gateway.readiness import LIVE_PATH, READY_PATH
 from ..profiles import check_gpu_product, gpu_product_label
 from ..serve.gateway_process import STOP_GRACE_S
 from ..serve.liveness import LivenessRules
+from ..serve.load_time import (
+    STARTUP_FLOOR_S,
+    STARTUP_MARGIN,
+    read_load_time,
+    startup_window_s,
+)
 from ..serve.needs import (
     ServePlan,
     read_serve_plan,
@@ -47,13 +54,11 @@ from ..serve.supervisor import START_ATTEMPTS
 from ..triton import contract as c
 from ..triton.contract import POSTPROCESSING, PREPROCESSING, TENSORRT_LLM_BLS
 from . import monitoring
-from .image import SERVE_GID, SERVE_UID
+from .image import HEALTH_PORT, SERVE_GID, SERVE_UID, serve_arguments
 
 MIB, GIB = 2**20, 2**30
 DEFAULT_NAME = "qvl-trt"
 CONTAINER = "serve"  # the pod's one container
-# serve's --health-port (GET /ready, /live) in the pod: the port after Triton's three.
-HEALTH_PORT = 8003
 API_KEY_SECRET_KEY = "api-key"  # the key of the Secret that holds the API key
 # Pods that may reach Triton's HTTP and gRPC endpoints (with expose_triton): this label with
 # the deployment's name as its value.
@@ -93,13 +98,9 @@ BLS_TABLE_SHARE = 0.25
 # libraries' pages more once touched. tritonserver's own part measured 136 MiB.
 CUDA_PROCESS_BYTES = 2 * GIB
 
-# The startup probe must not kill a pod that serve is still starting: serve tries
-# START_ATTEMPTS starts of up to STARTUP_TIMEOUT_S each (the engines load meanwhile), then
-# /ready turns 200 once the first end-to-end probe answers (an idle server answers it at
-# once; one that does not within the stall timeout is restarted, serve/liveness.py). When
-# serve gives up it exits and the kubelet restarts the pod.
+# The startup probe asks /ready every STARTUP_PERIOD_S for the repository's startup window
+# (serve/load_time.py: sized from its measured starts, or serve's whole retry budget).
 STARTUP_PERIOD_S = 10
-STARTUP_WINDOW_S = START_ATTEMPTS * (STARTUP_TIMEOUT_S + LivenessRules.stall_timeout_s)
 # Endpoints and proxies drop a terminating pod asynchronously: it keeps serving this long
 # after it is told to stop, before SIGTERM.
 PRESTOP_S = 5
@@ -132,13 +133,14 @@ class DeployOptions:
     image: str  # the serving image, with `qvl-trt` and `tritonserver` on PATH
     name: str = DEFAULT_NAME
     namespace: str | None = None  # None: kubectl's current namespace
-    replicas: int = 1  # with the autoscaler: its minimum
+    replicas: int = 1  # with the autoscaler: its minimum (--min-replicas)
     openai_port: int = DEFAULT_PORT
     health_port: int = HEALTH_PORT
     mount_path: str | None = None  # None: the path the repository was written for
     claim: str | None = None  # PersistentVolumeClaim holding the repository [NAME-repository]
     claim_path: str = ""  # the repository's folder inside the claim ("" = its root)
     host_path: str | None = None  # instead of a claim: the repository's folder on each node
+    repo_in_image: bool = False  # the image carries the repository: no volume at all
     gpu_product: str | None = None  # None: the profile's gpu.product
     cpu: float | None = None  # None: derived (pod_needs)
     memory_gib: float | None = None  # None: derived (pod_needs)
@@ -167,7 +169,9 @@ class DeployOptions:
                 _name(value, _DNS1123_SUBDOMAIN, option,
                       "a lowercase DNS name (letters, digits, '-', '.')")
         if self.replicas < 1:
-            raise ConfigError(f"--replicas {self.replicas} must be at least 1")
+            raise ConfigError(f"--replicas {self.replicas} must be at least 1 (with --hpa, "
+                              "--min-replicas: the autoscaler keeps a warm pod, as one started "
+                              "on demand answers only once it has loaded)")
         if self.hpa and self.max_replicas < self.replicas:
             raise ConfigError(f"--max-replicas {self.max_replicas} is below --replicas "
                               f"{self.replicas} (the autoscaler's minimum); raise it")
@@ -195,6 +199,9 @@ class DeployOptions:
                                   "not both")
             if not PurePosixPath(self.host_path).is_absolute():
                 raise ConfigError(f"--host-path {self.host_path!r} must be an absolute path")
+        if self.repo_in_image and (self.claim or self.claim_path or self.host_path):
+            raise ConfigError("--repo-in-image: the image carries the repository (`qvl-trt "
+                              "image --bake-repo`); drop --claim, --claim-path and --host-path")
         if self.claim_path and self.host_path is not None:
             raise ConfigError("--claim-path names a folder inside --claim; with --host-path, "
                               "give the repository's folder itself")
@@ -247,6 +254,7 @@ class PodNeeds:
     gpu_product: str
     mount_path: PurePosixPath
     shm_bytes: int  # the memory-backed /dev/shm
+    startup_s: float  # how long the startup probe waits for /ready (startup_window_s)
     cpu: float
     memory_bytes: int
     notes: tuple[str, ...]  # one line per derived figure
@@ -316,13 +324,23 @@ def pod_needs(plan: ServePlan, opts: DeployOptions) -> PodNeeds:
         notes.append(f"memory: {opts.memory_gib:g} GiB (--memory-gib)")
     notes.append(f"/dev/shm: {shm // GIB} GiB in memory, for the python backend's tensors of "
                  "the largest requests in flight")
-    notes.append(f"startup: up to {STARTUP_WINDOW_S:.0f} s, serve's {START_ATTEMPTS} starts of "
-                 f"{STARTUP_TIMEOUT_S:.0f} s, each with its first probe (the stall timeout, "
-                 f"{LivenessRules.stall_timeout_s:.0f} s)")
+    load = read_load_time(repo)
+    startup = startup_window_s(load)
+    if load is None:
+        notes.append(f"startup: up to {startup:.0f} s, serve's {START_ATTEMPTS} starts of "
+                     f"{STARTUP_TIMEOUT_S:.0f} s, each with its first probe (the stall timeout, "
+                     f"{LivenessRules.stall_timeout_s:.0f} s): no start of this repository "
+                     "was measured (serve records each in it; serve it once, then deploy "
+                     "again for a window sized from that)")
+    else:
+        notes.append(f"startup: up to {startup:.0f} s, {STARTUP_MARGIN:g}x the slowest of "
+                     f"{load.starts} measured starts ({load.slowest_s:g} s to loaded and "
+                     f"warmed up, on {load.host} at {load.measured}), at least "
+                     f"{STARTUP_FLOOR_S:.0f} s")
     notes.append(f"termination: {grace_period_s(opts.drain_timeout_s)} s, the preStop pause, "
                  f"the gateway's and tritonserver's drains ({opts.drain_timeout_s:g} s each) "
                  "and a margin")
-    return PodNeeds(gpus, product, written, shm, cpu, memory, tuple(notes))
+    return PodNeeds(gpus, product, written, shm, startup, cpu, memory, tuple(notes))
 
 
 def _kind(model: str) -> str | None:
@@ -407,26 +425,30 @@ def _network_policy(opts: DeployOptions, meta: dict[str, Any],
 
 def _deployment(opts: DeployOptions, needs: PodNeeds, meta: dict[str, Any],
                 labels: dict[str, str]) -> dict[str, Any]:
-    ports = Ports()
     mount = str(needs.mount_path)
-    serve = ["qvl-trt", "serve", mount, "--host", opts.listen_host,
-             "--inference-host", opts.inference_host,
-             "--http-port", str(ports.http), "--grpc-port", str(ports.grpc),
-             "--metrics-port", str(ports.metrics),
-             "--health-port", str(opts.health_port), "--openai-port", str(opts.openai_port),
-             "--drain-timeout", f"{opts.drain_timeout_s:g}",
-             *([] if opts.answer_cache else ["--no-answer-cache"])]
+    serve = serve_arguments(mount, host=opts.listen_host, inference_host=opts.inference_host,
+                            openai_port=opts.openai_port, health_port=opts.health_port,
+                            drain_timeout_s=opts.drain_timeout_s)
+    serve += [] if opts.answer_cache else ["--no-answer-cache"]
     memory = _bytes_quantity(needs.memory_bytes)
     requests = {"cpu": _cpu_quantity(needs.cpu), "memory": memory, GPU_RESOURCE: needs.gpus}
     limits = {"memory": memory, GPU_RESOURCE: needs.gpus}
-    repo_mount: dict[str, Any] = {"name": "repository", "mountPath": mount, "readOnly": True}
-    if opts.host_path is None:
-        volume: dict[str, Any] = {"persistentVolumeClaim": {"claimName": opts.claim_name,
-                                                            "readOnly": True}}
-        if opts.claim_path:
-            repo_mount["subPath"] = str(PurePosixPath(opts.claim_path))
-    else:
-        volume = {"hostPath": {"path": opts.host_path, "type": "Directory"}}
+    # The repository's volume, read-only at the path it was written for: none when the image
+    # carries it there.
+    repo_mounts: list[dict[str, Any]] = []
+    repo_volumes: list[dict[str, Any]] = []
+    if not opts.repo_in_image:
+        repo_mount: dict[str, Any] = {"name": "repository", "mountPath": mount,
+                                      "readOnly": True}
+        if opts.host_path is None:
+            volume: dict[str, Any] = {"persistentVolumeClaim": {"claimName": opts.claim_name,
+                                                                "readOnly": True}}
+            if opts.claim_path:
+                repo_mount["subPath"] = str(PurePosixPath(opts.claim_path))
+        else:
+            volume = {"hostPath": {"path": opts.host_path, "type": "Directory"}}
+        repo_mounts.append(repo_mount)
+        repo_volumes.append({"name": "repository", **volume})
 
     def probe(path: str, period: int, failures: int) -> dict[str, Any]:
         return {"httpGet": {"path": path, "port": "health"}, "periodSeconds": period,
@@ -447,14 +469,16 @@ def _deployment(opts: DeployOptions, needs: PodNeeds, meta: dict[str, Any],
         "securityContext": {
             "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
             "readOnlyRootFilesystem": True, "runAsNonRoot": True},
+        # /ready turns 200 once the models are loaded and warmed up (serve/warmup.py) and the
+        # first probe answered: the first request routed to the pod finds it warm.
         "startupProbe": probe(READY_PATH, STARTUP_PERIOD_S,
-                              math.ceil(STARTUP_WINDOW_S / STARTUP_PERIOD_S)),
+                              math.ceil(needs.startup_s / STARTUP_PERIOD_S)),
         # 503 while serve restarts a faulty server or the end-to-end probe fails: the pod
         # leaves the Service's endpoints until it answers again.
         "readinessProbe": probe(READY_PATH, 5, 2),
         "livenessProbe": probe(LIVE_PATH, 10, 3),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_S)]}}},
-        "volumeMounts": [repo_mount, {"name": "dshm", "mountPath": str(SHM_DIR)},
+        "volumeMounts": [*repo_mounts, {"name": "dshm", "mountPath": str(SHM_DIR)},
                          {"name": "tmp", "mountPath": TMP_DIR},
                          {"name": "cache", "mountPath": CACHE_DIR}],
     }
@@ -483,7 +507,7 @@ def _deployment(opts: DeployOptions, needs: PodNeeds, meta: dict[str, Any],
             "enableServiceLinks": False,
             "automountServiceAccountToken": False,
             "containers": [container],
-            "volumes": [{"name": "repository", **volume},
+            "volumes": [*repo_volumes,
                         {"name": "dshm", "emptyDir": {"medium": "Memory",
                                                       "sizeLimit": _bytes_quantity(
                                                           needs.shm_bytes)}},
@@ -538,7 +562,7 @@ class DeployResult:
     out: Path
     files: tuple[str, ...]
     needs: PodNeeds
-    claim: str | None  # the claim the pods mount (None: a host path)
+    claim: str | None  # the claim the pods mount (None: a host path, or in the image)
     secret: str | None  # the Secret of the gateway's key (None: --no-api-key)
 
     opts: DeployOptions
@@ -597,4 +621,5 @@ def write_manifests(repo: Path, out: Path, opts: DeployOptions, *,
             dashboard.write_text(monitoring.dashboard_json(opts.name))
             files += (DASHBOARD_FILE.format(name=opts.name),)
     return DeployResult(out, files, needs,
-                        None if opts.host_path else opts.claim_name, opts.secret_name, opts)
+                        None if opts.host_path or opts.repo_in_image else opts.claim_name,
+                        opts.secret_name, opts)

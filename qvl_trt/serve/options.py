@@ -31,3 +31,4 @@ class ServeOptions:
     drain_timeout_s: float = ServerOptions.drain_timeout_s
     liveness: LivenessRules = LivenessRules()  # when a busy server counts as dead
     answer_cache: bool = AnswerCacheOptions.enabled  # the gateway's, at its default bounds
+    warm_up: bool = True  # a warm request through each ensemble before ready (serve/warmup.py)

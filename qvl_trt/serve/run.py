@@ -13,6 +13,7 @@ from ..gateway.options import AnswerCacheOptions, GatewayOptions
 from ..gateway.readiness import READY_PATH
 from ..machine import TritonInstall
 from .gateway_process import GatewayProcess
+from .load_time import record_load_time
 from .needs import (
     ServePlan,
     check_vision_editions,
@@ -101,6 +102,8 @@ def serve(repo: Path, opts: ServeOptions, *,
             on_ready(server, gateway)
 
     supervisor = Supervisor(server, plan.needs.ensembles, health_port=plan.health_port,
-                            health_host=plan.health_host, rules=opts.liveness, on_ready=ready,
+                            health_host=plan.health_host, rules=opts.liveness,
+                            warm=opts.warm_up, on_ready=ready,
+                            on_loaded=lambda seconds: record_load_time(plan.needs.repo, seconds),
                             companions=(gateway,) if gateway is not None else ())
     return supervisor.run() or 0

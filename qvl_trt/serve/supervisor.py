@@ -19,6 +19,11 @@ before it (their answers in flight finish first), and are started again when one
 own (a crash, an OOM kill), at most every `companion_retry_s`; a server restart leaves them
 running (the gateway finds the new server on the same ports).
 
+Each start, before the first probe, sends the warm-up request through each ensemble
+(serve/warmup.py, unless turned off) so that the first client's request finds the models
+warm, and reports how long the start took (`on_loaded`: serve keeps the slowest in the
+repository, serve/load_time.py).
+
 Readiness (`--health-port`, gateway/readiness.py): GET /ready answers 200 once a probe has
 answered and while none has failed since (a busy server is ready), every stub is alive,
 every companion has started and runs and no restart is under way, 503 (with the reason)
@@ -53,7 +58,8 @@ from ..gateway.readiness import (
 from ..triton import contract as c
 from .liveness import Liveness, LivenessRules, Outcome
 from .progress import progress_counters, read_metrics
-from .server import TritonServer, family
+from .server import STARTUP_TIMEOUT_S, TritonServer, family
+from .warmup import warm_up
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +125,7 @@ class Supervisor:
                  watch_interval_s: float = 0.5, rules: LivenessRules = DEFAULT_RULES,
                  start_attempts: int = START_ATTEMPTS,
                  companions: Sequence[Companion] = (), companion_retry_s: float = 5.0,
-                 on_ready=None) -> None:
+                 warm: bool = True, on_loaded=None, on_ready=None) -> None:
         self.server = server
         self.ensembles = ensembles
         self.health_port = health_port
@@ -129,6 +135,8 @@ class Supervisor:
         self.start_attempts = start_attempts
         self.companions = tuple(companions)
         self.companion_retry_s = companion_retry_s
+        self.warm = warm  # the warm-up request through each ensemble at each start
+        self.on_loaded = on_loaded  # called with each start's seconds, launch to warmed up
         self.on_ready = on_ready  # called once, when the server and companions first serve
         self.restarts = 0
         self._lock = threading.Lock()
@@ -244,6 +252,7 @@ class Supervisor:
 
     def _start(self) -> None:
         for attempt in range(1, self.start_attempts + 1):
+            began = time.monotonic()
             try:
                 self.server.start()
                 break
@@ -253,12 +262,31 @@ class Supervisor:
                 log.warning("tritonserver did not start (attempt %d: %s); trying again",
                             attempt, exc)
                 time.sleep(START_RETRY_S)
+        if self.warm:
+            self._warm_up()
+        loaded = time.monotonic() - began
+        log.info("tritonserver loaded%s in %.1f s", " and warmed up" if self.warm else "",
+                 loaded)
+        if self.on_loaded is not None:
+            self.on_loaded(loaded)
         with self._lock:
             self._generation += 1
             self._stubs = self.server.stubs()
             self._liveness.restarted(time.monotonic())
             self._reason = ""
         self._probe_now.set()
+
+    def _warm_up(self) -> None:
+        """The warm-up request through each ensemble, one after the other. One that fails is
+        logged and left: the probe that follows decides whether the server serves."""
+        for ensemble in self.ensembles:
+            began = time.monotonic()
+            try:
+                warm_up(self.server.http_url, ensemble, STARTUP_TIMEOUT_S)
+            except ServerError as exc:
+                log.warning("%s; the first request may be slow", exc)
+            else:
+                log.info("warmed up %s in %.1f s", ensemble, time.monotonic() - began)
 
     def _fault(self) -> str | None:
         code = self.server.process.poll() if self.server.process else -1
