@@ -290,8 +290,8 @@ def test_videos_over_grpc_stream_equal_the_reference_pipeline(triton_server, pip
     from video_clips import data_uri as video_uri
     from video_clips import png_frames
 
+    from qvl_trt.chat_messages import VideoFile, VideoFrames
     from qvl_trt.llm.pipeline import sampling_params
-    from qvl_trt.mm.video_input import VideoFile, VideoFrames
 
     greedy = sampling_params(pipeline.checkpoint.path, max_tokens=12, greedy=True)
     want = pipeline.ask("What happens?", [png(3)], sampling=greedy,

@@ -225,7 +225,7 @@ def test_the_default_bounds_admit_a_full_request() -> None:
 def test_video_parts_and_the_video_tensors_agree() -> None:
     """Each video form of messages (vLLM's video_url, qwen-vl-utils' video file and frame list,
     vLLM's video/jpeg frames) and its text_input twin give the same videos."""
-    from qvl_trt.mm.video_input import VideoFile, VideoFrames
+    from qvl_trt.chat_messages import VideoFile, VideoFrames
 
     clip, frame = b"\x00\x00\x00\x18ftypisom-a-clip", _png()
 
@@ -253,7 +253,7 @@ def test_video_parts_and_the_video_tensors_agree() -> None:
                    video_fps=np.array([1, 2, 4, 8], np.float32))
     assert plain.videos == (VideoFile(clip, 1.0), VideoFile(clip, 2.0),
                             VideoFrames((frame,) * 3, 4.0), VideoFrames((frame,) * 2, 8.0))
-    assert plain.messages[0]["content"] == [{"type": "video"}] * 4 + [
+    assert plain.messages.template[0]["content"] == [{"type": "video"}] * 4 + [
         {"type": "text", "text": "What happens?"}]
     one_rate = _parse(limits, text_input=b"x", video_frames=np.array([frame] * 2, object),
                       video_fps=np.array([3], np.float32))
