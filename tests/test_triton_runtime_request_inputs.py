@@ -307,24 +307,32 @@ def test_video_tensors_count_towards_the_request_size() -> None:
 
 # ---- what the preprocessing step makes of the settings ---------------------------------------
 
-def test_preprocessing_sends_min_tokens_no_end_id_and_greedy_as_tensorrt_llm_reads_them(
-        tmp_path, tiny_build, tiny_ckpt) -> None:
-    """ignore_eos: end_id -1 (no end id) and no other end id among the stop words, min_tokens
-    0 (nothing to hold back); min_tokens alone travels as it is; a temperature that scales as 0
-    does is greedy. The repository records the checkpoint's name."""
-    from qvl_trt.checkpoint import open_checkpoint
+@pytest.fixture(scope="module")
+def step(tmp_path_factory, tiny_build, tiny_ckpt):
+    """The preprocessing step of the tiny build's reference repository, in this process. The
+    repository records the checkpoint's name."""
     from qvl_trt.triton import contract as c
     from qvl_trt.triton.model_configs import Flavor
     from qvl_trt.triton.pbconfig import read_config
     from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo
     from qvl_trt.triton.runtime.preprocessing import Preprocessor
 
-    repo = write_repo([BuildInput(tiny_build)], tmp_path / "repo",
+    repo = write_repo([BuildInput(tiny_build)], tmp_path_factory.mktemp("repo") / "repo",
                       RepoOptions(flavor=Flavor.REFERENCE)).path
     params = c.PreprocessingParameters.from_parameters(
         {k: v.string_value for k, v in read_config(repo / "preprocessing").parameters.items()})
     assert params.checkpoint_name == tiny_ckpt.name
-    step = Preprocessor(tiny_ckpt, params)
+    return Preprocessor(tiny_ckpt, params)
+
+
+def test_preprocessing_sends_min_tokens_no_end_id_and_greedy_as_tensorrt_llm_reads_them(
+        step, tiny_ckpt) -> None:
+    """ignore_eos: end_id -1 (no end id) and no other end id among the stop words, min_tokens
+    0 (nothing to hold back); min_tokens alone travels as it is; a temperature that scales as 0
+    does is greedy."""
+    from qvl_trt.checkpoint import open_checkpoint
+    from qvl_trt.triton import contract as c
+
     end_ids = open_checkpoint(tiny_ckpt).generation.end_ids
     assert len(end_ids) == 2  # one end_id, one more as a one-token stop word
 
@@ -343,3 +351,35 @@ def test_preprocessing_sends_min_tokens_no_end_id_and_greedy_as_tensorrt_llm_rea
         step({"text_input": b"Hi", "max_tokens": np.int32(4), "min_tokens": np.int32(9)})
     with pytest.raises(InputError, match="the deployment's default where max_tokens is left"):
         step({"text_input": b"Hi", "min_tokens": np.int32(10**6)})
+
+
+def test_a_request_s_messages_are_checked_once(step, monkeypatch) -> None:
+    """Through the preprocessing step, chat messages (with an image part) and the text form
+    each pass the message bounds and the walk of their parts once: the intake's check is the
+    one later steps rely on."""
+    from qvl_trt import chat_messages
+    from qvl_trt.mm import chat, request
+    from qvl_trt.triton import contract as c
+
+    calls = []
+
+    def counted(real):
+        def wrapper(*args, **kwargs):
+            calls.append(real.__name__)
+            return real(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(request.RequestLimits, "check_messages",
+                        counted(request.RequestLimits.check_messages))
+    # Each module calls read_messages through its own name: patch it where it is looked up.
+    for module in (request, chat):
+        monkeypatch.setattr(module, "read_messages", counted(chat_messages.read_messages))
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," +
+                                                 base64.b64encode(_png()).decode()}}
+    chat = [{"role": "user", "content": [image, {"type": "text", "text": "What is it?"}]}]
+    for inputs in ({c.MESSAGES: json.dumps(chat).encode()},
+                   {c.TEXT_INPUT: b"Hi", c.IMAGE_BYTES: np.array([_png()], object)}):
+        calls.clear()
+        out = step({**inputs, c.MAX_TOKENS: np.int32(2)})
+        assert out[c.IMAGE_GRID_THW].shape[0] == 1
+        assert calls == ["check_messages", "read_messages"]
