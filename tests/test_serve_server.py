@@ -356,7 +356,7 @@ BAD_REQUESTS = {
     "too many images": (dict(prompt="Hi", images=[png(1), png(2), png(3)]),
                         "request has 3 images, the engine allows 2"),
     "prompt too long": (dict(prompt="word " * 900), "the engine allows 768"),
-    "max_tokens 0": (dict(prompt="Hi", max_tokens=0), "max_tokens = 0 must be at least 1"),
+    "max_tokens 0": (dict(prompt="Hi", max_tokens=0), "max_tokens = 0 must be from 1 to"),
     "max_tokens above the limit": (dict(prompt="Hi", max_tokens=5000),
                                    "max_tokens = 5000 is above the limit"),
     "malformed messages": (dict(messages="not a list"), "messages must be a non-empty"),

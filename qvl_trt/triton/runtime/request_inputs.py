@@ -211,14 +211,12 @@ def _settings(req: c.EnsembleRequest, defaults: SamplingDefaults,
             raise InputError(f"{name} = {value} must be {what}")
         return value
 
-    if req.max_tokens is not None and req.max_tokens <= 0:
-        raise InputError(f"{c.MAX_TOKENS} = {req.max_tokens} must be at least 1")
+    if req.max_tokens is not None:
+        c.check_range(c.MAX_TOKENS, req.max_tokens, *c.SETTING_RANGES[c.MAX_TOKENS])
     min_tokens = 0 if req.min_tokens is None else req.min_tokens
-    if min_tokens < 0:
-        raise InputError(f"{c.MIN_TOKENS} = {min_tokens} must be at least 0")
-    if req.max_tokens is not None and min_tokens > req.max_tokens:
-        raise InputError(f"{c.MIN_TOKENS} = {min_tokens} is above {c.MAX_TOKENS} = "
-                         f"{req.max_tokens}; send {c.MIN_TOKENS} <= {c.MAX_TOKENS}")
+    c.check_range(c.MIN_TOKENS, min_tokens, *c.SETTING_RANGES[c.MIN_TOKENS])
+    if req.max_tokens is not None:  # else preprocessing checks it against the default taken
+        c.check_min_tokens(min_tokens, req.max_tokens)
     bounds.check("the number of stop strings", len(req.stop), "max_stop_words",
                  "send fewer stop strings")
     for word in req.stop:
