@@ -1,7 +1,8 @@
 """A request's chat messages and their content parts, from the wire to the prompt: the roles
 and part types (OpenAI's, vLLM's and qwen-vl-utils'), the one walk that checks them and
 reduces them to what the chat template reads (`read_messages`), and the data of their image
-and video parts (data URIs decoded here; a remote URL through the fetch the server hands in).
+and video parts (data URIs decoded here; a remote URL through the fetch the server hands in);
+and OpenAI's rules for the turns of a tool exchange, which the gateway holds requests to.
 
 Messages are `{"role": ..., "content": str | [part, ...]}` with parts `{"type": "text",
 "text": ...}`, `{"type": "image"}` / `{"type": "image_url", "image_url": {"url"} | url}` and
@@ -18,12 +19,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import InputError
+from .errors import FieldError, InputError
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -158,6 +160,42 @@ def _tool_calls(message: Mapping[str, Any], n: int) -> dict[str, Any]:
                              "function, function: {name, arguments}}}")
         clean.append({"function": {"name": name, "arguments": arguments}})
     return {"tool_calls": clean}
+
+
+def check_tool_turns(messages: Sequence[Any]) -> None:
+    """OpenAI's rules for the turns of a tool exchange, which the gateway holds its requests
+    to (read_messages checks the rest of each message; a FieldError names the field): an
+    assistant's tool call has an id and its arguments as JSON text, and a tool message
+    answers, by tool_call_id, a call made earlier in the conversation."""
+    called: set[str] = set()
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            continue
+        where = f"messages[{i}]"
+        calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+        for j, call in enumerate(calls if isinstance(calls, list) else ()):
+            at = f"{where}.tool_calls[{j}]"
+            ident = call.get("id") if isinstance(call, Mapping) else None
+            if not isinstance(ident, str) or not ident:
+                raise FieldError(f"{at}.id is missing: each tool call has the id its tool "
+                                 "message answers; send the id the call came with", f"{at}.id")
+            function = call.get("function")
+            arguments = function.get("arguments") if isinstance(function, Mapping) else None
+            if not isinstance(arguments, str):
+                raise FieldError(f"{at}.function.arguments must be a string of JSON, got "
+                                 f"{json.dumps(arguments)[:40]}; send json.dumps of the "
+                                 "arguments", f"{at}.function.arguments")
+            called.add(ident)
+        if message.get("role") == "tool":
+            ident = message.get("tool_call_id")
+            if not isinstance(ident, str) or not ident:
+                raise FieldError(f"{where}.tool_call_id is missing: a tool message answers "
+                                 "one tool call of an earlier assistant message; send its id",
+                                 f"{where}.tool_call_id")
+            if ident not in called:
+                raise FieldError(f"{where}.tool_call_id {ident[:40]!r} answers no tool call "
+                                 "of an earlier assistant message; send the id of one",
+                                 f"{where}.tool_call_id")
 
 
 # ---- the image and video parts' data ---------------------------------------------------------

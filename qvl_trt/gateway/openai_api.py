@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from ..chat_messages import check_tool_turns
 from ..errors import FieldError, InputError, QvlError
 from ..llm.guided import check_guided_ending
 from ..llm.schema_subset import SchemaError, check_schema
@@ -224,7 +225,8 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     messages = fields["messages"]
     for name in ("messages", "tools", "response_format"):  # the texts that travel
         _check_texts(data.get(name), name)
-    _check_tool_turns(messages)
+    with _as_param():
+        check_tool_turns(messages)
     stream = fields.get("stream", False)
     include_usage, continuous_usage = _stream_options(fields.get("stream_options"), stream)
     max_tokens, min_tokens = _max_tokens(fields), fields.get("min_tokens")
@@ -410,41 +412,6 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
                               f"object, got {json.dumps(parameters)[:60]}",
                               f"{where}.function.parameters")
     return value
-
-
-def _check_tool_turns(messages: Sequence[Any]) -> None:
-    """OpenAI's rules for the turns of a tool exchange (preprocessing checks the rest of each
-    message): an assistant's tool call has an id and its arguments as JSON text, and a tool
-    message answers, by tool_call_id, a call made earlier in the conversation."""
-    called: set[str] = set()
-    for i, message in enumerate(messages):
-        if not isinstance(message, Mapping):
-            continue
-        where = f"messages[{i}]"
-        calls = message.get("tool_calls") if message.get("role") == "assistant" else None
-        for j, call in enumerate(calls if isinstance(calls, list) else ()):
-            at = f"{where}.tool_calls[{j}]"
-            ident = call.get("id") if isinstance(call, Mapping) else None
-            if not isinstance(ident, str) or not ident:
-                raise bad_request(f"{at}.id is missing: each tool call has the id its tool "
-                                  "message answers; send the id the call came with", f"{at}.id")
-            function = call.get("function")
-            arguments = function.get("arguments") if isinstance(function, Mapping) else None
-            if not isinstance(arguments, str):
-                raise bad_request(f"{at}.function.arguments must be a string of JSON, got "
-                                  f"{json.dumps(arguments)[:40]}; send json.dumps of the "
-                                  "arguments", f"{at}.function.arguments")
-            called.add(ident)
-        if message.get("role") == "tool":
-            ident = message.get("tool_call_id")
-            if not isinstance(ident, str) or not ident:
-                raise bad_request(f"{where}.tool_call_id is missing: a tool message answers "
-                                  "one tool call of an earlier assistant message; send its id",
-                                  f"{where}.tool_call_id")
-            if ident not in called:
-                raise bad_request(f"{where}.tool_call_id {ident[:40]!r} answers no tool call "
-                                  "of an earlier assistant message; send the id of one",
-                                  f"{where}.tool_call_id")
 
 
 _SPEC_FIELDS = {"strict": _BOOL, "description": Field(str)}
