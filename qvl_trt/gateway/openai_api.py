@@ -38,7 +38,6 @@ from typing import Any
 
 from ..chat_messages import check_tool_turns
 from ..errors import FieldError, InputError, QvlError
-from ..llm.guided import check_guided_ending
 from ..llm.schema_subset import SchemaError, check_schema
 from ..triton import contract as c
 
@@ -236,6 +235,10 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
         if min_tokens is not None and max_tokens is not None:
             c.check_min_tokens(min_tokens, max_tokens)
         if structure.schema is not None:
+            # Here, not at the top: only a guided request loads guided decoding's module
+            # (and its thread pool's), which an unguided gateway does without.
+            from ..llm.guided import check_guided_ending
+
             check_guided_ending(not ignore_eos, min_tokens or 0)
     if structure.schema is not None and data.get("stop"):
         raise bad_request("stop with a guided answer (response_format, tool_choice required "

@@ -4,8 +4,10 @@ settings.
 Two request forms: `messages` (OpenAI-style chat JSON whose image and video parts carry the
 data as base64 data URIs; video parts as vLLM's and qwen-vl-utils': docs/triton.md) or
 `text_input` with zero or more `image_bytes`, `video_bytes` and `video_frames` (encoded files,
-or data URIs). Remote image and video URLs are fetched only from hosts on the deployment's
-allow-list; by default the server fetches nothing.
+or data URIs). Either form's messages are checked here, once per request (chat_messages.py
+walks them and decodes their parts); later steps take the checked messages. Remote image and
+video URLs are fetched only from hosts on the deployment's allow-list (`UrlPolicy.fetch`); by
+default the server fetches nothing.
 """
 
 from __future__ import annotations
