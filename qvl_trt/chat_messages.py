@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from PIL import Image
 
 ROLES = ("system", "user", "assistant", "tool")
+# What messages must be, in a refusal's words (the gateway checks the same at the edge).
+MESSAGES_SHAPE = "messages must be a non-empty list of {role, content} objects"
 IMAGE_PART_TYPES = ("image", "image_url")
 VIDEO_PART_TYPES = ("video", "video_url")
 
@@ -98,7 +100,7 @@ def read_messages(messages: Sequence[Mapping[str, Any]]) -> CheckedMessages:
     any of their images or videos is fetched or decoded; else what the template reads and the
     image and video parts."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
-        raise InputError("messages must be a non-empty list of {role, content} objects")
+        raise InputError(MESSAGES_SHAPE)
     clean: list[dict[str, Any]] = []
     images: list[Mapping[str, Any]] = []
     videos: list[Mapping[str, Any]] = []

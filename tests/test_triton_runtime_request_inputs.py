@@ -48,7 +48,7 @@ def test_messages_with_data_uri_images_and_the_text_form_agree() -> None:
 
 @pytest.mark.parametrize("inputs, message", [
     ({"messages": b"{not json"}, "messages is not valid JSON"),
-    ({"messages": b"[]"}, "non-empty JSON list"),
+    ({"messages": b"[]"}, "messages must be a non-empty list"),
     ({}, "neither messages nor text_input"),
     ({"text_input": b"hi", "max_tokens": np.int32(0)}, "max_tokens = 0 must be from 1 to"),
     ({"text_input": b"hi", "temperature": np.float32(-1)}, "temperature = -1.0 must be >= 0"),

@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from ..chat_messages import check_tool_turns
+from ..chat_messages import MESSAGES_SHAPE, check_tool_turns
 from ..errors import FieldError, InputError, QvlError
 from ..llm.schema_subset import SchemaError, check_schema
 from ..triton import contract as c
@@ -173,8 +173,8 @@ _BOOL, _NUMBER, _ANY = Field(bool), Field((int, float)), Field()
 FIELDS: Mapping[str, Field] = {
     "model": Field(str, required="model is required: the name of a served model "
                    "(GET /v1/models)"),
-    "messages": Field(list, required="messages must be a non-empty list of {role, content} "
-                      "objects"),  # as sent; preprocessing checks roles and content parts
+    # As sent; preprocessing checks roles and content parts.
+    "messages": Field(list, required=MESSAGES_SHAPE),
     "max_tokens": _setting(c.MAX_TOKENS),
     "max_completion_tokens": _setting(c.MAX_TOKENS),
     "min_tokens": _setting(c.MIN_TOKENS),  # vLLM's

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...chat_messages import (
+    MESSAGES_SHAPE,
     CheckedMessages,
     VideoFile,
     VideoFrames,
@@ -162,7 +163,7 @@ def _parse_messages(text: str) -> list[dict[str, Any]]:
     if isinstance(messages, Mapping) and "messages" in messages:
         messages = messages["messages"]  # a whole chat-completions body is accepted too
     if not isinstance(messages, list) or not messages:
-        raise InputError("messages must be a non-empty JSON list of {role, content} objects")
+        raise InputError(MESSAGES_SHAPE)
     return messages
 
 
