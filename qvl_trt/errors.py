@@ -28,6 +28,15 @@ class InputError(QvlError):
     """A request is malformed: corrupt or oversized image, prompt too long, bad options."""
 
 
+class FieldError(InputError):
+    """A request is malformed in one field, which `field` names (the gateway answers with it
+    as OpenAI's `param`)."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class LimitError(InputError):
     """A request is above one of the deployment's size bounds (its preprocessing model's
     parameters): too large rather than malformed."""

@@ -80,7 +80,7 @@ class HfSide:
     def __init__(self, model: str, backend: str, min_pixels: int, max_pixels: int) -> None:
         import transformers
 
-        from qvl_trt.mm.chat import user_message
+        from qvl_trt.chat_messages import user_message
 
         self.images = transformers.AutoImageProcessor.from_pretrained(
             model, backend=backend,

@@ -224,6 +224,56 @@ def test_a_bad_request_gets_an_openai_error(gateway, fields, error, status, para
     assert body["param"] == param and body["type"] == "invalid_request_error"
 
 
+def ensemble_refusal(triton_server, request: c.EnsembleRequest) -> str:
+    """The ensemble's words for a request it refuses (over gRPC streaming, without Triton's
+    ensemble prefix and the kind's marker)."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    errors: queue.Queue = queue.Queue()
+    triton = grpcclient.InferenceServerClient(triton_server.grpc_url)
+    triton.start_stream(callback=lambda result, error: errors.put(error))
+    try:
+        triton.async_stream_infer(MODEL, request.infer_inputs(grpcclient.InferInput),
+                                  enable_empty_final_response=True)
+        error = errors.get(timeout=120)
+    finally:
+        triton.stop_stream()
+        triton.close()
+    assert error is not None, "the ensemble took the request"
+    kind, text = c.ErrorKind.split(error.message())
+    assert kind is c.ErrorKind.REQUEST, error.message()
+    return text
+
+
+def test_a_rule_the_deployment_owns_is_refused_in_its_words_at_the_edge(gateway,
+                                                                        triton_server) -> None:
+    """The gateway refuses what the deployment would (a setting's range, min_tokens against
+    max_tokens, how a guided answer ends) before sending it, naming OpenAI's param, in the
+    words the ensemble itself answers the same request with."""
+    guided = {"response_format": {"type": "json_object"}}
+    cases = [  # (the OpenAI request's fields, the ensemble's, the param)
+        ({"max_tokens": 0}, {"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 3, "extra_body": {"min_tokens": 4}},
+         {"max_tokens": 3, "min_tokens": 4}, "min_tokens"),
+        ({**guided, "extra_body": {"ignore_eos": True}},
+         {"guided_decoding_guide_type": "json", "ignore_eos": True}, "ignore_eos"),
+        ({**guided, "extra_body": {"min_tokens": 2}},
+         {"guided_decoding_guide_type": "json", "min_tokens": 2}, "min_tokens"),
+    ]
+    for fields, inputs, param in cases:
+        with pytest.raises(openai.BadRequestError) as caught:
+            client(gateway).chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                **{"max_tokens": 4, **fields})
+        assert caught.value.body["param"] == param
+        server = ensemble_refusal(triton_server, c.EnsembleRequest(
+            messages=json.dumps([{"role": "user", "content": "Hi"}]),
+            **{"max_tokens": 4, **inputs}))
+        assert caught.value.body["message"] == server
+
+
 def test_invalid_json_and_an_oversized_body_are_refused_and_service_goes_on(gateway) -> None:
     status, body = post(gateway, b'{"model": "ensemble", "messages": [')
     assert status == 400 and "not valid JSON" in body["error"]["message"]

@@ -47,7 +47,7 @@ LAYERS = (
     ("qvl_trt", "qvl_trt.errors", "qvl_trt.deps", "qvl_trt.atomic", "qvl_trt.typed_config",
      "qvl_trt.resources", "qvl_trt.hashing", "qvl_trt.dtypes", "qvl_trt.child"),
     ("qvl_trt.checkpoint", "qvl_trt.profiles", "qvl_trt.machine",
-     "qvl_trt.generation_config"),
+     "qvl_trt.generation_config", "qvl_trt.chat_messages"),
     ("qvl_trt.mm",),
     ("qvl_trt.vision", "qvl_trt.llm"),
     ("qvl_trt.plan", "qvl_trt.manifest"),

@@ -31,6 +31,7 @@ import pytest
 from gpu_tiers import trtllm_gpu_marks
 from PIL import Image
 
+from qvl_trt.chat_messages import user_message
 from qvl_trt.checkpoint import open_checkpoint
 from qvl_trt.dtypes import Dtype, WeightOnly
 from qvl_trt.llm.convert import convert_checkpoint
@@ -38,7 +39,6 @@ from qvl_trt.llm.engine import build_engines, engine_build_config, prompt_table_
 from qvl_trt.llm.reference import ReferenceDecoder
 from qvl_trt.llm.sampling import DecodeRequest, SamplingParams
 from qvl_trt.llm.weight_only import quantize
-from qvl_trt.mm.chat import user_message
 from qvl_trt.mm.prompt_table import assemble_prompt_table
 from qvl_trt.mm.request import RequestLimits, RequestPreprocessor
 from qvl_trt.plan import make_plan

@@ -17,6 +17,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
+from qvl_trt.chat_messages import user_message
 from qvl_trt.checkpoint import open_checkpoint
 from qvl_trt.errors import CheckpointError, InputError
 from qvl_trt.llm.convert import convert_checkpoint
@@ -30,7 +31,6 @@ from qvl_trt.llm.sampling import (
     TokenEvent,
     choose_token,
 )
-from qvl_trt.mm.chat import user_message
 from qvl_trt.mm.prompt_table import assemble_prompt_table
 from qvl_trt.mm.request import RequestLimits, RequestPreprocessor
 from qvl_trt.mm.rope import mrope_cos_sin_table

@@ -180,7 +180,7 @@ def test_pipeline_on_cuda_gives_the_cpu_tokens(pipeline: ReferencePipeline, tiny
 def _video_cases():
     from video_clips import png_frames, video_file
 
-    from qvl_trt.mm.video_input import VideoFile, VideoFrames
+    from qvl_trt.chat_messages import VideoFile, VideoFrames
 
     clip = VideoFile(video_file(30, 96, 64, rate=10))  # 3 s at 2 fps: 6 frames, 3 groups
     frames = VideoFrames(png_frames(5, 64, 64, seed=2), fps=1.0)  # 3 groups, the last repeats

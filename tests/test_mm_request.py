@@ -14,8 +14,8 @@ import pytest
 from cli_harness import run_cli
 from PIL import Image
 
+from qvl_trt.chat_messages import user_message
 from qvl_trt.errors import InputError
-from qvl_trt.mm.chat import user_message
 from qvl_trt.mm.prompt_table import (
     assemble_prompt_table,
     fake_token_ids,
@@ -284,7 +284,7 @@ def test_preprocessing_never_imports_torch(tiny_ckpt):
     """The Triton preprocessing model stays light: numpy, PIL and the tokenizer only."""
     script = (
         "import sys\n"
-        "from qvl_trt.mm.chat import user_message\n"
+        "from qvl_trt.chat_messages import user_message\n"
         "from qvl_trt.mm.request import RequestLimits, RequestPreprocessor\n"
         "from qvl_trt.profiles import load_profile\n"
         f"pre = RequestPreprocessor.from_checkpoint({str(tiny_ckpt)!r}, "

@@ -13,11 +13,10 @@ import numpy as np
 import pytest
 from video_clips import frame_pixels, png_frames, video_file
 
+from qvl_trt.chat_messages import VideoFile, VideoFrames, user_message
 from qvl_trt.errors import InputError
-from qvl_trt.mm.chat import user_message
 from qvl_trt.mm.request import RequestLimits, RequestPreprocessor
 from qvl_trt.mm.video import VideoLimits, group_timestamps, sample_indices
-from qvl_trt.mm.video_input import VideoFile, VideoFrames
 
 av = pytest.importorskip("av", reason="video files need PyAV: pip install 'qvl-trt[serve]'")
 

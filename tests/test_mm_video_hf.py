@@ -23,9 +23,8 @@ import transformers
 from packaging.version import Version
 from video_clips import png_frames
 
-from qvl_trt.mm.chat import user_message
+from qvl_trt.chat_messages import VideoFrames, user_message
 from qvl_trt.mm.request import RequestPreprocessor
-from qvl_trt.mm.video_input import VideoFrames
 from qvl_trt.testing.container_env import cache_root
 from qvl_trt.testing.torchvision_env import CALLER_SITE, torchvision_python
 

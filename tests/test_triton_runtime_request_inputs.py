@@ -48,15 +48,15 @@ def test_messages_with_data_uri_images_and_the_text_form_agree() -> None:
 
 @pytest.mark.parametrize("inputs, message", [
     ({"messages": b"{not json"}, "messages is not valid JSON"),
-    ({"messages": b"[]"}, "non-empty JSON list"),
+    ({"messages": b"[]"}, "messages must be a non-empty list"),
     ({}, "neither messages nor text_input"),
-    ({"text_input": b"hi", "max_tokens": np.int32(0)}, "max_tokens = 0 must be at least 1"),
+    ({"text_input": b"hi", "max_tokens": np.int32(0)}, "max_tokens = 0 must be from 1 to"),
     ({"text_input": b"hi", "temperature": np.float32(-1)}, "temperature = -1.0 must be >= 0"),
     ({"text_input": b"hi", "top_p": np.float32(0)}, "top_p = 0.0 must be in (0, 1]"),
     # A number beyond float32 arrives as inf: said so, not "inf must be >= 0".
     ({"text_input": b"hi", "temperature": np.float32(np.inf)},
      "temperature = inf is not a finite number; send a number >= 0"),
-    ({"text_input": b"hi", "min_tokens": np.int32(-2)}, "min_tokens = -2 must be at least 0"),
+    ({"text_input": b"hi", "min_tokens": np.int32(-2)}, "min_tokens = -2 must be from 0 to"),
     ({"text_input": b"hi", "max_tokens": np.int32(3), "min_tokens": np.int32(4)},
      "min_tokens = 4 is above max_tokens = 3"),
     ({"text_input": b"\xff"}, "text_input is not UTF-8"),
@@ -225,7 +225,7 @@ def test_the_default_bounds_admit_a_full_request() -> None:
 def test_video_parts_and_the_video_tensors_agree() -> None:
     """Each video form of messages (vLLM's video_url, qwen-vl-utils' video file and frame list,
     vLLM's video/jpeg frames) and its text_input twin give the same videos."""
-    from qvl_trt.mm.video_input import VideoFile, VideoFrames
+    from qvl_trt.chat_messages import VideoFile, VideoFrames
 
     clip, frame = b"\x00\x00\x00\x18ftypisom-a-clip", _png()
 
@@ -253,7 +253,7 @@ def test_video_parts_and_the_video_tensors_agree() -> None:
                    video_fps=np.array([1, 2, 4, 8], np.float32))
     assert plain.videos == (VideoFile(clip, 1.0), VideoFile(clip, 2.0),
                             VideoFrames((frame,) * 3, 4.0), VideoFrames((frame,) * 2, 8.0))
-    assert plain.messages[0]["content"] == [{"type": "video"}] * 4 + [
+    assert plain.messages.template[0]["content"] == [{"type": "video"}] * 4 + [
         {"type": "text", "text": "What happens?"}]
     one_rate = _parse(limits, text_input=b"x", video_frames=np.array([frame] * 2, object),
                       video_fps=np.array([3], np.float32))
@@ -307,19 +307,17 @@ def test_video_tensors_count_towards_the_request_size() -> None:
 
 # ---- what the preprocessing step makes of the settings ---------------------------------------
 
-def test_preprocessing_sends_min_tokens_no_end_id_and_greedy_as_tensorrt_llm_reads_them(
-        tmp_path, tiny_build, tiny_ckpt) -> None:
-    """ignore_eos: end_id -1 (no end id) and no other end id among the stop words, min_tokens
-    0 (nothing to hold back); min_tokens alone travels as it is; a temperature that scales as 0
-    does is greedy. The repository records the checkpoint's name and the build's cache key."""
-    from qvl_trt.checkpoint import open_checkpoint
+@pytest.fixture(scope="module")
+def step(tmp_path_factory, tiny_build, tiny_ckpt):
+    """The preprocessing step of the tiny build's reference repository, in this process. The
+    repository records the checkpoint's name."""
     from qvl_trt.triton import contract as c
     from qvl_trt.triton.model_configs import Flavor
     from qvl_trt.triton.pbconfig import read_config
     from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo
     from qvl_trt.triton.runtime.preprocessing import Preprocessor
 
-    repo = write_repo([BuildInput(tiny_build)], tmp_path / "repo",
+    repo = write_repo([BuildInput(tiny_build)], tmp_path_factory.mktemp("repo") / "repo",
                       RepoOptions(flavor=Flavor.REFERENCE)).path
     params = c.PreprocessingParameters.from_parameters(
         {k: v.string_value for k, v in read_config(repo / "preprocessing").parameters.items()})
@@ -327,7 +325,17 @@ def test_preprocessing_sends_min_tokens_no_end_id_and_greedy_as_tensorrt_llm_rea
     # The build by content, which the gateway's answer cache keys answers by.
     assert params.cache_key == json.loads((tiny_build / "manifest.json").read_text())[
         "cache_key"]
-    step = Preprocessor(tiny_ckpt, params)
+    return Preprocessor(tiny_ckpt, params)
+
+
+def test_preprocessing_sends_min_tokens_no_end_id_and_greedy_as_tensorrt_llm_reads_them(
+        step, tiny_ckpt) -> None:
+    """ignore_eos: end_id -1 (no end id) and no other end id among the stop words, min_tokens
+    0 (nothing to hold back); min_tokens alone travels as it is; a temperature that scales as 0
+    does is greedy."""
+    from qvl_trt.checkpoint import open_checkpoint
+    from qvl_trt.triton import contract as c
+
     end_ids = open_checkpoint(tiny_ckpt).generation.end_ids
     assert len(end_ids) == 2  # one end_id, one more as a one-token stop word
 
@@ -346,3 +354,35 @@ def test_preprocessing_sends_min_tokens_no_end_id_and_greedy_as_tensorrt_llm_rea
         step({"text_input": b"Hi", "max_tokens": np.int32(4), "min_tokens": np.int32(9)})
     with pytest.raises(InputError, match="the deployment's default where max_tokens is left"):
         step({"text_input": b"Hi", "min_tokens": np.int32(10**6)})
+
+
+def test_a_request_s_messages_are_checked_once(step, monkeypatch) -> None:
+    """Through the preprocessing step, chat messages (with an image part) and the text form
+    each pass the message bounds and the walk of their parts once: the intake's check is the
+    one later steps rely on."""
+    from qvl_trt import chat_messages
+    from qvl_trt.mm import chat, request
+    from qvl_trt.triton import contract as c
+
+    calls = []
+
+    def counted(real):
+        def wrapper(*args, **kwargs):
+            calls.append(real.__name__)
+            return real(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(request.RequestLimits, "check_messages",
+                        counted(request.RequestLimits.check_messages))
+    # Each module calls read_messages through its own name: patch it where it is looked up.
+    for module in (request, chat):
+        monkeypatch.setattr(module, "read_messages", counted(chat_messages.read_messages))
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," +
+                                                 base64.b64encode(_png()).decode()}}
+    chat = [{"role": "user", "content": [image, {"type": "text", "text": "What is it?"}]}]
+    for inputs in ({c.MESSAGES: json.dumps(chat).encode()},
+                   {c.TEXT_INPUT: b"Hi", c.IMAGE_BYTES: np.array([_png()], object)}):
+        calls.clear()
+        out = step({**inputs, c.MAX_TOKENS: np.int32(2)})
+        assert out[c.IMAGE_GRID_THW].shape[0] == 1
+        assert calls == ["check_messages", "read_messages"]

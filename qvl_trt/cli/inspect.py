@@ -139,9 +139,9 @@ def generate(
     the converted TensorRT-LLM checkpoint."""
     import json
 
+    from ..chat_messages import VideoFile
     from ..llm.pipeline import ReferencePipeline, sampling_params
     from ..mm.image_input import read_image_files
-    from ..mm.video_input import VideoFile
     from .console import out as console
     from .console import print_json
 

@@ -292,8 +292,8 @@ class InProcessReference:
         self.end_id = self.pipeline.checkpoint.generation.end_ids[0]
 
     def __call__(self, req: GenerateRequest) -> list[int]:
+        from ..chat_messages import VideoFile
         from ..llm.sampling import SamplingParams
-        from ..mm.video_input import VideoFile
 
         out = self.pipeline.ask(req.prompt, list(req.images),
                                 sampling=SamplingParams(max_tokens=req.max_tokens, greedy=True),
@@ -307,12 +307,11 @@ def checkpoint_agreement(cases: Sequence[Case], model: Path, baseline: Path, can
     """The greedy tokens and logits of two converted checkpoints of `model` (e.g. a build's
     fp16 llm_checkpoint and a `--weights int8` one) on the same cases, both run by the
     reference decoder in process (qvl_trt.llm.agreement.Agreement)."""
+    from ..chat_messages import VideoFile, user_message
     from ..llm.agreement import compare_decoders
     from ..llm.pipeline import ReferencePipeline
     from ..llm.reference import ReferenceDecoder
     from ..llm.sampling import SamplingParams
-    from ..mm.chat import user_message
-    from ..mm.video_input import VideoFile
 
     pipeline = ReferencePipeline.load(model, checkpoint=baseline, device=device)
     decoder = pipeline.decoder

@@ -44,7 +44,7 @@ import signal
 import time
 from collections.abc import Callable
 
-from ..chat_parts import media_counts
+from ..chat_messages import media_counts
 from ..deps import require
 from ..errors import ConfigError
 from ..triton import contract as c

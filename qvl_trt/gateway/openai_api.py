@@ -5,9 +5,13 @@ deployment (postprocessing decides both, where the stop words are known).
 
 Pure functions over JSON-shaped values: no web server, no Triton.
 
-What is refused rather than ignored: every field the deployment cannot honour (n > 1,
-logprobs, penalties, ...) unless it carries the value that asks for the default behaviour
-(n = 1, logprobs false, penalties 0, ...), and any field this API does not know. `messages`
+The body's fields, their JSON types and ranges are declared once (`FIELDS`); the rules the
+deployment owns (the settings' ranges, min_tokens against max_tokens, how a guided answer
+ends) are its own functions, called here so that the gateway refuses at the edge in the
+deployment's words. What is refused rather than ignored: every field the deployment cannot
+honour (n > 1, logprobs, penalties, ...) unless it carries the value that asks for the
+default behaviour (n = 1, logprobs false, penalties 0, ...), and any field this API does not
+know. `messages`
 travels to the ensemble as sent (its `messages` input): preprocessing checks the roles and
 content parts, resolves `image_url` and `video_url` data URIs and allow-listed hosts, and
 refuses other part types with a one-line reason.
@@ -27,16 +31,16 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InputError, QvlError
+from ..chat_messages import MESSAGES_SHAPE, check_tool_turns
+from ..errors import FieldError, InputError, QvlError
 from ..llm.schema_subset import SchemaError, check_schema
 from ..triton import contract as c
 
-INT32_MAX = 2**31 - 1
-UINT64_MAX = 2**64 - 1
 # The most separators (`,` `[` `{`, counted in the raw bytes, strings included) a body may
 # hold: parsed, each costs a Python object; counting them is cheap, parsing is not, and the
 # parser holds the event loop. Text and images need far fewer (a data URI has one).
@@ -112,92 +116,181 @@ class ChatCompletionRequest:
     answer_cache: bool = True
 
 
-# Fields the deployment cannot honour, with the values that ask for nothing more than what
-# it does anyway (the request's JSON; null always counts as absent). The refusal names the
-# field: a client that relies on it learns so at once instead of getting a silently
-# different answer.
-_DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
-    "n": (1,),
-    "logprobs": (False,),
-    "top_logprobs": (0,),
-    "presence_penalty": (0, 0.0),
-    "frequency_penalty": (0, 0.0),
-    "repetition_penalty": (1, 1.0),
-    "logit_bias": ({},),
-    "functions": ([],),  # OpenAI's deprecated spelling of tools: send tools
-    "function_call": ("none",),
-    "modalities": (["text"],),
-    "store": (False,),
-    "audio": (),
-    "prediction": (),
-    "reasoning_effort": (),
-    "web_search_options": (),
+@dataclass(frozen=True)
+class Field:
+    """One field of the body as it is checked before any reader sees it: the JSON type it
+    takes (None: any; its reader checks it), an integer's range, the refusal's words for a
+    required field that is absent, empty or of another type, and an object's own fields. A
+    field the deployment cannot honour lists the values that ask for nothing more than what
+    it does anyway (`only`; () for none)."""
+
+    type: type | tuple[type, ...] | None = None
+    low: int | None = None
+    high: int | None = None
+    required: str | None = None
+    fields: Mapping[str, Field] | None = None
+    only: tuple[Any, ...] | None = None
+
+    def check(self, value: Any, param: str) -> Any:
+        """`value` (not null) checked, or ApiError 400 naming `param`; an object as its
+        fields' checked values."""
+        if self.only is not None:
+            if _canonical(value) not in {_canonical(a) for a in self.only}:
+                fix = f"leave it out or send {json.dumps(self.only[0])}" if self.only \
+                    else "leave it out"
+                raise bad_request(f"{param} = {json.dumps(value)[:60]} is not supported by "
+                                  f"this server; {fix}", param)
+            return value
+        types = self.type if isinstance(self.type, tuple) else (self.type,)
+        # bool is an int in Python; a JSON true is no number here.
+        if self.type is not None and (not isinstance(value, types) or (
+                isinstance(value, bool) and bool not in types)):
+            if self.required:
+                raise bad_request(self.required, param)
+            raise bad_request(f"{param} must be {self._what()}, got {json.dumps(value)[:40]}",
+                              param)
+        if self.required and not value:
+            raise bad_request(self.required, param)
+        if self.low is not None:
+            with _as_param():
+                c.check_range(param, value, self.low, self.high)
+        return value if self.fields is None else _checked(value, self.fields, param)
+
+    def _what(self) -> str:
+        if self.low is not None:
+            return f"an integer from {self.low} to {self.high}"
+        return {bool: "true or false", str: "a string", dict: "an object", list: "a list",
+                (int, float): "a number"}[self.type]
+
+
+def _setting(name: str) -> Field:
+    """An integer the ensemble takes as its input `name`, in the range the deployment takes."""
+    return Field(int, *c.SETTING_RANGES[name])
+
+
+_BOOL, _NUMBER, _ANY = Field(bool), Field((int, float)), Field()
+
+# The body's fields, each once: a field not here is refused by name. Those of type None are
+# checked by their readers below (structured output, stop).
+FIELDS: Mapping[str, Field] = {
+    "model": Field(str, required="model is required: the name of a served model "
+                   "(GET /v1/models)"),
+    # As sent; preprocessing checks roles and content parts.
+    "messages": Field(list, required=MESSAGES_SHAPE),
+    "max_tokens": _setting(c.MAX_TOKENS),
+    "max_completion_tokens": _setting(c.MAX_TOKENS),
+    "min_tokens": _setting(c.MIN_TOKENS),  # vLLM's
+    "ignore_eos": _BOOL,  # vLLM's
+    "temperature": _NUMBER,
+    "top_p": _NUMBER,
+    "top_k": Field(int, -1, c.INT32_MAX),  # vLLM's; -1 (or 0): off
+    "seed": _setting(c.SEED),
+    "stop": _ANY,
+    "stream": _BOOL,
+    "stream_options": Field(dict, fields={"include_usage": _BOOL,
+                                          "continuous_usage_stats": _BOOL}),  # the second: vLLM's
+    "response_format": _ANY,
+    "tools": _ANY,
+    "tool_choice": _ANY,
+    "parallel_tool_calls": _BOOL,
+    "answer_cache": _BOOL,  # this server's: false keeps the request out of the answer cache
+    # Accepted and without effect on the answer.
+    "user": _ANY,
+    "metadata": _ANY,
+    "service_tier": _ANY,
+    # Fields the deployment cannot honour (null always counts as absent). The refusal names
+    # the field: a client that relies on it learns so at once instead of getting a silently
+    # different answer.
+    "n": Field(only=(1,)),
+    "logprobs": Field(only=(False,)),
+    "top_logprobs": Field(only=(0,)),
+    "presence_penalty": Field(only=(0, 0.0)),
+    "frequency_penalty": Field(only=(0, 0.0)),
+    "repetition_penalty": Field(only=(1, 1.0)),
+    "logit_bias": Field(only=({},)),
+    "functions": Field(only=([],)),  # OpenAI's deprecated spelling of tools: send tools
+    "function_call": Field(only=("none",)),
+    "modalities": Field(only=(["text"],)),
+    "store": Field(only=(False,)),
+    "audio": Field(only=()),
+    "prediction": Field(only=()),
+    "reasoning_effort": Field(only=()),
+    "web_search_options": Field(only=()),
 }
-# Accepted and without effect on the answer.
-_IGNORED = ("user", "metadata", "service_tier")
-_KNOWN = ("model", "messages", "max_tokens", "max_completion_tokens", "min_tokens",
-          "ignore_eos", "temperature", "top_p", "top_k", "seed", "stop", "stream",
-          "stream_options", "response_format", "tools", "tool_choice", "parallel_tool_calls",
-          "answer_cache", *_IGNORED, *_DEFAULT_ONLY)
-_STREAM_OPTIONS = ("include_usage", "continuous_usage_stats")
 
 
 def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     """The request body -> a checked request, or ApiError (400) naming the field and the
     fix."""
     data = _json_object(body)
-    unknown = sorted(set(data) - set(_KNOWN))
-    if unknown:
-        raise bad_request(f"unsupported parameter {unknown[0]!r}: this server does not know "
-                          "it; leave it out", unknown[0])
-    for name, allowed in _DEFAULT_ONLY.items():
-        value = data.get(name)
-        if value is not None and _canonical(value) not in {_canonical(a) for a in allowed}:
-            fix = f"leave it out or send {json.dumps(allowed[0])}" if allowed else "leave it out"
-            raise bad_request(f"{name} = {json.dumps(value)[:60]} is not supported by this "
-                              f"server; {fix}", name)
-    model = data.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad_request("model is required: the name of a served model (GET /v1/models)",
-                          "model")
-    messages = data.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("messages must be a non-empty list of {role, content} objects",
-                          "messages")
+    fields = _checked(data, FIELDS)
+    messages = fields["messages"]
     for name in ("messages", "tools", "response_format"):  # the texts that travel
         _check_texts(data.get(name), name)
-    _check_tool_turns(messages)
-    stream = _optional(data, "stream", bool, "true or false") or False
-    include_usage, continuous_usage = _stream_options(data, stream)
-    max_tokens, min_tokens = _max_tokens(data), _integer(data, "min_tokens", 0, INT32_MAX)
-    if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
-        raise bad_request(f"min_tokens = {min_tokens} is above max_tokens = {max_tokens}; "
-                          "send min_tokens <= max_tokens", "min_tokens")
-    structure, ignore_eos = _structure(data), _optional(data, "ignore_eos", bool,
-                                                        "true or false") or False
-    if structure.schema is not None and ignore_eos:
-        raise bad_request("ignore_eos with a guided answer (response_format, tool_choice "
-                          "required or named): the answer ends with its end token once the "
-                          "structure is complete; leave ignore_eos out", "ignore_eos")
+    with _as_param():
+        check_tool_turns(messages)
+    stream = fields.get("stream", False)
+    include_usage, continuous_usage = _stream_options(fields.get("stream_options"), stream)
+    max_tokens, min_tokens = _max_tokens(fields), fields.get("min_tokens")
+    ignore_eos = fields.get("ignore_eos", False)
+    structure = _structure(data, fields.get("parallel_tool_calls"))
+    with _as_param():
+        if min_tokens is not None and max_tokens is not None:
+            c.check_min_tokens(min_tokens, max_tokens)
+        if structure.schema is not None:
+            # Here, not at the top: only a guided request loads guided decoding's module
+            # (and its thread pool's), which an unguided gateway does without.
+            from ..llm.guided import check_guided_ending
+
+            check_guided_ending(not ignore_eos, min_tokens or 0)
     if structure.schema is not None and data.get("stop"):
         raise bad_request("stop with a guided answer (response_format, tool_choice required "
                           "or named): a stop string inside the structure would cut it short "
                           "of its schema; the answer ends with the structure, leave stop out",
                           "stop")
-    if structure.schema is not None and min_tokens:
-        raise bad_request("min_tokens with a guided answer (response_format, tool_choice "
-                          "required or named): once the structure is complete only its end "
-                          "token is admitted; leave min_tokens out", "min_tokens")
-    top_p, top_k = _number(data, "top_p"), _top_k(data)
+    top_p, top_k = _fp32(fields, "top_p"), fields.get("top_k")
+    top_k = 0 if top_k == -1 else top_k  # vLLM spells "off" -1, the ensemble 0
     if top_p == 0:  # OpenAI takes it: the smallest nucleus, the most likely token alone
         top_p, top_k = None, 1
     return ChatCompletionRequest(
-        model=model, messages=messages, max_tokens=max_tokens,
-        temperature=_number(data, "temperature"), top_p=top_p,
-        top_k=top_k, seed=_seed(data), stop=_stop(data), stream=stream,
+        model=fields["model"], messages=messages, max_tokens=max_tokens,
+        temperature=_fp32(fields, "temperature"), top_p=top_p,
+        top_k=top_k, seed=fields.get("seed"), stop=_stop(data), stream=stream,
         include_usage=include_usage, continuous_usage=continuous_usage,
         min_tokens=min_tokens, ignore_eos=ignore_eos, structure=structure,
-        answer_cache=_optional(data, "answer_cache", bool, "true or false") in (None, True))
+        answer_cache=fields.get("answer_cache", True))
+
+
+def _checked(data: Mapping[str, Any], table: Mapping[str, Field],
+             where: str | None = None) -> dict[str, Any]:
+    """The fields of `data` (the body, or the object at `where`) that are present and not
+    null, each checked by its entry of `table`; ApiError 400 for a field `table` lacks."""
+    unknown = sorted(set(data) - set(table))
+    if unknown and where is None:
+        raise bad_request(f"unsupported parameter {unknown[0]!r}: this server does not know "
+                          "it; leave it out", unknown[0])
+    if unknown:
+        names = list(table)
+        raise bad_request(f"{where} supports only {', '.join(names[:-1])} and {names[-1]}",
+                          where)
+    values = {}
+    for name, field in table.items():
+        param = name if where is None else f"{where}.{name}"
+        if data.get(name) is not None:
+            values[name] = field.check(data[name], param)
+        elif field.required:
+            raise bad_request(field.required, param)
+    return values
+
+
+@contextmanager
+def _as_param() -> Iterator[None]:
+    """A rule of the deployment's broken (FieldError) -> a 400 with its words, naming its
+    field as OpenAI's param."""
+    try:
+        yield
+    except FieldError as exc:
+        raise bad_request(str(exc), exc.field) from None
 
 
 # ---- structured output: response_format, tools, tool_choice ---------------------------------
@@ -206,14 +299,13 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
-def _structure(data: Mapping[str, Any]) -> Structure:
+def _structure(data: Mapping[str, Any], parallel: bool | None) -> Structure:
     """response_format, tools, tool_choice and parallel_tool_calls, checked, and what they
     ask of the deployment. One guide per request: a response format with a forced call is
     refused; with tool_choice auto the format wins (a guided JSON answer calls no tool)."""
     schema = _response_format(data.get("response_format"))
     tools = _tools(data.get("tools"))
     choice = data.get("tool_choice")
-    parallel = _optional(data, "parallel_tool_calls", bool, "true or false")
     # OpenAI's rule; "none" without tools asks for nothing, and is taken.
     for name, value in (("tool_choice", None if choice == "none" else choice),
                         ("parallel_tool_calls", parallel)):
@@ -329,39 +421,7 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
     return value
 
 
-def _check_tool_turns(messages: Sequence[Any]) -> None:
-    """OpenAI's rules for the turns of a tool exchange (preprocessing checks the rest of each
-    message): an assistant's tool call has an id and its arguments as JSON text, and a tool
-    message answers, by tool_call_id, a call made earlier in the conversation."""
-    called: set[str] = set()
-    for i, message in enumerate(messages):
-        if not isinstance(message, Mapping):
-            continue
-        where = f"messages[{i}]"
-        calls = message.get("tool_calls") if message.get("role") == "assistant" else None
-        for j, call in enumerate(calls if isinstance(calls, list) else ()):
-            at = f"{where}.tool_calls[{j}]"
-            ident = call.get("id") if isinstance(call, Mapping) else None
-            if not isinstance(ident, str) or not ident:
-                raise bad_request(f"{at}.id is missing: each tool call has the id its tool "
-                                  "message answers; send the id the call came with", f"{at}.id")
-            function = call.get("function")
-            arguments = function.get("arguments") if isinstance(function, Mapping) else None
-            if not isinstance(arguments, str):
-                raise bad_request(f"{at}.function.arguments must be a string of JSON, got "
-                                  f"{json.dumps(arguments)[:40]}; send json.dumps of the "
-                                  "arguments", f"{at}.function.arguments")
-            called.add(ident)
-        if message.get("role") == "tool":
-            ident = message.get("tool_call_id")
-            if not isinstance(ident, str) or not ident:
-                raise bad_request(f"{where}.tool_call_id is missing: a tool message answers "
-                                  "one tool call of an earlier assistant message; send its id",
-                                  f"{where}.tool_call_id")
-            if ident not in called:
-                raise bad_request(f"{where}.tool_call_id {ident[:40]!r} answers no tool call "
-                                  "of an earlier assistant message; send the id of one",
-                                  f"{where}.tool_call_id")
+_SPEC_FIELDS = {"strict": _BOOL, "description": Field(str)}
 
 
 def _named_spec(spec: Mapping[str, Any], where: str, body: str) -> str:
@@ -376,8 +436,9 @@ def _named_spec(spec: Mapping[str, Any], where: str, body: str) -> str:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise bad_request(f"{where}.name must be 1 to 64 letters, digits, _ or -",
                           f"{where}.name")
-    _optional(spec, "strict", bool, "true or false", f"{where}.strict")
-    _optional(spec, "description", str, "a string", f"{where}.description")
+    for key, field in _SPEC_FIELDS.items():
+        if spec.get(key) is not None:
+            field.check(spec[key], f"{where}.{key}")
     return name
 
 
@@ -431,20 +492,14 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def _stream_options(data: Mapping[str, Any], stream: bool) -> tuple[bool, bool]:
-    """(include_usage, continuous_usage_stats) of stream_options."""
-    options = data.get("stream_options")
+def _stream_options(options: Mapping[str, bool] | None, stream: bool) -> tuple[bool, bool]:
+    """(include_usage, continuous_usage_stats) of the checked stream_options."""
     if options is None:
         return False, False
     if not stream:
         raise bad_request("stream_options is only allowed when stream is true",
                           "stream_options")
-    if not isinstance(options, Mapping) or set(options) - set(_STREAM_OPTIONS):
-        raise bad_request(f"stream_options supports only {' and '.join(_STREAM_OPTIONS)}",
-                          "stream_options")
-    include, continuous = (_optional(options, name, bool, "true or false",
-                                     f"stream_options.{name}") or False
-                           for name in _STREAM_OPTIONS)
+    include, continuous = (options.get(name, False) for name in FIELDS["stream_options"].fields)
     if continuous and not include:
         raise bad_request("stream_options.continuous_usage_stats needs include_usage true: "
                           "send both", "stream_options.continuous_usage_stats")
@@ -513,57 +568,25 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-def _optional(data: Mapping[str, Any], name: str, kind: type, what: str,
-              param: str | None = None) -> Any:
-    value = data.get(name)
-    if value is None:
-        return None
-    # bool is an int in Python; a JSON true is no number here.
-    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        raise bad_request(f"{param or name} must be {what}, got {json.dumps(value)[:40]}",
-                          param or name)
-    return value
-
-
-def _integer(data: Mapping[str, Any], name: str, low: int, high: int) -> int | None:
-    value = _optional(data, name, int, f"an integer from {low} to {high}")
-    if value is not None and not low <= value <= high:
-        raise bad_request(f"{name} = {value} must be from {low} to {high}", name)
-    return value
-
-
-def _max_tokens(data: Mapping[str, Any]) -> int | None:
-    values = {name: _integer(data, name, 1, INT32_MAX)
-              for name in ("max_completion_tokens", "max_tokens")}
-    given = {v for v in values.values() if v is not None}
+def _max_tokens(fields: Mapping[str, Any]) -> int | None:
+    given = {fields[name] for name in ("max_completion_tokens", "max_tokens") if name in fields}
     if len(given) > 1:
         raise bad_request("max_tokens and max_completion_tokens differ; send one of them",
                           "max_tokens")
     return given.pop() if given else None
 
 
-def _number(data: Mapping[str, Any], name: str) -> float | None:
+def _fp32(fields: Mapping[str, Any], name: str) -> float | None:
     """A number of an FP32 input of the ensemble (temperature, top_p)."""
-    value = _optional(data, name, (int, float), "a number")
+    value = fields.get(name)
     if value is None:
         return None
     try:
         number = float(value)
     except OverflowError:  # an integer beyond any float
         number = math.inf
-    try:
+    with _as_param():
         return c.fp32(number, name)
-    except InputError as exc:
-        raise bad_request(str(exc), name) from None
-
-
-def _top_k(data: Mapping[str, Any]) -> int | None:
-    value = _integer(data, "top_k", -1, INT32_MAX)
-    return 0 if value == -1 else value  # vLLM spells "off" -1, the ensemble 0
-
-
-def _seed(data: Mapping[str, Any]) -> int | None:
-    return _integer(data, "seed", 0, UINT64_MAX)
 
 
 def _stop(data: Mapping[str, Any]) -> tuple[str, ...]:

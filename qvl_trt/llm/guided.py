@@ -60,7 +60,7 @@ from typing import Any
 
 from ..atomic import write_json_atomic
 from ..deps import require
-from ..errors import ConfigError, InputError
+from ..errors import ConfigError, FieldError, InputError
 from .schema_subset import SchemaError, check_pattern, check_schema
 
 # The tensorrt_llm model parameter value that turns guided decoding on (the only backend the
@@ -96,17 +96,17 @@ STRUCTURAL_TAG = "structural_tag"
 def check_guided_ending(has_end_id: bool, min_tokens: int) -> None:
     """Refuse a guided request that cannot end where its structure does (module docstring:
     past a complete grammar only end tokens are admitted): one without an end id (sent with
-    ignore_eos), or one with min_tokens."""
+    ignore_eos), or one with min_tokens. The gateway answers with the same words."""
     if not has_end_id:
-        raise InputError("a guided answer needs its end token (it is sent without one: "
-                         "ignore_eos): once the structure is complete only end tokens are "
-                         "admitted, and generating past one fails the engine's whole step; "
-                         "send the guide without ignore_eos")
+        raise FieldError("a guided answer needs its end token, which ignore_eos leaves out: "
+                         "once the structure is complete only end tokens are admitted, and "
+                         "generating past one fails the engine's whole step; leave ignore_eos "
+                         "out", "ignore_eos")
     if min_tokens:
-        raise InputError("min_tokens with a guided answer: once the structure is complete "
+        raise FieldError("min_tokens with a guided answer: once the structure is complete "
                          "only end tokens are admitted, so the engine would end the answer "
-                         "before min_tokens or fail its whole step; send the guide with "
-                         "min_tokens 0")
+                         "before min_tokens or fail its whole step; leave min_tokens out",
+                         "min_tokens")
 
 
 class GuideError(InputError):

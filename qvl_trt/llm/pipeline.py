@@ -17,14 +17,13 @@ from typing import Any
 
 import numpy as np
 
+from ..chat_messages import VideoInput, user_message
 from ..checkpoint import Checkpoint, open_checkpoint
 from ..deps import require
 from ..dtypes import Dtype, pick
 from ..errors import CheckpointError, InputError
-from ..mm.chat import user_message
 from ..mm.detokenizer import StreamDecoder, TokenBytes
 from ..mm.request import ImageInput, PreparedRequest, RequestLimits, RequestPreprocessor
-from ..mm.video_input import VideoInput
 from ..vision.cache import RowCache
 from ..vision.step import VisionStep, reference_tower
 from .layout import DTYPES, LlmConfig, read_llm_config

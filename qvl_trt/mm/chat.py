@@ -1,12 +1,11 @@
 """Chat messages -> prompt token ids through the checkpoint's tokenizer and chat template.
 
-Messages are OpenAI-style: `{"role": ..., "content": str | [part, ...]}` with parts
-`{"type": "text", "text": ...}`, `{"type": "image"}` / `{"type": "image_url", ...}` and
-`{"type": "video"}` / `{"type": "video_url", ...}`; the images and videos themselves travel
-separately, in order of appearance. The template writes
-`<|vision_start|><|image_pad|><|vision_end|>` per image; each pad becomes as many pad tokens
-as the image has merged patches, as the HF processor does (it expands the text before
-tokenising; special tokens split the text, so expanding the ids after is the same). A video's
+The messages come checked and reduced to what the template reads (chat_messages.py
+read_messages); the images and videos themselves travel separately, in order of appearance.
+The template writes `<|vision_start|><|image_pad|><|vision_end|>` per image; each pad becomes
+as many pad tokens as the image has merged patches, as the HF processor does (it expands the
+text before tokenising; special tokens split the text, so expanding the ids after is the
+same). A video's
 `<|vision_start|><|video_pad|><|vision_end|>` becomes, per temporal group, `<t.t seconds>
 <|vision_start|><|video_pad|><|vision_end|>`, and each group's pad then as many pads as the
 group has merged patches. The template's own vision_start/vision_end around the video go: the
@@ -27,19 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from ..chat_parts import IMAGE_PART_TYPES, VIDEO_PART_TYPES
+from ..chat_messages import CheckedMessages, read_messages
 from ..checkpoint import TokenIds
 from ..deps import require
 from ..errors import CheckpointError, EngineLimitError, InputError
-
-ROLES = ("system", "user", "assistant", "tool")
-
-
-def user_message(prompt: str, image_count: int, video_count: int = 0) -> list[dict[str, Any]]:
-    """One user turn: the images, the videos, then the text (Qwen's own examples' order)."""
-    parts: list[dict[str, Any]] = [{"type": "image"} for _ in range(image_count)]
-    parts += [{"type": "video"} for _ in range(video_count)]
-    return [{"role": "user", "content": [*parts, {"type": "text", "text": prompt}]}]
 
 
 class PromptBuilder:
@@ -69,15 +59,16 @@ class PromptBuilder:
                                   "the checkpoint")
         return cls(tokenizer, token_ids)
 
-    def render(self, messages: Sequence[Mapping[str, Any]],
+    def render(self, messages: CheckedMessages | Sequence[Mapping[str, Any]],
                tools: Sequence[Mapping[str, Any]] | None = None) -> tuple[str, int, int]:
         """The prompt text with the generation prompt appended, its image and video counts;
-        `tools` (OpenAI's function tools) are listed by the template for the model to call."""
-        clean, images, videos = _template_messages(messages)
+        `tools` (OpenAI's function tools) are listed by the template for the model to call.
+        Messages not yet checked are checked here."""
+        checked = messages if isinstance(messages, CheckedMessages) else read_messages(messages)
         text = self.tokenizer.apply_chat_template(
-            clean, tools=template_tools(tools) if tools else None, tokenize=False,
+            checked.template, tools=template_tools(tools) if tools else None, tokenize=False,
             add_generation_prompt=True)
-        return text, images, videos
+        return text, len(checked.image_parts), len(checked.video_parts)
 
     def check_fits(self, text: str, max_tokens: int) -> None:
         """Refuse rendered text that cannot tokenize to `max_tokens` or fewer, from its size
@@ -148,12 +139,6 @@ class PromptBuilder:
         return np.repeat(ids, repeats)
 
 
-def validate_messages(messages: Sequence[Mapping[str, Any]]) -> None:
-    """Refuse malformed messages (roles, parts, images or videos outside user turns) before
-    any of their images or videos is fetched or decoded."""
-    _template_messages(messages)
-
-
 def template_tools(tools: Any) -> list[dict[str, Any]]:
     """OpenAI's function tools reduced to what Qwen's template lists (`tool | tojson`, in the
     shape Qwen was trained on: type, function name, description, parameters), validated."""
@@ -201,70 +186,3 @@ def _template_file(path: Path) -> str | None:
             "chat_template"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def _template_messages(messages: Sequence[Mapping[str, Any]]) \
-        -> tuple[list[dict[str, Any]], int, int]:
-    """Messages reduced to what the template reads (image and video data stay out of it),
-    validated; with the counts of images and videos."""
-    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
-        raise InputError("messages must be a non-empty list of {role, content} objects")
-    clean, images, videos = [], 0, 0
-    for n, message in enumerate(messages, 1):
-        if not isinstance(message, Mapping):
-            raise InputError(f"message {n} is a {type(message).__name__}, not an object "
-                             "with role and content")
-        role, content = message.get("role"), message.get("content")
-        if role not in ROLES:
-            raise InputError(f"message {n} has role {role!r}; use one of {', '.join(ROLES)}")
-        calls = _tool_calls(message, n) if role == "assistant" else {}
-        if content is None and calls:  # an assistant turn that only called functions
-            content = ""
-        if isinstance(content, str):
-            clean.append({"role": role, "content": content, **calls})
-            continue
-        if not isinstance(content, Sequence) or isinstance(content, bytes):
-            raise InputError(f"message {n}: content must be a string or a list of parts")
-        parts = []
-        for part in content:
-            kind = part.get("type") if isinstance(part, Mapping) else None
-            if kind == "text" and isinstance(part.get("text"), str):
-                parts.append({"type": "text", "text": part["text"]})
-            elif kind in IMAGE_PART_TYPES:
-                if role != "user":
-                    raise InputError(f"message {n}: images go in user messages, not {role}")
-                parts.append({"type": "image"})
-                images += 1
-            elif kind in VIDEO_PART_TYPES:
-                if role != "user":
-                    raise InputError(f"message {n}: videos go in user messages, not {role}; "
-                                     "move the video to a user turn")
-                parts.append({"type": "video"})
-                videos += 1
-            else:
-                raise InputError(f"message {n}: content part {repr(part)[:60]} is neither "
-                                 "{type: text, text: ...}, {type: image} nor {type: video}")
-        clean.append({"role": role, "content": parts, **calls})
-    return clean, images, videos
-
-
-def _tool_calls(message: Mapping[str, Any], n: int) -> dict[str, Any]:
-    """An assistant message's `tool_calls` as the template reads them ({} for none): each
-    rendered as Qwen's `<tool_call>{"name": ..., "arguments": ...}</tool_call>`, the
-    arguments as sent (OpenAI's JSON text, or an object)."""
-    calls = message.get("tool_calls")
-    if calls is None or calls == []:
-        return {}
-    if not isinstance(calls, list):
-        raise InputError(f"message {n}: tool_calls must be a list of {{id, type: function, "
-                         "function: {name, arguments}}}")
-    clean = []
-    for call in calls:
-        function = call.get("function") if isinstance(call, Mapping) else None
-        name = function.get("name") if isinstance(function, Mapping) else None
-        arguments = function.get("arguments", "{}") if isinstance(function, Mapping) else None
-        if not isinstance(name, str) or not isinstance(arguments, (str, Mapping)):
-            raise InputError(f"message {n}: tool call {repr(call)[:60]} is not {{type: "
-                             "function, function: {name, arguments}}}")
-        clean.append({"function": {"name": name, "arguments": arguments}})
-    return {"tool_calls": clean}

@@ -19,19 +19,25 @@ import numpy as np
 from PIL import Image
 
 from ..atomic import staged_file
-from ..chat_parts import media_counts
+from ..chat_messages import (
+    CheckedMessages,
+    VideoInput,
+    media_counts,
+    read_messages,
+    user_message,
+)
 from ..checkpoint import Checkpoint, VisionDims, open_checkpoint
 from ..errors import ConfigError, EngineLimitError, InputError, LimitError
 from ..profiles import GpuProfile, load_profile
 from . import video as vid
-from .chat import PromptBuilder, user_message
+from .chat import PromptBuilder
 from .image_input import DEFAULT_MAX_DECODED_PIXELS, load_rgb, open_image, read_image_files
 from .kernels import pixel_pool
 from .pixels import ImagePatches, PixelConfig, image_patch_count, image_patches
 from .prompt_table import fake_token_ids, prompt_table_extra_ids, rows_per_visual_token
 from .rope import MropeTable, rope_index
 from .video import VideoConfig, VideoLimits, VideoPatches
-from .video_input import VideoInput, load_clip
+from .video_input import load_clip
 from .vision_index import (
     PIXEL_VALUES,
     POS_INTERP_INDICES,
@@ -115,6 +121,12 @@ class RequestLimits:
         images, videos = media_counts(messages)
         self.check_image_count(images)
         self.video.check_video_count(videos)
+
+    def checked_messages(self, messages: Sequence[Any]) -> CheckedMessages:
+        """Messages within the bounds (`check_messages`), then checked and read
+        (chat_messages.read_messages): what a request's later steps take."""
+        self.check_messages(messages)
+        return read_messages(messages)
 
     @classmethod
     def from_fields(cls, params: Any) -> RequestLimits:
@@ -267,14 +279,16 @@ class RequestPreprocessor:
         maximum (which the vision engine's optimisation profile covers)."""
         return self.limits.video.max_video_frame_pixels or self.pixels.max_pixels
 
-    def prepare(self, *, messages: Sequence[Mapping[str, Any]],
+    def prepare(self, *, messages: CheckedMessages | Sequence[Mapping[str, Any]],
                 images: Sequence[ImageInput] = (),
                 videos: Sequence[VideoInput] = (),
                 tools: Sequence[Mapping[str, Any]] | None = None) -> PreparedRequest:
         """Images and videos are the messages' image and video parts, each in order of
-        appearance; `tools`: the functions the chat template lists (OpenAI's)."""
+        appearance; `tools`: the functions the chat template lists (OpenAI's). Messages
+        already checked (RequestLimits.checked_messages) are not checked again."""
         lim, ckpt = self.limits, self.checkpoint
-        lim.check_messages(messages)
+        if not isinstance(messages, CheckedMessages):
+            messages = lim.checked_messages(messages)
         lim.check_image_count(len(images))
         lim.video.check_video_count(len(videos))
         text, image_parts, video_parts = self.prompts.render(messages, tools)

@@ -138,14 +138,6 @@ class VideoConfig:
                                   "resample to 3 in video_preprocessor_config.json")
 
 
-def check_fps(fps: float, what: str) -> float:
-    value = float(fps)
-    if not (math.isfinite(value) and value > 0):
-        raise InputError(f"{what} = {fps} must be a finite number of frames per second above 0; "
-                         "send e.g. 2")
-    return value
-
-
 def sample_indices(total_frames: int, native_fps: float, fps: float, *, min_frames: int,
                    max_frames: int) -> np.ndarray:
     """Indices of the frames of a decoded file the model sees (HF

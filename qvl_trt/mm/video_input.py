@@ -1,5 +1,5 @@
-"""What a request sends as a video, and its intake: a file, or a list of frames with their rate
-or times -> the RGB frames the model sees and each frame's seconds.
+"""A request's video's intake (chat_messages.VideoInput: a file, or a list of frames with their
+rate or times) -> the RGB frames the model sees and each frame's seconds.
 
 Conventions (qwen-vl-utils, vLLM): a file's `fps` is the rate it is sampled at (default the
 checkpoint's, 2); a frame list's `fps` is the rate its frames were taken at (default 2, as
@@ -11,32 +11,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from PIL import Image
 
+from ..chat_messages import VideoFile, VideoFrames, VideoInput, check_fps
 from ..errors import EngineLimitError, InputError
 from .image_input import load_rgb
-from .video import VideoConfig, VideoLimits, check_fps
+from .video import VideoConfig, VideoLimits
 from .video_decode import Sampling, decode_video
 
 DEFAULT_FRAME_LIST_FPS = 2.0  # qwen-vl-utils' sample_fps default
-
-
-@dataclass(frozen=True)
-class VideoFile:
-    data: bytes  # the whole file
-    fps: float | None = None  # sampling rate; None: the checkpoint's
-
-
-@dataclass(frozen=True)
-class VideoFrames:
-    frames: tuple[bytes | Image.Image, ...]  # encoded images (as image inputs) or PIL images
-    fps: float | None = None  # the rate they were taken at; None: 2
-    timestamps: tuple[float, ...] | None = None  # or each frame's seconds
-
-
-VideoInput = VideoFile | VideoFrames
 
 
 def load_clip(video: VideoInput, config: VideoConfig, limits: VideoLimits, *,

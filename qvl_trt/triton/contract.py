@@ -26,6 +26,7 @@ from ..errors import (
     BusyError,
     ConfigError,
     EngineLimitError,
+    FieldError,
     InputError,
     LimitError,
     QvlError,
@@ -367,6 +368,29 @@ ENSEMBLE_INPUTS: tuple[TensorSpec, ...] = (
     *GUIDE_INPUTS,
     HEALTH_PROBE_INPUT,
 )
+INT32_MAX = 2**31 - 1
+UINT64_MAX = 2**64 - 1
+# The integer settings' ranges: from the least the deployment takes to the most the input's
+# type holds. The gateway declares its fields with them (gateway/openai_api.py FIELDS).
+SETTING_RANGES: Mapping[str, tuple[int, int]] = {
+    MAX_TOKENS: (1, INT32_MAX), MIN_TOKENS: (0, INT32_MAX), SEED: (0, UINT64_MAX)}
+
+
+def check_range(name: str, value: int, low: int, high: int) -> None:
+    """Refuse (FieldError) an integer setting outside [low, high] (SETTING_RANGES')."""
+    if not low <= value <= high:
+        raise FieldError(f"{name} = {value} must be from {low} to {high}", name)
+
+
+def check_min_tokens(min_tokens: int, max_tokens: int, *, defaulted: bool = False) -> None:
+    """min_tokens may not exceed max_tokens (`defaulted`: the deployment's default, the
+    request left max_tokens out)."""
+    if min_tokens > max_tokens:
+        default = " (the deployment's default where max_tokens is left out)" * defaulted
+        raise FieldError(f"{MIN_TOKENS} = {min_tokens} is above {MAX_TOKENS} = {max_tokens}"
+                         f"{default}; send {MIN_TOKENS} <= {MAX_TOKENS}", MIN_TOKENS)
+
+
 ENSEMBLE_OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec(TEXT_OUTPUT, "BYTES", (1,)),
     _scalar(PROMPT_TOKENS, "INT32"),
@@ -466,11 +490,11 @@ FP32_MAX = float(np.finfo(np.float32).max)
 
 
 def fp32(value: float, name: str) -> float:
-    """A number for an FP32 input; an InputError names one float32 cannot hold (its cast
+    """A number for an FP32 input; a FieldError names one float32 cannot hold (its cast
     would be inf)."""
     if not abs(value) <= FP32_MAX:
-        raise InputError(f"{name} = {value:g} is beyond float32 (at most {FP32_MAX:.7g}), the "
-                         "type the deployment takes it in; send a smaller number")
+        raise FieldError(f"{name} = {value:g} is beyond float32 (at most {FP32_MAX:.7g}), the "
+                         "type the deployment takes it in; send a smaller number", name)
     return value
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import EngineLimitError, InputError
+from ...errors import EngineLimitError
 from ...llm.sampling import scales_as_greedy
 from ...mm.pixels import warm_up
 from ...mm.request import RequestLimits, RequestPreprocessor
@@ -63,10 +63,7 @@ class Preprocessor:
                 f"max_tokens = {max_tokens} is above the limit: the prompt has {prompt_tokens} "
                 f"tokens and the engine holds {self.limits.max_seq_len} per sequence, so at most "
                 f"{room} can be generated; lower max_tokens")
-        if s.min_tokens > max_tokens:
-            raise InputError(f"min_tokens = {s.min_tokens} is above max_tokens = {max_tokens} "
-                             "(the deployment's default where max_tokens is left out); send "
-                             "min_tokens <= max_tokens")
+        c.check_min_tokens(s.min_tokens, max_tokens, defaulted=s.max_tokens is None)
         greedy = scales_as_greedy(s.temperature) or s.top_k == 1
         seed = s.seed if s.seed is not None else secrets.randbits(63)
 

@@ -4,14 +4,14 @@ settings.
 Two request forms: `messages` (OpenAI-style chat JSON whose image and video parts carry the
 data as base64 data URIs; video parts as vLLM's and qwen-vl-utils': docs/triton.md) or
 `text_input` with zero or more `image_bytes`, `video_bytes` and `video_frames` (encoded files,
-or data URIs). Remote image and video URLs are fetched only from hosts on the deployment's
-allow-list; by default the server fetches nothing.
+or data URIs). Either form's messages are checked here, once per request (chat_messages.py
+walks them and decodes their parts); later steps take the checked messages. Remote image and
+video URLs are fetched only from hosts on the deployment's allow-list (`UrlPolicy.fetch`); by
+default the server fetches nothing.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import math
 import urllib.parse
@@ -20,14 +20,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...chat_parts import IMAGE_PART_TYPES, VIDEO_PART_TYPES
+from ...chat_messages import (
+    MESSAGES_SHAPE,
+    CheckedMessages,
+    VideoFile,
+    VideoFrames,
+    VideoInput,
+    check_fps,
+    media_from_url,
+    user_message,
+)
 from ...errors import InputError
 from ...generation_config import SamplingDefaults
 from ...llm.guided import Guide, check_guided_ending
-from ...mm.chat import template_tools, user_message, validate_messages
+from ...mm.chat import template_tools
 from ...mm.request import RequestBounds, RequestLimits
-from ...mm.video import check_fps
-from ...mm.video_input import VideoFile, VideoFrames, VideoInput
 from .. import contract as c
 
 
@@ -45,6 +52,28 @@ class UrlPolicy:
         hosts = frozenset(h.strip().lower() for h in value.split(",") if h.strip())
         return cls(hosts, **kwargs)
 
+    def fetch(self, url: str, kind: str) -> bytes:
+        """A remote image's or video's file (`kind`), from an allowed host only
+        (chat_messages.Fetch)."""
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https"):
+            raise InputError(f"{kind} URL scheme {parsed.scheme or '(none)'!r} is not "
+                             "supported; send a data URI or an https URL")
+        host = (parsed.hostname or "").lower()
+        if host not in self.allowed_hosts:
+            raise InputError(f"remote {kind} URL on host {host!r} refused: this server fetches "
+                             f"no remote {kind}s unless its host is on the image_url_allow_list "
+                             f"parameter; send the {kind} as a data URI instead")
+        try:
+            with urllib.request.urlopen(url, timeout=self.timeout_s) as response:
+                data = response.read(self.max_bytes + 1)
+        except OSError as exc:
+            raise InputError(f"fetching {kind} {url} failed ({exc}); check the URL") from None
+        if len(data) > self.max_bytes:
+            raise InputError(f"{kind} at {url} exceeds {self.max_bytes} bytes; send a smaller "
+                             "one")
+        return data
+
 
 @dataclass(frozen=True)
 class GenerationSettings:
@@ -61,7 +90,7 @@ class GenerationSettings:
 
 @dataclass(frozen=True)
 class ChatRequest:
-    messages: list[dict[str, Any]]
+    messages: CheckedMessages
     images: tuple[bytes, ...]  # in order of the image parts
     settings: GenerationSettings
     videos: tuple[VideoInput, ...] = ()  # in order of the video parts
@@ -92,19 +121,13 @@ def chat_request(inputs: Mapping[str, Any], *, urls: UrlPolicy, defaults: Sampli
         if req.text_input is not None or req.image_bytes or req.video_bytes or req.video_frames:
             raise InputError(f"send either {c.MESSAGES}, or {c.TEXT_INPUT} with "
                              f"{c.IMAGE_BYTES} and videos, not both")
-        messages = _parse_messages(req.messages)
-        limits.check_messages(messages)
-        validate_messages(messages)
-        images = tuple(_image_from_part(part, urls)
-                       for part in _parts(messages, IMAGE_PART_TYPES))
-        videos = tuple(_video_from_part(part, urls)
-                       for part in _parts(messages, VIDEO_PART_TYPES))
+        messages = limits.checked_messages(_parse_messages(req.messages))
+        images, videos = messages.images(urls.fetch), messages.videos(urls.fetch)
     elif req.text_input is not None:
         frame_lists = _frame_lists(req.video_frames, req.video_frame_counts)
         rates = _video_rates(req.video_fps, len(req.video_bytes) + len(frame_lists))
-        messages = user_message(req.text_input, len(req.image_bytes),
-                                len(req.video_bytes) + len(frame_lists))
-        limits.check_messages(messages)
+        messages = limits.checked_messages(user_message(
+            req.text_input, len(req.image_bytes), len(req.video_bytes) + len(frame_lists)))
         images = tuple(_media_from_element(item, f"{c.IMAGE_BYTES}[{n}]", urls, "image")
                        for n, item in enumerate(req.image_bytes, 1))
         videos = tuple(
@@ -140,74 +163,8 @@ def _parse_messages(text: str) -> list[dict[str, Any]]:
     if isinstance(messages, Mapping) and "messages" in messages:
         messages = messages["messages"]  # a whole chat-completions body is accepted too
     if not isinstance(messages, list) or not messages:
-        raise InputError("messages must be a non-empty JSON list of {role, content} objects")
+        raise InputError(MESSAGES_SHAPE)
     return messages
-
-
-def _parts(messages: Sequence[Any], types: Sequence[str]) -> list[Mapping[str, Any]]:
-    """The content parts of these types, in order."""
-    parts = []
-    for message in messages:
-        content = message.get("content") if isinstance(message, Mapping) else None
-        if isinstance(content, list):
-            parts += [p for p in content if isinstance(p, Mapping) and p.get("type") in types]
-    return parts
-
-
-def _image_from_part(part: Mapping[str, Any], urls: UrlPolicy) -> bytes:
-    """{type: image_url, image_url: {url}} | {type: image_url, image_url: url} |
-    {type: image, image: url-or-data-uri}."""
-    source = part.get("image_url", part.get("image"))
-    if isinstance(source, Mapping):
-        source = source.get("url")
-    if not isinstance(source, str) or not source:
-        raise InputError(f"image part {repr(dict(part))[:80]} has no URL; put the image in it "
-                         "as a data URI (data:image/png;base64,...)")
-    return _image_from_url(source, urls)
-
-
-def _video_from_part(part: Mapping[str, Any], urls: UrlPolicy) -> VideoInput:
-    """{type: video_url, video_url: {url} | url} | {type: video, video: url | [frame urls]},
-    each with an optional fps (sample_fps); a frame list may give timestamps instead."""
-    source = part.get("video_url", part.get("video"))
-    if isinstance(source, Mapping):
-        source = source.get("url")
-    fps = _part_fps(part)
-    timestamps = part.get("timestamps")
-    if isinstance(source, list) and source and all(isinstance(f, str) for f in source):
-        return VideoFrames(tuple(_image_from_url(f, urls) for f in source), fps,
-                           None if timestamps is None else _timestamps(timestamps))
-    if not isinstance(source, str) or not source:
-        raise InputError(f"video part {repr(dict(part))[:80]} has no URL or frame list; put the "
-                         "video in it as a data URI (data:video/mp4;base64,...)")
-    if timestamps is not None:
-        raise InputError("timestamps are for a video sent as frames; a video file's frames are "
-                         "timed by the file: leave timestamps out")
-    header = source[:64].lower()
-    if header.startswith("data:video/jpeg;base64,"):  # vLLM: base64 JPEG frames, comma-separated
-        payloads = source.partition(",")[2].split(",")
-        return VideoFrames(tuple(_decode_base64(p, "video") for p in payloads), fps)
-    return VideoFile(_media_from_url(source, urls, "video"), fps)
-
-
-def _part_fps(part: Mapping[str, Any]) -> float | None:
-    rates = {key: part[key] for key in ("fps", "sample_fps") if part.get(key) is not None}
-    if len(set(map(repr, rates.values()))) > 1:
-        raise InputError(f"the video part gives fps {rates['fps']} and sample_fps "
-                         f"{rates['sample_fps']}; send one of them")
-    for key, value in rates.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise InputError(f"{key} = {value!r} must be a number of frames per second; send "
-                             "e.g. 2")
-        return check_fps(value, key)
-    return None
-
-
-def _timestamps(value: Any) -> tuple[float, ...]:
-    if not isinstance(value, list) or not all(
-            isinstance(t, (int, float)) and not isinstance(t, bool) for t in value):
-        raise InputError("timestamps must be a list of numbers (seconds), one per frame")
-    return tuple(float(t) for t in value)
 
 
 def _frame_lists(frames: Sequence[bytes],
@@ -240,54 +197,7 @@ def _video_rates(values: Sequence[float], videos: int) -> list[float | None]:
 def _media_from_element(data: bytes, name: str, urls: UrlPolicy, kind: str) -> bytes:
     """One BYTES element: the file itself, or its data URI or URL."""
     if data[:8].lower().startswith((b"data:", b"https://", b"http://")):
-        return _media_from_url(c.utf8(data, name), urls, kind)
-    return data
-
-
-def _image_from_url(url: str, urls: UrlPolicy) -> bytes:
-    return _media_from_url(url, urls, "image")
-
-
-def _media_from_url(url: str, urls: UrlPolicy, kind: str) -> bytes:
-    """A data URI's bytes, or a remote file from an allowed host; `kind`: image or video."""
-    if url[:5].lower() == "data:":
-        header, sep, payload = url.partition(",")
-        if not sep or not header.lower().endswith(";base64"):
-            raise InputError(f"{_a(kind)} data URI must be base64: "
-                             f"data:{kind}/<format>;base64,...")
-        return _decode_base64(payload, kind)
-    parsed = urllib.parse.urlsplit(url)
-    if parsed.scheme not in ("http", "https"):
-        raise InputError(f"{kind} URL scheme {parsed.scheme or '(none)'!r} is not supported; "
-                         "send a data URI or an https URL")
-    host = (parsed.hostname or "").lower()
-    if host not in urls.allowed_hosts:
-        raise InputError(f"remote {kind} URL on host {host!r} refused: this server fetches no "
-                         f"remote {kind}s unless its host is on the image_url_allow_list "
-                         f"parameter; send the {kind} as a data URI instead")
-    return _fetch(url, urls, kind)
-
-
-def _decode_base64(payload: str, kind: str) -> bytes:
-    try:
-        return base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError):
-        raise InputError(f"{_a(kind)} data URI holds invalid base64; encode the file "
-                         "again") from None
-
-
-def _a(kind: str) -> str:
-    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
-
-
-def _fetch(url: str, urls: UrlPolicy, kind: str) -> bytes:
-    try:
-        with urllib.request.urlopen(url, timeout=urls.timeout_s) as response:
-            data = response.read(urls.max_bytes + 1)
-    except OSError as exc:
-        raise InputError(f"fetching {kind} {url} failed ({exc}); check the URL") from None
-    if len(data) > urls.max_bytes:
-        raise InputError(f"{kind} at {url} exceeds {urls.max_bytes} bytes; send a smaller one")
+        return media_from_url(c.utf8(data, name), kind, urls.fetch)
     return data
 
 
@@ -304,14 +214,12 @@ def _settings(req: c.EnsembleRequest, defaults: SamplingDefaults,
             raise InputError(f"{name} = {value} must be {what}")
         return value
 
-    if req.max_tokens is not None and req.max_tokens <= 0:
-        raise InputError(f"{c.MAX_TOKENS} = {req.max_tokens} must be at least 1")
+    if req.max_tokens is not None:
+        c.check_range(c.MAX_TOKENS, req.max_tokens, *c.SETTING_RANGES[c.MAX_TOKENS])
     min_tokens = 0 if req.min_tokens is None else req.min_tokens
-    if min_tokens < 0:
-        raise InputError(f"{c.MIN_TOKENS} = {min_tokens} must be at least 0")
-    if req.max_tokens is not None and min_tokens > req.max_tokens:
-        raise InputError(f"{c.MIN_TOKENS} = {min_tokens} is above {c.MAX_TOKENS} = "
-                         f"{req.max_tokens}; send {c.MIN_TOKENS} <= {c.MAX_TOKENS}")
+    c.check_range(c.MIN_TOKENS, min_tokens, *c.SETTING_RANGES[c.MIN_TOKENS])
+    if req.max_tokens is not None:  # else preprocessing checks it against the default taken
+        c.check_min_tokens(min_tokens, req.max_tokens)
     bounds.check("the number of stop strings", len(req.stop), "max_stop_words",
                  "send fewer stop strings")
     for word in req.stop:
