@@ -40,7 +40,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..chat_parts import IMAGE_PART_TYPES, VIDEO_PART_TYPES
+from ..chat_messages import IMAGE_PART_TYPES, VIDEO_PART_TYPES
 from ..hashing import fingerprint
 from ..llm.sampling import FinishReason, scales_as_greedy
 from ..lru import BytesLru, CacheStats
