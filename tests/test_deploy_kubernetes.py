@@ -22,7 +22,8 @@ from qvl_trt.errors import ConfigError
 from qvl_trt.machine import find_tritonserver
 from qvl_trt.profiles import load_profile
 from qvl_trt.testing.trt_layout import write_llm_engine_layout, write_vision_engine_layout
-from qvl_trt.triton.repository import BUILD_INFO, BuildInput, RepoOptions, write_repo
+from qvl_trt.triton.layout import BUILD_INFO
+from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo
 
 yaml = pytest.importorskip("yaml", reason="deploy writes YAML: pip install 'qvl-trt[deploy]'")
 kubernetes_validate = pytest.importorskip(

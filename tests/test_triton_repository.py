@@ -17,11 +17,12 @@ from qvl_trt.build import Stage, resume_build
 from qvl_trt.deps import available
 from qvl_trt.dtypes import Dtype
 from qvl_trt.errors import ConfigError
-from qvl_trt.llm.engine import BUILD_CONFIG_NAME
 from qvl_trt.machine import detect_gpus
+from qvl_trt.manifest import BUILD_CONFIG_NAME
 from qvl_trt.serve.needs import point_engine_paths, read_serve_plan
 from qvl_trt.testing.trt_layout import linked_copy, write_llm_engine_layout
 from qvl_trt.triton import contract as c
+from qvl_trt.triton.layout import RUNTIME_ZIP
 from qvl_trt.triton.options import Flavor, default_postprocessing_instances, machine_cores
 from qvl_trt.triton.pbconfig import (
     CONFIG_FILE,
@@ -32,7 +33,6 @@ from qvl_trt.triton.pbconfig import (
     to_text,
 )
 from qvl_trt.triton.repository import (
-    RUNTIME_ZIP,
     BuildInput,
     RepoOptions,
     write_repo,
@@ -637,7 +637,7 @@ def test_serve_dry_run_prints_one_rank_per_gpu(tmp_path, trt_repo) -> None:
 
 def test_build_info_names_a_missing_or_mistyped_key(tmp_path) -> None:
     from qvl_trt.errors import ConfigError
-    from qvl_trt.triton.repository import BuildInfo
+    from qvl_trt.triton.layout import BuildInfo
 
     path = tmp_path / "build.json"
     path.write_text("{")

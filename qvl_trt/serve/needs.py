@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from ..errors import ConfigError, QvlError
-from ..llm.guided import TOKENIZER_INFO_NAME
+from ..manifest import CONFIG_NAME, VISION_ENGINE_NAME
 from ..profiles import TrtEdition
 from ..triton.contract import llm_caller_parameters
+from ..triton.layout import BUILD_INFO, ENGINE_DIR, TOKENIZER_INFO_NAME, VERSION, BuildInfo
 from ..triton.pbconfig import (
     CONFIG_FILE,
     get_parameter,
@@ -26,7 +27,6 @@ from ..triton.pbconfig import (
     set_parameters,
     write_config,
 )
-from ..triton.repository import BUILD_INFO, ENGINE_DIR, VERSION, BuildInfo
 from .server import DEFAULT_THREAD_POOL, SHM_DIR
 
 log = logging.getLogger(__name__)
@@ -87,10 +87,10 @@ def read_serve_plan(repo: Path) -> ServePlan:
         if caller is not None:  # each admitted request holds one BLS call at a time
             callers[caller.tensorrt_llm_model] = max(callers.get(caller.tensorrt_llm_model, 0),
                                                      caller.workers)
-        vision = version / ENGINE_DIR / "config.json"
+        vision = version / ENGINE_DIR / CONFIG_NAME
         if config.backend == "python":
             instances[name] = instance_count(config)
-            if vision.is_file() and (version / ENGINE_DIR / "model.engine").is_file():
+            if vision.is_file() and (version / ENGINE_DIR / VISION_ENGINE_NAME).is_file():
                 editions[name] = TrtEdition(json.loads(vision.read_text())["edition"])
         engine_bytes += sum(f.stat().st_size for f in (version / ENGINE_DIR).rglob("*")
                             if f.is_file())
@@ -103,7 +103,7 @@ def read_serve_plan(repo: Path) -> ServePlan:
 
 
 def _engine_world_size(engine: Path) -> int:
-    path = engine / "config.json"
+    path = engine / CONFIG_NAME
     if not path.is_file():
         return 1  # validate reports the missing engine; the server would fail to load it
     return int(json.loads(path.read_text())["pretrained_config"]["mapping"]["world_size"])
