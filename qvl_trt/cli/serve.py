@@ -263,26 +263,26 @@ def image(
 
     if out.exists() and not force:
         raise ConfigError(f"{out} exists; pass --force to replace it")
-    plan = None
+    needs = None
     if repo is not None:
         from ..profiles import TrtEdition
-        from ..serve.needs import read_serve_plan
+        from ..serve.needs import read_needs
 
         if not repo.is_dir():
             raise ConfigError(f"{repo} is not a folder; pass a model repository written by "
                               "`qvl-trt repo`")
-        plan = read_serve_plan(repo)
+        needs = read_needs(repo)
         if rtx is None:
-            rtx = TrtEdition.TENSORRT_RTX in plan.vision_editions.values()
+            rtx = TrtEdition.TENSORRT_RTX in needs.vision_editions.values()
     recipe = write_image_recipe(out, rtx=bool(rtx), tag=tag)
     console.print(f"wrote the image recipe {out}: adds {', '.join(recipe.requirements)}",
                   highlight=False, markup=False, soft_wrap=True)
     console.print(f"build it with: {recipe.build_command}", highlight=False, markup=False,
                   soft_wrap=True)
-    if plan is not None:
+    if needs is not None:
         from ..deploy.container import serve_container_command
 
-        console.print(f"serve {repo} with: {serve_container_command(plan, recipe.tag)}",
+        console.print(f"serve {repo} with: {serve_container_command(needs, recipe.tag)}",
                       highlight=False, markup=False, soft_wrap=True)
 
 

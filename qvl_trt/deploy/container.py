@@ -8,7 +8,7 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..serve.needs import ServePlan, shm_flag
+from ..serve.needs import ServeNeeds, shm_flag
 from ..serve.server import Ports
 from .image import load_container_packages
 
@@ -39,7 +39,7 @@ def container_run(mounts: Sequence[Path], command: str, *, image: str, shm_bytes
             f"{volumes} {shlex.quote(image)} {command}")
 
 
-def serve_container_command(plan: ServePlan, image: str) -> str:
+def serve_container_command(plan: ServeNeeds, image: str) -> str:
     """The `docker run` line that serves the repository with `qvl-trt serve` in the serving
     image `image` on the default ports, with the shared memory its largest requests need;
     serve takes the world size and BLS threads from the repository."""
