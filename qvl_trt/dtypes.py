@@ -2,8 +2,9 @@
 name (torch's dtype name, as config.json, manifest.json and build_config.json hold it), with
 the name of each in the other vocabularies it meets: Triton, safetensors, ONNX, torch.
 
-Which precisions a step accepts is defined beside the step (vision/spec.py, llm/layout.py,
-llm/engine.py); `pick` checks a value against such a set.
+Which precisions a step accepts is defined beside the step (vision/spec.py, llm/layout.py);
+`pick` checks a value against such a set. The engines' precisions are here, because the build
+options (manifest.py) stand on them below the steps.
 """
 
 from __future__ import annotations
@@ -72,6 +73,13 @@ _VIEWS = {
 # TYPE_BF16 to a numpy type (TRITON_STRING_TO_NUMPY, triton_to_numpy_type in python_backend
 # src/resources/triton_python_backend_utils.py); numpy itself has no bfloat16.
 NUMPY_DTYPES = (Dtype.FLOAT16, Dtype.FLOAT32)
+
+# What `qvl-trt build` converts and builds the language model in. The trt flavor's python
+# models hold the prompt table in the engine dtype as numpy, which has no bfloat16.
+LLM_ENGINE_DTYPE = Dtype.FLOAT16
+# What the vision engine takes (`--vision-dtype`); float32 is only the reference graph the
+# export is validated with (vision/spec.py VISION_DTYPES).
+VISION_ENGINE_DTYPES = (Dtype.FLOAT16, Dtype.BFLOAT16)
 
 
 def pick(value: Any, allowed: Sequence[Dtype], what: str) -> Dtype:

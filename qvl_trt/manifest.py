@@ -1,7 +1,9 @@
-"""The build folder's format: its layout (`BuildFolder`: one folder per stage, and the files
-later readers take from them) and its manifest (`manifest.json`: what each stage was built
-from and what it wrote, so an unchanged stage is skipped and a build can be resumed
-elsewhere)."""
+"""The build folder's format: its layout (the file names every stage writes, and
+`BuildFolder`: one folder per stage, and the files later readers take from them), its options
+(`BuildOptions`) and its manifest (`manifest.json`: the options, what each stage was built from
+and what it wrote, so an unchanged stage is skipped and a build can be resumed elsewhere).
+The stages' writers (vision/, llm/, build/) and its readers (the repository writer, serve)
+take the names from here; nothing here imports them."""
 
 from __future__ import annotations
 
@@ -10,29 +12,47 @@ import fnmatch
 import json
 import platform
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from . import __version__
 from .atomic import write_json_atomic
 from .child import write_reproduce
-from .dtypes import WeightOnly
+from .dtypes import LLM_ENGINE_DTYPE, VISION_ENGINE_DTYPES, Dtype, WeightOnly
 from .errors import BuildError, ConfigError
 from .hashing import fingerprint
-from .llm.engine import ENGINE_CONFIG_NAME, ENGINE_DIR
 from .profiles import GpuProfile, TrtEdition
-from .typed_config import load_dataclass
-from .vision.engine import BUILD_LOG_NAME, CONFIG_NAME, ENGINE_NAME, TIMING_CACHE_NAME
-from .vision.validate import EXPORT_CONFIG_NAME, EXPORT_LOG_NAME
+from .typed_config import load_dataclass, to_jsonable
 from .workload import Workload
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = 1
 PROFILE_NAME = "profile.json"  # in plan/: the resolved GPU profile
-# The stages' output names, defined by the code that writes them.
-VISION_ENGINE_NAME, VISION_CONFIG_NAME = ENGINE_NAME, CONFIG_NAME
-LLM_ENGINE_DIR, LLM_ENGINE_CONFIG_NAME = ENGINE_DIR, ENGINE_CONFIG_NAME
+# The config.json of each engine or checkpoint folder: the vision engine's (which its runner
+# reads), and TensorRT-LLM's in its checkpoint and its engine folder (engine.save writes it,
+# tensorrt_llm/builder.py Engine.save; the executor reads it).
+CONFIG_NAME = "config.json"
+# Beside either engine: the resolved settings its child built with, and full TensorRT's
+# tactic timings (a rebuild starts from the last ones).
+BUILD_CONFIG_NAME = "build_config.json"
+TIMING_CACHE_NAME = "timing.cache"
+# vision/: the engine (with CONFIG_NAME), its build's log, the export's config, log and
+# reproduce script, and the ONNX graph in its own folder with its metadata and validation.
+VISION_ENGINE_NAME = "model.engine"
+BUILD_LOG_NAME = "build.log"
+EXPORT_CONFIG_NAME = "export_config.json"
+EXPORT_LOG_NAME = "export.log"
+EXPORT_REPRODUCE_NAME = "reproduce_export.sh"
+ONNX_DIR = "onnx"
+ONNX_NAME = "model.onnx"
+ONNX_META_NAME = "onnx.json"
+VALIDATION_NAME = "validation.txt"
+VISION_FAILED_DIR = "vision.failed"  # the last failed engine build, beside the stage folders
+# llm/: TensorRT-LLM's engine folder (CONFIG_NAME + rank{N}.engine).
+LLM_ENGINE_DIR = "engine"
+# The serving image recipe, written when the build must go on in it.
+IMAGE_DIR = "image"
 
 
 class Stage(str, enum.Enum):
@@ -68,8 +88,8 @@ _VARIES: dict[Stage, dict[str, str]] = {
         EXPORT_CONFIG_NAME: "names the checkpoint's path",
         # Seen with TensorRT-RTX 1.7: ~170 bytes of 2.8 MB differ in the tiny engine, where
         # the plan lists its I/O tensors (in another order); same size, same config.json.
-        ENGINE_NAME: "the builder serialises the engine's I/O tensor records in an order that "
-                     "changes between builds",
+        VISION_ENGINE_NAME: "the builder serialises the engine's I/O tensor records in an "
+                            "order that changes between builds",
     },
     Stage.LLM: {"*": "TensorRT-LLM builds with full TensorRT, which times tactics on the GPU "
                      "and may pick other ones in another build"},
@@ -80,7 +100,7 @@ _VARIES: dict[Stage, dict[str, str]] = {
 # Full TensorRT also times tactics on the GPU: a rebuild starting from the last timing cache
 # reuses its timings (and so its picks), which is no promise of equal bytes.
 _FULL_TENSORRT_VARIES = {
-    ENGINE_NAME: "full TensorRT picks tactics by timing them on this GPU",
+    VISION_ENGINE_NAME: "full TensorRT picks tactics by timing them on this GPU",
     TIMING_CACHE_NAME: "gathers every build's tactic timings",
 }
 
@@ -93,6 +113,54 @@ def varying_outputs(stage: Stage, outputs: dict[str, str],
         rules.update(_FULL_TENSORRT_VARIES)
     return {name: why for name in sorted(outputs)
             for pattern, why in rules.items() if fnmatch.fnmatch(name, pattern)}
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """Everything a build depends on besides the files it reads; stored in the manifest."""
+
+    model: str
+    gpu: str
+    trt_edition: TrtEdition | None = None
+    vision_dtype: Dtype = Dtype.FLOAT16
+    tp_size: int = 1
+    # The LLM's linear weights: in the engine dtype, or weight-only INT8/INT4.
+    weights: WeightOnly = WeightOnly.NONE
+    # What the limits are sized for (qvl_trt.workload): the planner derives them from it.
+    workload: Workload = Workload.CHAT
+
+    def __post_init__(self) -> None:
+        if self.vision_dtype not in VISION_ENGINE_DTYPES:
+            raise ConfigError(f"--vision-dtype {self.vision_dtype}: the engine takes "
+                              f"{' or '.join(VISION_ENGINE_DTYPES)}")
+        object.__setattr__(self, "vision_dtype", Dtype(self.vision_dtype))
+        object.__setattr__(self, "weights", WeightOnly.parse(self.weights))
+        object.__setattr__(self, "workload", Workload.parse(self.workload))
+
+    def to_json(self) -> dict[str, Any]:
+        data = to_jsonable(asdict(self))
+        # Absent when the default, so the cache keys of builds made before the options are
+        # unchanged.
+        if self.weights is WeightOnly.NONE:
+            del data["weights"]
+        if self.workload is Workload.CHAT:
+            del data["workload"]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BuildOptions:
+        """The options as `to_json` (or an earlier version) wrote them; a key it left out
+        takes its default here."""
+        data = dict(data)
+        # Manifests of earlier versions record the LLM dtype, which no option could change.
+        llm_dtype = data.pop("llm_dtype", LLM_ENGINE_DTYPE.value)
+        if llm_dtype != LLM_ENGINE_DTYPE:
+            raise ConfigError(f"the build's {MANIFEST_NAME} sets llm_dtype {llm_dtype!r}, but "
+                              f"qvl-trt builds the language model in {LLM_ENGINE_DTYPE} only; "
+                              "remove the key from its options, or start a new build folder")
+        edition = data.pop("trt_edition", None)
+        options = load_dataclass(cls, data, f"{MANIFEST_NAME} options")
+        return replace(options, trt_edition=TrtEdition(edition) if edition else None)
 
 
 @dataclass(frozen=True)
@@ -115,7 +183,7 @@ class BuildFolder:
 
     @property
     def vision_config(self) -> Path:
-        return self.stage(Stage.VISION) / VISION_CONFIG_NAME
+        return self.stage(Stage.VISION) / CONFIG_NAME
 
     @property
     def llm_engine(self) -> Path:
@@ -123,7 +191,7 @@ class BuildFolder:
 
     @property
     def llm_engine_config(self) -> Path:
-        return self.llm_engine / LLM_ENGINE_CONFIG_NAME
+        return self.llm_engine / CONFIG_NAME
 
     @property
     def llm_checkpoint(self) -> Path:
@@ -132,7 +200,7 @@ class BuildFolder:
     def manifest(self) -> Manifest:
         """The manifest, refusing a folder that has none."""
         manifest = Manifest.load(self.path)
-        if manifest is None or not manifest.options:
+        if manifest is None or manifest.options is None:
             raise BuildError(f"{self.path} is not a qvl-trt build folder (no {MANIFEST_NAME}); "
                              "build one with `qvl-trt build --model M --gpu G --out DIR`")
         return manifest
@@ -160,9 +228,10 @@ class BuildFolder:
 
 @dataclass
 class Manifest:
-    """Read and written as JSON; `stages` maps a stage name to its record."""
+    """Read and written as JSON; `stages` maps a stage name to its record. `options` is None
+    until a build records its own."""
 
-    options: dict[str, Any] = field(default_factory=dict)
+    options: BuildOptions | None = None
     # What the build as a whole is made from (checkpoint file hashes, profile, options) and
     # the cache key derived from it; see `build_inputs` in build/runner.py.
     inputs: dict[str, Any] = field(default_factory=dict)
@@ -188,7 +257,7 @@ class Manifest:
                 f"{data.get('schema_version')}); build into a new folder"
             )
         return cls(
-            options=data.get("options", {}),
+            options=BuildOptions.from_json(data["options"]) if data.get("options") else None,
             inputs=data.get("inputs", {}),
             cache_key=data.get("cache_key", ""),
             stages=data.get("stages", {}),
@@ -200,7 +269,7 @@ class Manifest:
         data = {
             "schema_version": SCHEMA_VERSION,
             "qvl_trt": __version__,
-            "options": self.options,
+            "options": self.options.to_json() if self.options else {},
             "inputs": self.inputs,
             "cache_key": self.cache_key,
             "tools": self.tools,
@@ -262,17 +331,17 @@ def write_reproduce_script(manifest: Manifest, path: Path) -> Path:
     build = [
         "qvl-trt build",
         '--model "$MODEL"',
-        f"--gpu {shlex.quote(opts['gpu'])}",
+        f"--gpu {shlex.quote(opts.gpu)}",
         '--out "$OUT"',
-        f"--vision-dtype {shlex.quote(opts['vision_dtype'])}",
-        f"--tp-size {int(opts['tp_size'])}",
+        f"--vision-dtype {opts.vision_dtype}",
+        f"--tp-size {opts.tp_size}",
     ]
-    if opts.get("trt_edition"):
-        build.append(f"--trt-edition {shlex.quote(opts['trt_edition'])}")
-    if opts.get("weights"):
-        build.append(f"--weights {shlex.quote(opts['weights'])}")
-    if opts.get("workload"):
-        build.append(f"--workload {shlex.quote(opts['workload'])}")
+    if opts.trt_edition:
+        build.append(f"--trt-edition {opts.trt_edition.value}")
+    if opts.weights is not WeightOnly.NONE:
+        build.append(f"--weights {opts.weights}")
+    if opts.workload is not Workload.CHAT:
+        build.append(f"--workload {opts.workload}")
     used = ", ".join(
         f"{name} {tools[name]}"
         for name in ("tensorrt", "tensorrt_rtx", "tensorrt_llm", "cuda", "driver")
@@ -282,7 +351,7 @@ def write_reproduce_script(manifest: Manifest, path: Path) -> Path:
     default_out = f"reproduced-{manifest.inputs['profile']['name']}"
     # Run from where the user is: MODEL and OUT may be relative to it.
     return write_reproduce(path, [
-        f"MODEL=${{MODEL:-{shlex.quote(opts['model'])}}}",
+        f"MODEL=${{MODEL:-{shlex.quote(opts.model)}}}",
         f"OUT=${{OUT:-{default_out}}}",
         f'if [ "$(qvl-trt --version)" != "qvl-trt {__version__}" ]; then',
         f'  echo "warning: this build was made by qvl-trt {__version__}" >&2',

@@ -39,10 +39,9 @@ from .checkpoint import (
     VisionDims,
     expected_shapes,
 )
-from .dtypes import WeightOnly
+from .dtypes import LLM_ENGINE_DTYPE, WeightOnly
 from .errors import PlanError
 from .llm.engine import (
-    ENGINE_DTYPE,
     TABLE_ELEMENT_LIMIT,
     engine_build_config,
     prompt_table_element_bound,
@@ -610,7 +609,7 @@ def _of(plan: Plan, plans: Sequence[Plan]) -> str:
 
 @functools.cache
 def _rank_config(text: TextDims, vision: VisionDims, tp_size: int) -> LlmConfig:
-    return llm_config(text, len(vision.deepstack_visual_indexes), dtype=ENGINE_DTYPE,
+    return llm_config(text, len(vision.deepstack_visual_indexes), dtype=LLM_ENGINE_DTYPE,
                       tp_size=tp_size, max_position_embeddings=text.max_position_embeddings)
 
 
@@ -630,9 +629,9 @@ def llm_weight_bytes(text: TextDims, vision: VisionDims, weights: WeightOnly,
         shape = rank_shape(name, [shapes[s] for s in sources], config)
         if is_quantized(name) and weights is not WeightOnly.NONE:
             out_features, in_features = _padded_features(name, shape, tp_size)
-            total += weights.linear_bytes(in_features, out_features, ENGINE_DTYPE)
+            total += weights.linear_bytes(in_features, out_features, LLM_ENGINE_DTYPE)
         else:
-            total += math.prod(shape) * ENGINE_DTYPE.itemsize
+            total += math.prod(shape) * LLM_ENGINE_DTYPE.itemsize
     return total
 
 

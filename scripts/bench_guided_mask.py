@@ -31,7 +31,6 @@ import numpy as np
 
 from qvl_trt.checkpoint import open_checkpoint
 from qvl_trt.llm.guided import (
-    TOKENIZER_INFO_NAME,
     Guide,
     GuidedDecoding,
     GuideType,
@@ -41,6 +40,7 @@ from qvl_trt.llm.reference import ReferenceDecoder
 from qvl_trt.llm.sampling import DecodeRequest, SamplingParams
 from qvl_trt.mm.rope import mrope_cos_sin_table
 from qvl_trt.testing.tiny_repository import build_tiny_reference_repo
+from qvl_trt.triton.layout import TOKENIZER_INFO_NAME
 
 GUIDE = Guide(GuideType.REGEX, "[a-z ]*")
 END_ID = 151645  # <|im_end|>

@@ -41,8 +41,9 @@ from qvl_trt.serve.server import ServerOptions, TritonServer, free_ports
 from qvl_trt.testing.hop_timer import install_hop_timer, read_calls
 from qvl_trt.testing.tiny_checkpoint import TinyDims, write_tiny_checkpoint
 from qvl_trt.triton import contract as c
+from qvl_trt.triton.layout import VERSION
 from qvl_trt.triton.options import Flavor
-from qvl_trt.triton.repository import VERSION, BuildInput, RepoOptions, write_repo
+from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo
 
 QUESTION = "Describe this image in one word."
 PROFILE = "4090d"

@@ -51,8 +51,8 @@ from qvl_trt.serve.server import ServerOptions, TritonServer, free_ports
 from qvl_trt.testing.tiny_repository import build_generator_repo
 from qvl_trt.testing.token_generator import SETTINGS
 from qvl_trt.triton import contract as c
+from qvl_trt.triton.layout import VERSION
 from qvl_trt.triton.pbconfig import read_config
-from qvl_trt.triton.repository import VERSION
 
 PROMPT = "Describe the benchmark in a few words."
 DIRECT = "direct"

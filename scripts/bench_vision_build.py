@@ -86,8 +86,8 @@ def _tree_rss_bytes(root: int) -> int:
 
 def step_build(ckpt: str, out: str, gpu: str) -> None:
     """The child: the build as the CLI runs it, restricted to the vision stage."""
-    from qvl_trt.build.context import BuildOptions, Stage
     from qvl_trt.build.runner import run_build
+    from qvl_trt.manifest import BuildOptions, Stage
 
     result = run_build(BuildOptions(model=ckpt, gpu=gpu), Path(out), only=(Stage.VISION,))
     stages = {r.stage.value: {"seconds": r.seconds, "summary": r.summary}

@@ -18,7 +18,6 @@ from qvl_trt.atomic import leftovers
 from qvl_trt.build import BuildOptions, Stage, run_build
 from qvl_trt.build.runner import os_error_line
 from qvl_trt.cli import app
-from qvl_trt.dtypes import Dtype
 from qvl_trt.errors import BuildError, ConfigError
 from qvl_trt.manifest import BuildFolder
 from qvl_trt.profiles import load_profile
@@ -160,23 +159,6 @@ def test_vision_dtype_refusal_comes_before_any_stage(tiny_ckpt, tmp_path):
                   block=HEAVY)
     text = " ".join(bad.stderr.replace("│", " ").split())
     assert bad.returncode == 2 and "'fp16' is not one of 'float16', 'bfloat16', 'float32'" in text
-
-
-def test_options_round_trip_and_old_manifests(tiny_ckpt):
-    options = BuildOptions(str(tiny_ckpt), "4090d", vision_dtype="bfloat16")
-    assert options.vision_dtype is Dtype.BFLOAT16
-    assert options.to_json()["vision_dtype"] == "bfloat16"
-    assert BuildOptions.from_json(options.to_json()) == options
-    assert "llm_dtype" not in options.to_json()
-    # A manifest written while BuildOptions had llm_dtype (always float16) still resumes.
-    old = {**options.to_json(), "llm_dtype": "float16"}
-    assert BuildOptions.from_json(old) == options
-    with pytest.raises(ConfigError, match="^the build's manifest.json sets llm_dtype "
-                                          "'bfloat16', but qvl-trt builds the language model "
-                                          "in float16 only; remove the key"):
-        BuildOptions.from_json({**old, "llm_dtype": "bfloat16"})
-    with pytest.raises(ConfigError, match="^--vision-dtype float32: the engine takes"):
-        BuildOptions.from_json({**old, "vision_dtype": "float32"})
 
 
 # ---- faults: every failure is one `error:` line, nothing half-written -----------------------

@@ -22,7 +22,8 @@ from qvl_trt.errors import ConfigError
 from qvl_trt.machine import find_tritonserver
 from qvl_trt.profiles import load_profile
 from qvl_trt.testing.trt_layout import write_llm_engine_layout, write_vision_engine_layout
-from qvl_trt.triton.repository import BUILD_INFO, BuildInput, RepoOptions, write_repo
+from qvl_trt.triton.layout import BUILD_INFO
+from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo
 
 yaml = pytest.importorskip("yaml", reason="deploy writes YAML: pip install 'qvl-trt[deploy]'")
 kubernetes_validate = pytest.importorskip(
@@ -41,7 +42,7 @@ from qvl_trt.deploy.kubernetes import (  # noqa: E402 (needs yaml's skip first)
     write_manifests,
 )
 from qvl_trt.serve.load_time import STARTUP_WINDOW_S  # noqa: E402
-from qvl_trt.serve.needs import point_engine_paths, read_serve_plan  # noqa: E402
+from qvl_trt.serve.needs import point_engine_paths, read_needs  # noqa: E402
 from qvl_trt.triton.pbconfig import instance_count, read_config  # noqa: E402
 
 IMAGE = "registry.example.com/qvl-trt-serve:test"
@@ -106,7 +107,7 @@ def test_h100_manifests_are_valid_and_carry_the_repository_needs(tmp_path, h100_
                          "HorizontalPodAutoscaler"}
     assert {d["metadata"]["namespace"] for d in docs.values()} == {"inference"}
     spec, container = pod(docs)
-    plan = read_serve_plan(h100_repo)
+    plan = read_needs(h100_repo)
     # The engine's two ranks share one pod, on H100 nodes as GPU feature discovery labels them.
     limits, requests = container["resources"]["limits"], container["resources"]["requests"]
     assert limits["nvidia.com/gpu"] == 2 == plan.world_size
@@ -197,7 +198,7 @@ def test_geforce_manifests_select_the_card_and_mount_the_repository_where_writte
     (mount,) = [m for m in container["volumeMounts"] if m["name"] == "repository"]
     assert mount == {"name": "repository", "mountPath": str(rtx_repo), "readOnly": True,
                      "subPath": "qwen/4090d/repo"}
-    assert point_engine_paths(read_serve_plan(rtx_repo)) == []
+    assert point_engine_paths(read_needs(rtx_repo)) == []
     # The pod's command line is one serve takes (its options, this repository).
     assert container["args"][2] == str(rtx_repo)
     if find_tritonserver() is not None:

@@ -543,9 +543,9 @@ def test_readiness_fails_for_a_model_that_is_not_ready(gateway, triton_server) -
                                         models=c.ModelNames.for_build("ghost"))
             # A model of two builds whose second is not there: not ready either.
             pair = dataclasses.replace(served[MODEL], builds=(build, ghost))
-            return [await upstream.readiness(served),
-                    await upstream.readiness({MODEL: pair}),
-                    await upstream.readiness({})]
+            return [await upstream.models_ready(served),
+                    await upstream.models_ready({MODEL: pair}),
+                    await upstream.models_ready({})]
         finally:
             await upstream.close()
 

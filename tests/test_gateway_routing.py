@@ -84,12 +84,12 @@ def test_a_refusal_for_size_goes_on_once_to_the_largest_build_above() -> None:
 # ---- which builds the repository serves as one model ------------------------------------------
 
 def test_the_repository_names_one_model_per_checkpoint_of_several_workloads(tmp_path) -> None:
-    from qvl_trt.manifest import BuildFolder, Manifest
+    from qvl_trt.manifest import BuildFolder, BuildOptions, Manifest
     from qvl_trt.triton.repository import _Build, _served_names
 
     def made(name: str, hashes: dict, workload: str | None = None,
              folder: str = "Qwen3-VL-2B-Instruct") -> _Build:
-        options = {"model": folder} | ({"workload": workload} if workload else {})
+        options = BuildOptions(folder, "4090d", workload=workload or "chat")
         checkpoint = type("Checkpoint", (), {"path": tmp_path / folder})()
         return _Build(BuildFolder(tmp_path / name), Manifest(options=options,
                                                              inputs={"checkpoint": hashes}),

@@ -14,12 +14,12 @@ from cli_harness import run_cli
 
 from qvl_trt import __version__
 from qvl_trt.build import Stage, resume_build
-from qvl_trt.build.context import IMAGE_DIR
 from qvl_trt.checkpoint import open_checkpoint
 from qvl_trt.deploy.container import TRTLLM_CONTAINER
 from qvl_trt.errors import BuildError, ConfigError, StageUnavailable
 from qvl_trt.llm.convert import convert_checkpoint
 from qvl_trt.llm.engine import _run_rank, build_engines, engine_build_config
+from qvl_trt.manifest import IMAGE_DIR
 from qvl_trt.plan import make_plan
 from qvl_trt.profiles import load_profile, profile_names
 from qvl_trt.testing.tiny_checkpoint import write_config_only

@@ -15,8 +15,13 @@ import pytest
 from cli_harness import run_cli
 
 from qvl_trt.atomic import leftovers
-from qvl_trt.build import BuildOptions, Stage, checkpoint_hashes, run_build
+from qvl_trt.build import Stage, checkpoint_hashes, run_build
+from qvl_trt.dtypes import Dtype, WeightOnly
+from qvl_trt.errors import ConfigError
 from qvl_trt.hashing import FileHasher
+from qvl_trt.manifest import MANIFEST_NAME, BuildOptions, Manifest
+from qvl_trt.profiles import TrtEdition
+from qvl_trt.workload import Workload
 
 # Stages this machine builds for the tiny checkpoint: everything but the LLM engine, which
 # needs TensorRT-LLM and a GPU (`llm` stops with exit code 3 here).
@@ -239,3 +244,52 @@ def test_varying_outputs_name_what_a_rebuild_may_change():
     repo = {"trt/tensorrt_llm/config.pbtxt": "", "trt/ensemble/1/build.json": ""}
     assert list(varying_outputs(Stage.REPO, repo, TrtEdition.TENSORRT)) == [
         "trt/tensorrt_llm/config.pbtxt"]
+
+
+# ---- the options, typed through the manifest --------------------------------------------------
+
+def test_the_options_round_trip_typed_through_the_manifest(tmp_path):
+    options = BuildOptions("ckpt", "h200", TrtEdition.TENSORRT, "bfloat16", 2, "int8", "video")
+    Manifest(options=options).save(tmp_path)
+    loaded = Manifest.load(tmp_path).options
+    assert loaded == options
+    # Members, not their strings (which compare equal to them).
+    assert loaded.trt_edition is TrtEdition.TENSORRT and loaded.vision_dtype is Dtype.BFLOAT16
+    assert loaded.weights is WeightOnly.INT8 and loaded.workload is Workload.VIDEO
+    assert loaded.tp_size == 2
+
+
+# A manifest as qvl-trt wrote it before the options were typed, and before --weights and
+# --workload: a plain table without those keys, and the llm_dtype of earlier versions.
+_EARLIER = {"schema_version": 1, "qvl_trt": "0.1.0",
+            "options": {"model": "/ckpt", "gpu": "4090d", "trt_edition": None,
+                        "vision_dtype": "float16", "tp_size": 1, "llm_dtype": "float16"},
+            "inputs": {}, "cache_key": "qvl-trt-4090d-0", "tools": {}, "stages": {},
+            "file_hashes": {}}
+
+
+def test_a_manifest_of_an_earlier_version_reads_with_the_defaults(tmp_path):
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(_EARLIER))
+    manifest = Manifest.load(tmp_path)
+    assert manifest.options == BuildOptions("/ckpt", "4090d")
+    assert manifest.options.weights is WeightOnly.NONE
+    assert manifest.options.workload is Workload.CHAT
+    # Written again, the options keep their keys (less llm_dtype): the build's cache key, which
+    # hashes them, stays.
+    manifest.save(tmp_path)
+    saved = json.loads((tmp_path / MANIFEST_NAME).read_text())["options"]
+    assert saved == {k: v for k, v in _EARLIER["options"].items() if k != "llm_dtype"}
+
+
+@pytest.mark.parametrize(("options", "error"), [
+    ({"llm_dtype": "bfloat16"}, "^the build's manifest.json sets llm_dtype 'bfloat16', but "
+                                "qvl-trt builds the language model in float16 only; remove the key"),
+    ({"vision_dtype": "float32"}, "^--vision-dtype float32: the engine takes float16 or bfloat16$"),
+    ({"quantize": "fp8"}, "^manifest.json options: unknown key 'quantize'; allowed keys: "),
+    ({"tp_size": "2"}, r"^manifest.json options.tp_size: expected an integer, got '2'$"),
+])
+def test_options_no_version_wrote_are_one_line_errors(tmp_path, options, error):
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(
+        {**_EARLIER, "options": {**_EARLIER["options"], **options}}))
+    with pytest.raises(ConfigError, match=error):
+        Manifest.load(tmp_path)

@@ -39,8 +39,9 @@ def saturation_repo(tmp_path_factory, tiny_build: Path) -> Path:
     """The reference repository with a queue of QUEUE places and the token generator as
     tensorrt_llm (answers of a known least duration)."""
     from qvl_trt.testing.token_generator import install_token_generator
+    from qvl_trt.triton.layout import VERSION
     from qvl_trt.triton.model_configs import Flavor
-    from qvl_trt.triton.repository import VERSION, BuildInput, RepoOptions, write_repo
+    from qvl_trt.triton.repository import BuildInput, RepoOptions, write_repo
 
     repo = write_repo([BuildInput(tiny_build)], tmp_path_factory.mktemp("sat") / "repo",
                       RepoOptions(flavor=Flavor.REFERENCE, preprocessing_instances=1,

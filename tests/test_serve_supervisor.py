@@ -150,7 +150,7 @@ def slow_repo(tmp_path_factory, tiny_build: Path, repo: Path) -> Path:
     """The reference repository with tensorrt_llm replaced by the token generator: answers
     whose least duration is known."""
     from qvl_trt.testing.token_generator import install_token_generator
-    from qvl_trt.triton.repository import VERSION
+    from qvl_trt.triton.layout import VERSION
 
     slow = tmp_path_factory.mktemp("slow") / "repo"
     shutil.copytree(repo, slow)

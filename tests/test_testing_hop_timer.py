@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from qvl_trt.testing.hop_timer import INNER, MODEL_PY, install_hop_timer, read_calls
+from qvl_trt.testing.hop_timer import INNER, install_hop_timer, read_calls
+from qvl_trt.triton.layout import MODEL_PY
 
 MODEL = '''
 class TritonPythonModel:

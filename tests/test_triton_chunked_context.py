@@ -17,11 +17,11 @@ from PIL import Image
 
 from qvl_trt.client.generate import GenerateClient, GenerateRequest
 from qvl_trt.errors import RequestError
-from qvl_trt.llm.engine import BUILD_CONFIG_NAME
 from qvl_trt.machine import find_tritonserver
+from qvl_trt.manifest import BUILD_CONFIG_NAME
 from qvl_trt.triton import contract as c
+from qvl_trt.triton.layout import VERSION
 from qvl_trt.triton.pbconfig import read_config, set_parameters, write_config
-from qvl_trt.triton.repository import VERSION
 
 pytestmark = pytest.mark.skipif(find_tritonserver() is None,
                                 reason="needs a tritonserver: pip install 'qvl-trt[serve]'")

@@ -17,11 +17,12 @@ from qvl_trt.build import Stage, resume_build
 from qvl_trt.deps import available
 from qvl_trt.dtypes import Dtype
 from qvl_trt.errors import ConfigError
-from qvl_trt.llm.engine import BUILD_CONFIG_NAME
 from qvl_trt.machine import detect_gpus
-from qvl_trt.serve.needs import point_engine_paths, read_serve_plan
+from qvl_trt.manifest import BUILD_CONFIG_NAME
+from qvl_trt.serve.needs import point_engine_paths, read_needs
 from qvl_trt.testing.trt_layout import linked_copy, write_llm_engine_layout
 from qvl_trt.triton import contract as c
+from qvl_trt.triton.layout import RUNTIME_ZIP
 from qvl_trt.triton.options import Flavor, default_postprocessing_instances, machine_cores
 from qvl_trt.triton.pbconfig import (
     CONFIG_FILE,
@@ -32,7 +33,6 @@ from qvl_trt.triton.pbconfig import (
     to_text,
 )
 from qvl_trt.triton.repository import (
-    RUNTIME_ZIP,
     BuildInput,
     RepoOptions,
     write_repo,
@@ -202,7 +202,7 @@ def test_postprocessing_instances_are_written_planned_and_validated(tmp_path,
     admitted = {c.llm_caller_parameters(parameters(cfg), m).capacity
                 for m, cfg in configs.items()}
     assert admitted == {8 + 4 * 8}  # the tiny profile's batch and the default queue
-    assert read_serve_plan(repo).bls_callers == 8 + 4 * 8 + 1  # and the probe
+    assert read_needs(repo).bls_callers == 8 + 4 * 8 + 1  # and the probe
     assert problems(repo) == []
     done = run_cli("repo", "--build", str(tiny_build), "--out", str(tmp_path / "cli"),
                    "--flavor", "reference", "--postprocessing-instances", "2")
@@ -533,13 +533,13 @@ def test_broken_repository_fails_validate_with_the_reason(tmp_path, trt_repo, br
 @needs_rtx
 def test_moved_repository_gets_its_engine_path_back(tmp_path, trt_repo) -> None:
     moved = Path(shutil.copytree(trt_repo, tmp_path / "elsewhere"))
-    assert point_engine_paths(read_serve_plan(moved)) == ["tensorrt_llm"]
+    assert point_engine_paths(read_needs(moved)) == ["tensorrt_llm"]
     params = read_config(moved / "tensorrt_llm").parameters
     assert params["gpt_model_path"].string_value == str(
         moved.resolve() / "tensorrt_llm" / "1" / "engine")
     assert params["xgrammar_tokenizer_info_path"].string_value == str(
         moved.resolve() / "tensorrt_llm" / "1" / "xgrammar_tokenizer_info.json")
-    assert point_engine_paths(read_serve_plan(moved)) == []
+    assert point_engine_paths(read_needs(moved)) == []
     assert problems(moved) == []
 
 
@@ -580,9 +580,9 @@ def test_serve_refuses_two_llm_models_when_one_is_tensor_parallel(tmp_path,
 
 @needs_rtx
 def test_serve_sizes_the_bls_thread_pool_from_the_callers(trt_repo) -> None:
-    from qvl_trt.serve.needs import read_serve_plan
+    from qvl_trt.serve.needs import read_needs
 
-    needs = read_serve_plan(trt_repo)
+    needs = read_needs(trt_repo)
     # postprocessing and tensorrt_llm_bls share the build's places: one BLS call each
     workers = {c.llm_caller_parameters(parameters(read_config(d)), d.name).workers
                for d in trt_repo.iterdir() if "batch_slots" in read_config(d).parameters}
@@ -613,9 +613,9 @@ def test_doctor_checks_what_serving_the_repository_needs(trt_repo) -> None:
 
 
 def test_a_small_dev_shm_gets_a_warning_with_the_docker_flag(tmp_path) -> None:
-    from qvl_trt.serve.needs import ServePlan, warn_small_shm
+    from qvl_trt.serve.needs import ServeNeeds, warn_small_shm
 
-    needs = ServePlan(tmp_path, (), {}, 0, 3 * 2**30 + 1, {})
+    needs = ServeNeeds(tmp_path, (), {}, 0, 3 * 2**30 + 1, {})
     assert warn_small_shm(needs, 4 * 2**30) is None
     message = warn_small_shm(needs, 64 * 2**20)
     assert "/dev/shm has 0.1 GiB" in message and "--shm-size=4g or --ipc=host" in message
@@ -637,7 +637,7 @@ def test_serve_dry_run_prints_one_rank_per_gpu(tmp_path, trt_repo) -> None:
 
 def test_build_info_names_a_missing_or_mistyped_key(tmp_path) -> None:
     from qvl_trt.errors import ConfigError
-    from qvl_trt.triton.repository import BuildInfo
+    from qvl_trt.triton.layout import BuildInfo
 
     path = tmp_path / "build.json"
     path.write_text("{")

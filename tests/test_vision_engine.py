@@ -15,18 +15,20 @@ from pathlib import Path
 import pytest
 
 from qvl_trt.checkpoint import open_checkpoint
+from qvl_trt.child import REPRODUCE_NAME
 from qvl_trt.deps import available
 from qvl_trt.errors import BuildError, ConfigError, StageUnavailable
 from qvl_trt.hashing import FileHasher
-from qvl_trt.profiles import TrtEdition, load_profile
-from qvl_trt.typed_config import load_dataclass
-from qvl_trt.vision.engine import (
+from qvl_trt.manifest import (
     BUILD_CONFIG_NAME,
     BUILD_LOG_NAME,
     CONFIG_NAME,
-    ENGINE_NAME,
-    REPRODUCE_NAME,
     TIMING_CACHE_NAME,
+    VISION_ENGINE_NAME,
+)
+from qvl_trt.profiles import TrtEdition, load_profile
+from qvl_trt.typed_config import load_dataclass
+from qvl_trt.vision.engine import (
     EngineBuildConfig,
     build_vision_engine,
     check_edition_here,
@@ -69,7 +71,7 @@ def test_rtx_engine_and_its_config(rtx_engine: Path, tiny_ckpt) -> None:
     trt = trt_module(TrtEdition.TENSORRT_RTX)
     ckpt = open_checkpoint(tiny_ckpt)
     config = json.loads((rtx_engine / CONFIG_NAME).read_text())
-    engine = rtx_engine / ENGINE_NAME
+    engine = rtx_engine / VISION_ENGINE_NAME
     assert engine.stat().st_size == config["engine_bytes"] > 100_000
     assert config["edition"] == "tensorrt_rtx" and config["trt_version"] == trt.__version__
     assert config["compute_capabilities"] == ["8.9"] and config["dtype"] == "float16"
@@ -99,7 +101,7 @@ def test_build_files_reproduce_the_engine(rtx_engine: Path, tiny_ckpt, tmp_path)
     # reproduce.sh rebuilds the same engine config in a copy of the folder.
     copy = tmp_path / "copy"
     shutil.copytree(rtx_engine, copy)
-    (copy / ENGINE_NAME).unlink()
+    (copy / VISION_ENGINE_NAME).unlink()
     subprocess.run(["bash", str(copy / REPRODUCE_NAME)], check=True, capture_output=True,
                    env={**os.environ, "PYTHON": sys.executable})
     # config.json holds no times or paths: the same bytes (the engine's size included; its
@@ -124,7 +126,7 @@ def test_unparsable_onnx_is_a_build_error(tmp_path, tiny_ckpt, tiny_vision_onnx)
         build_vision_engine(folder, _config(open_checkpoint(tiny_ckpt)))
     message = str(info.value)
     assert "cannot parse" in message and f"bash {folder / REPRODUCE_NAME}" in message
-    assert not (folder / ENGINE_NAME).exists()
+    assert not (folder / VISION_ENGINE_NAME).exists()
     assert "cannot parse" in (folder / BUILD_LOG_NAME).read_text()
 
 
@@ -143,7 +145,7 @@ def test_uint8_input_cast_to_int32_is_refused(tmp_path, tiny_ckpt, tiny_vision_o
     with pytest.raises(BuildError, match="network of .*model.onnx: uint8 input 'pixel_values' "
                                          "feeds Cast to int32; full TensorRT takes"):
         build_vision_engine(folder, _config(open_checkpoint(tiny_ckpt)))
-    assert not (folder / ENGINE_NAME).exists()
+    assert not (folder / VISION_ENGINE_NAME).exists()
 
 
 @needs_rtx
@@ -188,7 +190,7 @@ def test_rtx_validity_api_is_asked(rtx_engine: Path) -> None:
         gpu = False
     if not gpu:
         with pytest.raises(BuildError, match="invalid on this system"):
-            check_rtx_validity(trt, (rtx_engine / ENGINE_NAME).read_bytes())
+            check_rtx_validity(trt, (rtx_engine / VISION_ENGINE_NAME).read_bytes())
 
 
 def test_build_config_round_trips(tiny_ckpt) -> None:

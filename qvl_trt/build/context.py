@@ -1,79 +1,27 @@
-"""What every build stage works with: the stage names and their order, the build options
-(stored in the manifest), the context a stage function receives, and the result records."""
+"""What every build stage works with: the stage names and their order, the context a stage
+function receives (the build options, manifest.py BuildOptions, among it), and the result
+records."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from ..checkpoint import Checkpoint
 from ..deploy.container import container_command
-from ..dtypes import Dtype, WeightOnly
-from ..errors import ConfigError
 from ..hashing import FileHasher, fingerprint
-from ..llm.engine import ENGINE_DTYPE
-from ..manifest import BuildFolder, Manifest, Stage, tool_versions
+from ..manifest import IMAGE_DIR, BuildFolder, BuildOptions, Manifest, Stage, tool_versions
 from ..plan import make_plan
 from ..profiles import GpuProfile, TrtEdition
-from ..typed_config import to_jsonable
-from ..vision.spec import ENGINE_DTYPES
-from ..workload import Workload
 
 STAGES = tuple(Stage)
-# The serving image recipe in a build folder, written when the build must go on in it.
-IMAGE_DIR = "image"
 # Stages that always run (cheaply, usually skipped) because later ones read their results.
 PREREQUISITES = (Stage.INSPECT, Stage.PLAN)
 # Earlier stages a stage reads, run with it when `--only` names it.
 NEEDS = {Stage.LLM: (Stage.LLM_CHECKPOINT,), Stage.REPO: (Stage.LLM_CHECKPOINT,)}
-
-
-@dataclass(frozen=True)
-class BuildOptions:
-    """Everything a build depends on besides the files it reads; stored in the manifest."""
-
-    model: str
-    gpu: str
-    trt_edition: TrtEdition | None = None
-    vision_dtype: Dtype = Dtype.FLOAT16
-    tp_size: int = 1
-    # The LLM's linear weights: in the engine dtype, or weight-only INT8/INT4.
-    weights: WeightOnly = WeightOnly.NONE
-    # What the limits are sized for (qvl_trt.workload): the planner derives them from it.
-    workload: Workload = Workload.CHAT
-
-    def __post_init__(self) -> None:
-        if self.vision_dtype not in ENGINE_DTYPES:
-            raise ConfigError(f"--vision-dtype {self.vision_dtype}: the engine takes "
-                              f"{' or '.join(ENGINE_DTYPES)}")
-        object.__setattr__(self, "vision_dtype", Dtype(self.vision_dtype))
-        object.__setattr__(self, "weights", WeightOnly.parse(self.weights))
-        object.__setattr__(self, "workload", Workload.parse(self.workload))
-
-    def to_json(self) -> dict[str, Any]:
-        data = to_jsonable(asdict(self))
-        # Absent when the default, so the cache keys of builds made before the options are
-        # unchanged.
-        if self.weights is WeightOnly.NONE:
-            del data["weights"]
-        if self.workload is Workload.CHAT:
-            del data["workload"]
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> BuildOptions:
-        data = dict(data)
-        # Manifests of earlier versions record the LLM dtype, which no option could change.
-        llm_dtype = data.pop("llm_dtype", ENGINE_DTYPE.value)
-        if llm_dtype != ENGINE_DTYPE:
-            raise ConfigError(f"the build's manifest.json sets llm_dtype {llm_dtype!r}, but "
-                              f"qvl-trt builds the language model in {ENGINE_DTYPE} only; "
-                              "remove the key from its options, or start a new build folder")
-        edition = data.get("trt_edition")
-        return cls(**{**data, "trt_edition": TrtEdition(edition) if edition else None})
 
 
 @dataclass

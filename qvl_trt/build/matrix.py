@@ -20,12 +20,11 @@ from ..deploy.container import TRTLLM_CONTAINER
 from ..dtypes import WeightOnly
 from ..errors import ConfigError, PlanError
 from ..hashing import FileHasher
-from ..manifest import build_name, cache_key
+from ..manifest import BuildOptions, build_name, cache_key
 from ..plan import check_fits, make_plan, profile_for_plan
 from ..profiles import GpuProfile, TrtEdition, load_profile, profile_names, sm_digits
 from ..typed_config import to_jsonable
 from ..workload import Workload
-from .context import BuildOptions
 from .runner import build_inputs
 
 # TensorRT-LLM (every LLM engine) and full TensorRT (vision engines of data-center profiles)

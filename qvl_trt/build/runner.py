@@ -31,7 +31,7 @@ from ..dtypes import WeightOnly
 from ..errors import BuildError, ConfigError, StageUnavailable
 from ..gateway.options import DEFAULT_PORT
 from ..hashing import FileHasher, fingerprint
-from ..manifest import Manifest, cache_key, varying_outputs
+from ..manifest import BuildOptions, Manifest, cache_key, varying_outputs
 from ..plan import planned_profile
 from ..profiles import GpuProfile, load_profile
 from ..triton.options import Flavor
@@ -42,7 +42,6 @@ from .context import (
     PREREQUISITES,
     STAGES,
     BuildContext,
-    BuildOptions,
     BuildResult,
     Stage,
     StageResult,
@@ -73,13 +72,13 @@ def _build(options: BuildOptions, out: Path, only: tuple[Stage, ...] | None,
     out.mkdir(parents=True, exist_ok=True)
     with build_lock(out):
         manifest = Manifest.load(out) or Manifest()
-        if manifest.options and manifest.options.get("model") != options.model:
+        if manifest.options and manifest.options.model != options.model:
             raise BuildError(
-                f"{out} holds a build of {manifest.options.get('model')}, not {options.model}; "
+                f"{out} holds a build of {manifest.options.model}, not {options.model}; "
                 "pick another --out folder"
             )
         _remove_leftovers(out)
-        manifest.options = options.to_json()
+        manifest.options = options
         hasher = FileHasher(manifest.file_hashes)
         checkpoint = open_checkpoint(options.model)
         ctx = BuildContext(
@@ -201,11 +200,11 @@ def resume_build(out: Path, *, only: tuple[Stage, ...] | None = None,
     in `run_build`); `weights` and `workload`, when given, must be the build's (a CI job
     resuming a folder restored from a cache checks it holds the variant it is for)."""
     manifest = Manifest.load(Path(out))
-    if manifest is None or not manifest.options:
+    if manifest is None or manifest.options is None:
         raise BuildError(
             f"{out} holds no build manifest; start with `qvl-trt build --model M --gpu G --out DIR`"
         )
-    options = BuildOptions.from_json(manifest.options)
+    options = manifest.options
     if weights is not None and WeightOnly.parse(weights) is not options.weights:
         raise ConfigError(f"{out} holds a build with --weights {options.weights}, not "
                           f"{weights}; drop --weights to resume it, or build {weights} into "

@@ -9,10 +9,9 @@ from typing import Any
 from .. import __version__
 from ..atomic import write_json_atomic
 from ..child import REPRODUCE_NAME
-from ..dtypes import WeightOnly
+from ..dtypes import LLM_ENGINE_DTYPE, WeightOnly
 from ..errors import StageUnavailable
 from ..hashing import fingerprint
-from ..llm.engine import ENGINE_DTYPE
 from ..manifest import PROFILE_NAME, write_reproduce_script
 from ..plan import check_fits, make_plan
 from ..profiles import load_profile
@@ -86,7 +85,7 @@ def _run_manifest(ctx: BuildContext, work: Path) -> dict[str, Any]:
 def _check_llm_checkpoint(ctx: BuildContext) -> None:
     from ..llm.convert import llm_config_for
 
-    llm_config_for(ctx.checkpoint, dtype=ENGINE_DTYPE, tp_size=ctx.options.tp_size,
+    llm_config_for(ctx.checkpoint, dtype=LLM_ENGINE_DTYPE, tp_size=ctx.options.tp_size,
                    max_seq_len=ctx.profile.limits.max_seq_len, weights=ctx.options.weights)
 
 
@@ -98,7 +97,7 @@ def _llm_checkpoint_inputs(ctx: BuildContext) -> dict[str, Any]:
     # them again.
     weights = {} if o.weights is WeightOnly.NONE else {"weights": o.weights.value,
                                                        "quantized_by": "tensorrt_llm"}
-    return {"checkpoint": ctx.manifest.inputs["checkpoint"], "dtype": ENGINE_DTYPE.value,
+    return {"checkpoint": ctx.manifest.inputs["checkpoint"], "dtype": LLM_ENGINE_DTYPE.value,
             "tp_size": o.tp_size, "max_seq_len": ctx.profile.limits.max_seq_len, **weights}
 
 
@@ -108,7 +107,7 @@ def _run_llm_checkpoint(ctx: BuildContext, work: Path) -> dict[str, Any]:
     # `work` is the stage's empty staging folder; convert replaces it with the finished
     # checkpoint (config.json + rank{N}.safetensors).
     result = convert_checkpoint(ctx.checkpoint, work, max_seq_len=ctx.profile.limits.max_seq_len,
-                                dtype=ENGINE_DTYPE, tp_size=ctx.options.tp_size,
+                                dtype=LLM_ENGINE_DTYPE, tp_size=ctx.options.tp_size,
                                 weights=ctx.options.weights, force=True)
     return {"dtype": result.config.dtype, "weights": result.config.weight_only.value,
             "tp_size": result.config.tp_size,

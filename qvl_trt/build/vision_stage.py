@@ -19,23 +19,26 @@ from typing import Any
 
 from ..errors import BuildError, StageUnavailable
 from ..machine import package_version
+from ..manifest import (
+    ONNX_DIR,
+    ONNX_NAME,
+    TIMING_CACHE_NAME,
+    VALIDATION_NAME,
+    VISION_FAILED_DIR,
+)
 from ..profiles import TrtEdition
 from ..typed_config import to_jsonable
 from ..vision.engine import (
-    TIMING_CACHE_NAME,
     EngineBuildConfig,
     build_vision_engine,
     check_edition_here,
 )
-from ..vision.export import ONNX_NAME, VALIDATION_NAME, export_inputs, read_export_meta
+from ..vision.export import export_inputs, read_export_meta
 from ..vision.spec import patch_range, vision_graph_spec
 from ..vision.validate import ExportConfig, export_and_validate_in_child
 from .context import BuildContext, Stage
 
 log = logging.getLogger(__name__)
-
-ONNX_DIR = "onnx"
-FAILED_DIR = "vision.failed"  # the last failed engine build, beside the stage folders
 
 
 def vision_stage_inputs(ctx: BuildContext) -> dict[str, Any]:
@@ -86,7 +89,7 @@ def run_vision_stage(ctx: BuildContext, work: Path) -> dict[str, Any]:
     cache = ctx.stage_dir(Stage.VISION) / TIMING_CACHE_NAME
     if cache.is_file():
         shutil.copy2(cache, work / TIMING_CACHE_NAME)
-    failed = ctx.out / FAILED_DIR
+    failed = ctx.out / VISION_FAILED_DIR
     try:
         if not reused:
             times = export_and_validate_in_child(work, ExportConfig(

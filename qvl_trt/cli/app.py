@@ -1,6 +1,6 @@
 """The `qvl-trt` Typer app: its options shared between commands, the command decorator that
 turns user errors into one-line messages, and the entry point. The commands live in one
-module per help panel (inspect.py, build.py, serve.py); tables and longer renderings come
+module per help panel (diagnostics.py, build.py, serve.py); tables and longer renderings come
 from console.py. A command parses its options, calls library functions that do the work and
 prints what they return.
 

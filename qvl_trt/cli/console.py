@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ..client.metrics import LevelMetrics
     from ..client.verify import CaseResult
     from ..serve.gateway_process import GatewayProcess
-    from ..serve.needs import Readiness
+    from ..serve.needs import ServeCheck
     from ..serve.server import TritonServer
     from ..triton.validate import ValidationReport
 
@@ -384,7 +384,7 @@ def doctor_tables(report: Report) -> list[Table]:
     return [env, support]
 
 
-def readiness_table(repo: Path, rows: tuple[Readiness, ...]) -> Table:
+def serve_checks_table(repo: Path, rows: tuple[ServeCheck, ...]) -> Table:
     table = Table(title=f"serving {repo} here")
     for col in ("check", "", "detail"):
         table.add_column(col)

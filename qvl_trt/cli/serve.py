@@ -272,17 +272,17 @@ def image(
         raise ConfigError(f"{out} exists; pass --force to replace it")
     if bake_repo and repo is None:
         raise ConfigError("--bake-repo copies --repo into the image; pass --repo REPOSITORY")
-    plan = None
+    needs = None
     if repo is not None:
         from ..profiles import TrtEdition
-        from ..serve.needs import read_serve_plan
+        from ..serve.needs import read_needs
 
         if not repo.is_dir():
             raise ConfigError(f"{repo} is not a folder; pass a model repository written by "
                               "`qvl-trt repo`")
-        plan = read_serve_plan(repo)
+        needs = read_needs(repo)
         if rtx is None:
-            rtx = TrtEdition.TENSORRT_RTX in plan.vision_editions.values()
+            rtx = TrtEdition.TENSORRT_RTX in needs.vision_editions.values()
     recipe = write_image_recipe(out, rtx=bool(rtx), tag=tag,
                                 bake_repo=repo if bake_repo else None)
     console.print(f"wrote the image recipe {out}: adds {', '.join(recipe.requirements)}",
@@ -297,12 +297,12 @@ def image(
                       f"{recipe.repo_bytes / 2**30:.2f} GiB of repository "
                       f"({recipe.repo_bytes:,} bytes)", highlight=False, markup=False,
                       soft_wrap=True)
-        console.print(f"serve it with: {baked_container_command(plan, recipe.tag)}",
+        console.print(f"serve it with: {baked_container_command(needs, recipe.tag)}",
                       highlight=False, markup=False, soft_wrap=True)
-    elif plan is not None:
+    elif needs is not None:
         from ..deploy.container import serve_container_command
 
-        console.print(f"serve {repo} with: {serve_container_command(plan, recipe.tag)}",
+        console.print(f"serve {repo} with: {serve_container_command(needs, recipe.tag)}",
                       highlight=False, markup=False, soft_wrap=True)
 
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..gateway.options import DEFAULT_PORT
-from ..serve.needs import ServePlan, shm_flag
+from ..serve.needs import ServeNeeds, shm_flag
 from ..serve.server import Ports
 from .image import HEALTH_PORT, load_container_packages
 
@@ -40,7 +40,7 @@ def container_run(mounts: Sequence[Path], command: str, *, image: str, shm_bytes
             f"{volumes} {shlex.quote(image)}{f' {command}' if command else ''}")
 
 
-def serve_container_command(plan: ServePlan, image: str) -> str:
+def serve_container_command(plan: ServeNeeds, image: str) -> str:
     """The `docker run` line that serves the repository with `qvl-trt serve` in the serving
     image `image` on the default ports, with the shared memory its largest requests need;
     serve takes the world size and BLS threads from the repository."""
@@ -50,7 +50,7 @@ def serve_container_command(plan: ServePlan, image: str) -> str:
                          ports=(ports.http, ports.grpc, ports.metrics))
 
 
-def baked_container_command(plan: ServePlan, image: str) -> str:
+def baked_container_command(plan: ServeNeeds, image: str) -> str:
     """The `docker run` line of an image that carries the repository (`qvl-trt image
     --bake-repo`): no volume and no command, its own serves it
     (image.baked_serve_arguments); the gateway, the health endpoint and the metrics published."""

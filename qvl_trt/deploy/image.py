@@ -217,12 +217,12 @@ def _baked(repo: Path, ctx: Path) -> BakedRepo:
     in a read-only image), else at BAKED_REPO."""
     from ..errors import ConfigError
     from ..serve.load_time import read_load_time, startup_window_s
-    from ..serve.needs import read_serve_plan, written_root
+    from ..serve.needs import read_needs, written_root
 
     if not repo.is_dir():
         raise ConfigError(f"--repo {repo} is not a folder; pass a model repository written by "
                           "`qvl-trt repo` or `qvl-trt build`")
-    root = str(written_root(read_serve_plan(repo)) or BAKED_REPO)
+    root = str(written_root(read_needs(repo)) or BAKED_REPO)
     return BakedRepo(root, _copy_repository(repo, ctx), startup_window_s(read_load_time(repo)))
 
 
@@ -231,7 +231,7 @@ def _copy_repository(repo: Path, ctx: Path) -> tuple[str, ...]:
     REPOSITORY, as hard links where the file system allows (engines are GBs). Every file ends
     up readable, and every folder listable, by anyone: the image's files are root's, and its
     user (SERVE_UID) only reads them. Returns the models whose engine folders are apart."""
-    from ..triton.repository import ENGINE_DIR, VERSION
+    from ..triton.layout import ENGINE_DIR, VERSION
 
     def readable(src: str, dst: str) -> None:
         if os.stat(src).st_mode & 0o004:

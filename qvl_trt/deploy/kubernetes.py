@@ -7,7 +7,7 @@ of the gateway and the metrics; a NetworkPolicy that admits nothing else; a
 PodDisruptionBudget; optionally a HorizontalPodAutoscaler on the LLM's queue. Triton's own
 HTTP and gRPC endpoints ask no key: they listen on the pod's loopback interface unless
 `expose_triton`, and then only pods labelled TRITON_CLIENT_LABEL may reach them. What a pod needs
-is read from the repository (`read_serve_plan`). Each pod is a whole server on one node (a
+is read from the repository (`read_needs`). Each pod is a whole server on one node (a
 tensor-parallel engine's ranks share it); scaling past one node is replicas behind the
 Service.
 
@@ -43,8 +43,8 @@ from ..serve.load_time import (
     startup_window_s,
 )
 from ..serve.needs import (
-    ServePlan,
-    read_serve_plan,
+    ServeNeeds,
+    read_needs,
     resolve_world_size,
     shm_gib,
     written_root,
@@ -260,7 +260,7 @@ class PodNeeds:
     notes: tuple[str, ...]  # one line per derived figure
 
 
-def pod_needs(plan: ServePlan, opts: DeployOptions) -> PodNeeds:
+def pod_needs(plan: ServeNeeds, opts: DeployOptions) -> PodNeeds:
     """GPUs, node label, mount path, /dev/shm, CPU and memory of one pod serving `plan`.
 
     CPU: one core per process that works at once, each python model instance (a stub process
@@ -353,7 +353,7 @@ def _process_bytes(model: str) -> int:
     return PROCESS_BYTES[kind] if kind else max(PROCESS_BYTES.values())
 
 
-def _gpu_product(plan: ServePlan, opts: DeployOptions) -> str:
+def _gpu_product(plan: ServeNeeds, opts: DeployOptions) -> str:
     if opts.gpu_product is not None:
         return gpu_product_label(opts.gpu_product)
     products = {b.profile.name: b.profile.gpu.product for b in plan.builds}
@@ -600,7 +600,7 @@ def write_manifests(repo: Path, out: Path, opts: DeployOptions, *,
     out = Path(out).absolute()
     if out.exists() and not force:
         raise ConfigError(f"{out} exists; pass --force to replace it or pick another --out")
-    plan = read_serve_plan(repo)
+    plan = read_needs(repo)
     needs = pod_needs(plan, opts)
     docs = manifests(opts, needs)
     header = {"deployment.yaml": [f"qvl-trt deploy of {plan.repo.name} "

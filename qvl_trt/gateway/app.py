@@ -233,7 +233,7 @@ class Gateway:
             ok, reason = answer or (False, f"qvl-trt serve's {self.opts.ready_url} does not "
                                     "answer")
         else:
-            ok, reason = await self.upstream.readiness(self.served)
+            ok, reason = await self.upstream.models_ready(self.served)
         status, body = ready_reply(ok, reason)
         return self._json(body, status)
 

@@ -1,6 +1,6 @@
 """The gateway's side of Triton: which builds it serves, as which models (`discover`), whether
-they are ready (`readiness`), and one chat request to one build as a stream of text pieces
-(`generate`), over tritonclient's asyncio gRPC client.
+their models are ready (`models_ready`), and one chat request to one build as a stream of text
+pieces (`generate`), over tritonclient's asyncio gRPC client.
 
 Every request goes to the build's `tensorrt_llm_bls` model, not its `ensemble`: the same
 inputs, outputs and answers, but the request a client cancels is that model's own, so it stops
@@ -222,7 +222,7 @@ class Upstream:
                                                    client_timeout=PROBE_TIMEOUT_S)
         return reply["config"]
 
-    async def readiness(self, served: dict[str, ServedModel]) -> tuple[bool, str]:
+    async def models_ready(self, served: dict[str, ServedModel]) -> tuple[bool, str]:
         """(ready, reason): Triton answers ready and so does every model of every build."""
         try:
             if not await self.client.is_server_ready(client_timeout=PROBE_TIMEOUT_S):

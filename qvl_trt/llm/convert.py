@@ -22,9 +22,9 @@ from ..checkpoint import Checkpoint, TextDims, open_checkpoint
 from ..deps import require
 from ..dtypes import Dtype, WeightOnly, pick
 from ..errors import CheckpointError, ConfigError
+from ..manifest import CONFIG_NAME
 from ..typed_config import to_jsonable
 from .layout import (
-    CONFIG_NAME,
     DTYPES,
     LlmConfig,
     check_tp_size,

@@ -35,25 +35,17 @@ from typing import Any
 from ..atomic import write_json_atomic
 from ..child import REPRODUCE_NAME, child_main, run_child, write_reproduce
 from ..deps import require
-from ..dtypes import Dtype, WeightOnly, pick
+from ..dtypes import LLM_ENGINE_DTYPE, Dtype, WeightOnly, pick
 from ..errors import BuildError, ConfigError
+from ..manifest import BUILD_CONFIG_NAME, LLM_ENGINE_DIR, TIMING_CACHE_NAME
 from ..mm.prompt_table import rows_per_visual_token
 from ..profiles import BuildLimits, GpuProfile
 from .layout import DTYPES, LlmConfig, rank_files, read_llm_config
 
 log = logging.getLogger(__name__)
 
-# The engine folder engine.save writes (tensorrt_llm/builder.py Engine.save): TensorRT-LLM's
-# config.json and rank{N}.engine.
-ENGINE_DIR = "engine"
-ENGINE_CONFIG_NAME = "config.json"
-BUILD_CONFIG_NAME = "build_config.json"
-TIMING_CACHE_NAME = "timing.cache"
 # The dtypes TensorRT-LLM's fused context attention (the only reader of the MRoPE table) runs.
 FUSED_ATTENTION_DTYPES = (Dtype.FLOAT16, Dtype.BFLOAT16)
-# What `qvl-trt build` converts and builds the language model in. The trt flavor's python
-# models hold the prompt table in the engine dtype as numpy, which has no bfloat16.
-ENGINE_DTYPE = Dtype.FLOAT16
 
 
 # TensorRT refused a network input of 2^31 elements or more through 10.10 (NvInfer.h); the
@@ -88,7 +80,7 @@ def prompt_table_rows(limits: BuildLimits, deepstack_layers: int) -> int:
 
 
 def engine_build_config(profile: GpuProfile, *, deepstack_layers: int,
-                        dtype: Dtype | str = ENGINE_DTYPE,
+                        dtype: Dtype | str = LLM_ENGINE_DTYPE,
                         weights: WeightOnly = WeightOnly.NONE) -> dict[str, Any]:
     """Keyword arguments of `tensorrt_llm.builder.BuildConfig.from_dict` for this profile.
 
@@ -142,20 +134,20 @@ def build_engines(checkpoint: Path, work: Path, build_config: dict[str, Any]) ->
     settings = {**build_config, "input_timing_cache": TIMING_CACHE_NAME,
                 "output_timing_cache": TIMING_CACHE_NAME}
     write_json_atomic(work / BUILD_CONFIG_NAME, settings)
-    (work / ENGINE_DIR).mkdir(exist_ok=True)
+    (work / LLM_ENGINE_DIR).mkdir(exist_ok=True)
     commands = [rank_command(checkpoint, rank) for rank in range(tp_size)]
     write_reproduce(work / REPRODUCE_NAME, [shlex.join(c) for c in commands],
                     "Rebuild the LLM engine ranks of this folder.")
     for rank, command in enumerate(commands):
         _run_rank(rank, command, work)
-    engine_dir = work / ENGINE_DIR
+    engine_dir = work / LLM_ENGINE_DIR
     size = sum(p.stat().st_size for p in engine_dir.glob("rank*.engine"))
     return EngineBuild(engine_dir, tp_size, size)
 
 
 def rank_command(checkpoint: Path, rank: int) -> list[str]:
     """The child command that builds one rank (run in the stage folder)."""
-    return [sys.executable, "-m", "qvl_trt.llm.engine", str(checkpoint), ENGINE_DIR, str(rank),
+    return [sys.executable, "-m", "qvl_trt.llm.engine", str(checkpoint), LLM_ENGINE_DIR, str(rank),
             BUILD_CONFIG_NAME]
 
 

@@ -64,10 +64,8 @@ from ..errors import ConfigError, FieldError, InputError
 from .schema_subset import SchemaError, check_pattern, check_schema
 
 # The tensorrt_llm model parameter value that turns guided decoding on (the only backend the
-# C++ runtime takes), and the file name the repository writes the tokenizer info under
-# (upstream's examples/generate_xgrammar_tokenizer_info.py writes the same name).
+# C++ runtime takes).
 BACKEND = "xgrammar"
-TOKENIZER_INFO_NAME = "xgrammar_tokenizer_info.json"
 # The executor's wording for the two failures that are not the request's own shape.
 NOT_SET_UP = ("Request is specified with GuidedDecodingParams, but GuidedDecoder is not "
               "setup")

@@ -14,6 +14,7 @@ from ..checkpoint import TEXT_PREFIX, TextDims, safetensors_header
 from ..deps import require
 from ..dtypes import Dtype, WeightOnly
 from ..errors import CheckpointError, ConfigError
+from ..manifest import CONFIG_NAME
 from ..mm.prompt_table import rows_per_visual_token
 from ..typed_config import load_dataclass, to_jsonable
 from .weight_only import SCALE_SUFFIX, is_quantized
@@ -22,7 +23,6 @@ from .weight_only import SCALE_SUFFIX, is_quantized
 ARCHITECTURE = "Qwen3VLForCausalLM"
 # What `convert` writes (float32 for tests and the reference decoder).
 DTYPES = (Dtype.FLOAT16, Dtype.BFLOAT16, Dtype.FLOAT32)
-CONFIG_NAME = "config.json"
 # safetensors' tag of int8 tensors: the linears of weight-only checkpoints written before
 # TensorRT-LLM quantized them at engine build.
 INT8_TAG = "I8"

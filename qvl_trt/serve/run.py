@@ -15,10 +15,10 @@ from ..machine import TritonInstall
 from .gateway_process import GatewayProcess
 from .load_time import record_load_time
 from .needs import (
-    ServePlan,
+    ServeNeeds,
     check_vision_editions,
     point_engine_paths,
-    read_serve_plan,
+    read_needs,
     resolve_world_size,
     shm_size_bytes,
     warn_small_shm,
@@ -44,7 +44,7 @@ LOOPBACK = "127.0.0.1"
 class Serving:
     """What `serve` runs, resolved from the repository and the options."""
 
-    needs: ServePlan
+    needs: ServeNeeds
     install: TritonInstall
     server: ServerOptions
     health_port: int | None  # the user's, or a loopback one the gateway forwards
@@ -62,7 +62,7 @@ def prepare(repo: Path, opts: ServeOptions) -> Serving:
     if not repo.is_dir():
         raise ConfigError(f"{repo} is not a folder; pass a model repository written by "
                           "`qvl-trt repo`")
-    needs = read_serve_plan(repo)
+    needs = read_needs(repo)
     install = require_tritonserver()
     ports = free_ports(client_host(opts.host)) if opts.pick_free_ports else opts.ports
     server = ServerOptions(repo, ports, host=opts.host, inference_host=opts.inference_host,
@@ -88,12 +88,12 @@ def serve(repo: Path, opts: ServeOptions, *,
           on_ready: Callable[[TritonServer, GatewayProcess | None], None] | None = None) -> int:
     """Serve `repo` until SIGTERM or Ctrl-C (a second one forces it); `on_ready` is called
     once the server (and the gateway) first answer. Returns the server's exit code."""
-    plan = prepare(repo, opts)
-    check_vision_editions(plan.needs)
-    warn_small_shm(plan.needs, shm_size_bytes())
-    point_engine_paths(plan.needs)
-    server = TritonServer(plan.server, install=plan.install, log_file=opts.log_file)
-    gateway = GatewayProcess(plan.gateway) if plan.gateway is not None else None
+    serving = prepare(repo, opts)
+    check_vision_editions(serving.needs)
+    warn_small_shm(serving.needs, shm_size_bytes())
+    point_engine_paths(serving.needs)
+    server = TritonServer(serving.server, install=serving.install, log_file=opts.log_file)
+    gateway = GatewayProcess(serving.gateway) if serving.gateway is not None else None
 
     def ready() -> None:
         if gateway is not None:
@@ -101,9 +101,9 @@ def serve(repo: Path, opts: ServeOptions, *,
         if on_ready is not None:
             on_ready(server, gateway)
 
-    supervisor = Supervisor(server, plan.needs.ensembles, health_port=plan.health_port,
-                            health_host=plan.health_host, rules=opts.liveness,
+    supervisor = Supervisor(server, serving.needs.ensembles, health_port=serving.health_port,
+                            health_host=serving.health_host, rules=opts.liveness,
                             warm=opts.warm_up, on_ready=ready,
-                            on_loaded=lambda seconds: record_load_time(plan.needs.repo, seconds),
+                            on_loaded=lambda seconds: record_load_time(serving.needs.repo, seconds),
                             companions=(gateway,) if gateway is not None else ())
     return supervisor.run() or 0

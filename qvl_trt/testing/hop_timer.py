@@ -19,7 +19,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-MODEL_PY = "model.py"
+from ..triton.layout import MODEL_PY
+
 INNER = "timed_model.py"  # the model's own model.py, moved aside
 LOG = "hop_times.jsonl"
 

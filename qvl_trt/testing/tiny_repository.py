@@ -11,9 +11,9 @@ from qvl_trt.testing.small_profile import small_profile_toml
 from qvl_trt.testing.tiny_checkpoint import write_tiny_checkpoint
 from qvl_trt.testing.token_generator import install_token_generator
 from qvl_trt.triton import contract as c
+from qvl_trt.triton.layout import VERSION
 from qvl_trt.triton.options import Flavor
 from qvl_trt.triton.repository import (
-    VERSION,
     BuildInput,
     RepoOptions,
     RepoResult,

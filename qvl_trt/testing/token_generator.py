@@ -21,12 +21,13 @@ from typing import Any
 from ..errors import ConfigError, InputError
 from ..llm.layout import LlmConfig, read_llm_config
 from ..llm.sampling import DecodeRequest, FinishReason, TokenEvent
+from ..triton.layout import CHECKPOINT_DIR, MODEL_PY
 
 SETTINGS = "token_generator.json"  # in the model's version folder: {"tokens_per_s": rate}
 
 # The model.py of a tensorrt_llm folder served by the generator (same config.pbtxt, same
 # checkpoint folder for the model's sizes).
-MODEL_PY = '''"""tensorrt_llm replaced by a benchmark fixture (qvl_trt.testing.token_generator): the
+MODEL = '''"""tensorrt_llm replaced by a benchmark fixture (qvl_trt.testing.token_generator): the
 reference model's contract over tokens made at a fixed rate."""
 
 import sys
@@ -59,9 +60,9 @@ def install_token_generator(version_folder: Path, tokens_per_s: float) -> None:
     generator: its model.py replaced, the rate written beside it; the weights are dropped (the
     checkpoint's config stays: the model's sizes)."""
     folder = Path(version_folder)
-    (folder / "model.py").write_text(MODEL_PY)
+    (folder / MODEL_PY).write_text(MODEL)
     (folder / SETTINGS).write_text(json.dumps({"tokens_per_s": tokens_per_s}))
-    for path in (folder / "checkpoint").glob("*.safetensors"):
+    for path in (folder / CHECKPOINT_DIR).glob("*.safetensors"):
         path.unlink()
     shutil.rmtree(folder / "__pycache__", ignore_errors=True)
 
@@ -78,7 +79,7 @@ class TokenGenerator:
     @classmethod
     def load(cls, version_folder: Path) -> TokenGenerator:
         settings = json.loads((version_folder / SETTINGS).read_text())
-        return cls(read_llm_config(version_folder / "checkpoint"), settings["tokens_per_s"])
+        return cls(read_llm_config(version_folder / CHECKPOINT_DIR), settings["tokens_per_s"])
 
     def batch(self, guided: Any = None, *, context_chunk: int | None = None) -> GeneratorBatch:
         """A batch; `guided` is taken and not applied (the generator refuses guides), nor is

@@ -9,6 +9,9 @@ import os
 import shutil
 from pathlib import Path
 
+from ..manifest import CONFIG_NAME, VISION_ENGINE_NAME, BuildFolder, Stage
+from ..triton.layout import ENGINE_DIR, VERSION
+
 
 def linked_copy(src: Path, dst: Path) -> Path:
     """A copy of the folder `src` made of hard links (the fixtures' builds are read-only)."""
@@ -24,14 +27,15 @@ def write_llm_engine_layout(build: Path) -> None:
     from ..llm.engine import engine_build_config
     from ..profiles import load_profile
 
-    manifest = json.loads((build / "manifest.json").read_text())
-    pretrained = json.loads((build / "llm_checkpoint" / "config.json").read_text())
-    settings = engine_build_config(load_profile(manifest["options"]["gpu"]),
+    folder = BuildFolder(build)
+    options = folder.manifest().options
+    pretrained = json.loads((folder.llm_checkpoint / CONFIG_NAME).read_text())
+    settings = engine_build_config(load_profile(options.gpu),
                                    deepstack_layers=pretrained["num_deepstack_layers"],
-                                   weights=manifest["options"].get("weights", "none"))
-    engine = build / "llm" / "engine"
+                                   weights=options.weights)
+    engine = folder.llm_engine
     engine.mkdir(parents=True)
-    (engine / "config.json").write_text(json.dumps(
+    (engine / CONFIG_NAME).write_text(json.dumps(
         {"version": "1.2.1", "pretrained_config": pretrained, "build_config": settings}))
     for rank in range(pretrained["mapping"]["world_size"]):
         (engine / f"rank{rank}.engine").write_bytes(
@@ -41,12 +45,10 @@ def write_llm_engine_layout(build: Path) -> None:
 def write_vision_engine_layout(build: Path, edition: str) -> None:
     """The vision stage's engine and the config.json naming its TensorRT edition, around a
     placeholder engine: for a profile whose edition cannot build here (full TensorRT)."""
-    from ..manifest import VISION_CONFIG_NAME, VISION_ENGINE_NAME
-
-    vision = build / "vision"
+    vision = BuildFolder(build).stage(Stage.VISION)
     vision.mkdir()
     (vision / VISION_ENGINE_NAME).write_bytes(b"vision engine placeholder (not loadable)")
-    (vision / VISION_CONFIG_NAME).write_text(json.dumps({"edition": edition}))
+    (vision / CONFIG_NAME).write_text(json.dumps({"edition": edition}))
 
 
 def trt_repo_of(build: Path, root: Path) -> Path:
@@ -61,7 +63,7 @@ def trt_repo_of(build: Path, root: Path) -> Path:
 def as_datacenter_vision(repo: Path) -> Path:
     """Mark the repository's vision engine as a full-TensorRT one (a data-center profile's
     edition; TensorRT-RTX built the bytes, which no check here loads)."""
-    for config in repo.glob("*/1/engine/config.json"):
+    for config in repo.glob(f"*/{VERSION}/{ENGINE_DIR}/{CONFIG_NAME}"):
         data = json.loads(config.read_text())
         if "edition" in data:
             data["edition"] = "tensorrt"

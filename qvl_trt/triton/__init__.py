@@ -1,3 +1,3 @@
 """The model repository as an artifact: the tensor contract, the stock backend's parameters,
-model configs, the writer and the validator; `runtime/` is the code that runs inside
-tritonserver."""
+its layout, model configs, the writer and the validator; `runtime/` is the code that runs
+inside tritonserver."""

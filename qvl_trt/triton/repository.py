@@ -33,20 +33,40 @@ from pathlib import Path
 from .. import __version__
 from ..atomic import staged_dir, write_json_atomic
 from ..checkpoint import VISION_PREFIX, Checkpoint, open_checkpoint
-from ..dtypes import NUMPY_DTYPES, Dtype, WeightOnly
+from ..dtypes import LLM_ENGINE_DTYPE, NUMPY_DTYPES, Dtype
 from ..errors import BuildError, ConfigError
-from ..llm.engine import BUILD_CONFIG_NAME, ENGINE_DTYPE, engine_build_config
+from ..llm.engine import engine_build_config
 from ..llm.guided import BACKEND as GUIDED_DECODING_BACKEND
-from ..llm.guided import TOKENIZER_INFO_NAME, TokenizerInfo
-from ..manifest import VISION_CONFIG_NAME, VISION_ENGINE_NAME, BuildFolder, Manifest, Stage
+from ..llm.guided import TokenizerInfo
+from ..manifest import (
+    BUILD_CONFIG_NAME,
+    CONFIG_NAME,
+    VISION_ENGINE_NAME,
+    BuildFolder,
+    BuildOptions,
+    Manifest,
+    Stage,
+)
 from ..mm.request import RequestBounds, RequestLimits
 from ..mm.rope import MropeTable
 from ..plan import Plan, make_plan, repository_kv_budgets
-from ..profiles import GpuProfile, TrtEdition
+from ..profiles import GpuProfile
 from ..resources import data_dir
-from ..typed_config import load_dataclass, to_jsonable
+from ..typed_config import to_jsonable
 from ..workload import Workload
 from . import contract as c
+from .layout import (
+    BUILD_INFO,
+    CHECKPOINT_DIR,
+    ENGINE_DIR,
+    MODEL_PY,
+    RUNTIME_ZIP,
+    TOKENIZER_INFO_NAME,
+    TOKENIZER_JSON,
+    VERSION,
+    VISION_WEIGHTS_NAME,
+    BuildInfo,
+)
 from .model_configs import (
     CANCELLATION_CHECK_PERIOD_MS,
     ENABLE_CHUNKED_CONTEXT,
@@ -58,50 +78,7 @@ from .pbconfig import write_config
 
 log = logging.getLogger(__name__)
 
-VERSION = "1"
-RUNTIME_ZIP = "qvl_trt_runtime.zip"
-MODEL_PY = "model.py"
-CHECKPOINT_DIR = "checkpoint"  # in a version folder: configs, tokenizer, weights
-ENGINE_DIR = "engine"  # in a version folder: the vision or LLM engine
-BUILD_INFO = "build.json"  # in the ensemble's version folder: what the repository holds
-TOKENIZER_JSON = "tokenizer.json"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-
-
-@dataclass(frozen=True)
-class BuildInfo:
-    """`<ensemble>/1/build.json`: what the repository holds, which validate and serve check
-    it against."""
-
-    qvl_trt: str
-    flavor: Flavor
-    # The build it was written from, by content; not its folder, whose absolute path would
-    # make build.json differ between two builds of the same inputs.
-    cache_key: str
-    models: c.ModelNames
-    profile: GpuProfile
-    llm_dtype: str
-    vision_dtype: str
-    tp_size: int
-    trt_edition: TrtEdition
-    kv_cache_tokens: int  # the KV budget planned for this build beside the others
-    prompt_table_rows: int
-    shm_bytes: int  # shared memory its largest requests need in flight
-    weights: WeightOnly = WeightOnly.NONE  # the LLM's linear weights (`build --weights`)
-
-    @classmethod
-    def read(cls, path: Path) -> BuildInfo:
-        try:
-            data = json.loads(Path(path).read_text())
-            if isinstance(data, dict):
-                data.pop("build", None)  # the build folder's path, which older versions wrote
-            return load_dataclass(cls, data, str(path))
-        except json.JSONDecodeError as exc:
-            problem = f"{path} is not JSON ({exc})"
-        except ConfigError as exc:
-            problem = str(exc)
-        raise ConfigError(f"{problem}; regenerate the repository with `qvl-trt repo`")
-
 
 @dataclass(frozen=True)
 class RepoBuild:
@@ -238,28 +215,30 @@ class _Build:
         return json.dumps(hashes, sort_keys=True) if hashes else str(self.path)
 
     @property
+    def build_options(self) -> BuildOptions:
+        return self.manifest.options
+
+    @property
     def workload(self) -> Workload:
-        # Recorded only when not chat (BuildOptions.to_json).
-        return Workload(self.manifest.options.get("workload", Workload.CHAT))
+        return self.build_options.workload
 
 
 def _open_build(path: Path) -> _Build:
     folder = BuildFolder(Path(path).resolve())
     manifest = folder.manifest()
     profile = folder.profile()
-    checkpoint = open_checkpoint(manifest.options["model"], validate=False)
+    options = manifest.options
+    checkpoint = open_checkpoint(options.model, validate=False)
     # profile.json holds the limits the build planned and used: planning again keeps them.
-    weights = WeightOnly(manifest.options.get("weights", WeightOnly.NONE.value))
-    workload = Workload(manifest.options.get("workload", Workload.CHAT.value))
     return _Build(folder, manifest, checkpoint, profile,
-                  make_plan(checkpoint, profile, weights, manifest.options.get("tp_size", 1),
-                            workload))
+                  make_plan(checkpoint, profile, options.weights, options.tp_size,
+                            options.workload))
 
 
 def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOptions,
                 runtime: Path, *, kv_tokens: int, mount_root: Path, served_name: str) -> None:
     # The prompt table travels in the dtype the LLM step computes in, as numpy.
-    llm_dtype = ENGINE_DTYPE if options.flavor is Flavor.TRT else Dtype(options.reference_dtype)
+    llm_dtype = LLM_ENGINE_DTYPE if options.flavor is Flavor.TRT else Dtype(options.reference_dtype)
     if llm_dtype not in NUMPY_DTYPES:
         raise ConfigError(f"LLM dtype {llm_dtype} is not supported by the repository's python "
                           f"models, which move tensors as numpy ({', '.join(NUMPY_DTYPES)})")
@@ -287,11 +266,11 @@ def _emit_build(build: _Build, names: c.ModelNames, root: Path, options: RepoOpt
     if options.flavor is Flavor.TRT:
         _link_tree(build.folder.finished(build.folder.stage(Stage.VISION),
                                          "holds the vision engine"),
-                   vision / ENGINE_DIR, only=(VISION_ENGINE_NAME, VISION_CONFIG_NAME))
+                   vision / ENGINE_DIR, only=(VISION_ENGINE_NAME, CONFIG_NAME))
         _link_tree(build.folder.finished(build.folder.llm_engine, "holds the LLM engine"),
                    llm / ENGINE_DIR)
     else:
-        _write_vision_weights(ckpt, vision / CHECKPOINT_DIR / "model.safetensors")
+        _write_vision_weights(ckpt, vision / CHECKPOINT_DIR / VISION_WEIGHTS_NAME)
         _python_model(llm, c.TENSORRT_LLM, runtime)
         _link_tree(build.folder.finished(build.folder.llm_checkpoint,
                                          "holds the converted LLM checkpoint"),
@@ -368,17 +347,16 @@ def _python_parameters(build: _Build, options: RepoOptions,
 
 def _build_info(build: _Build, options: RepoOptions, names: c.ModelNames,
                 kv_tokens: int) -> BuildInfo:
-    edition = build.manifest.options.get("trt_edition")
     return BuildInfo(
         qvl_trt=__version__,
         flavor=options.flavor,
         cache_key=build.manifest.cache_key,
         models=names,
         profile=build.profile,
-        llm_dtype=ENGINE_DTYPE.value,
-        vision_dtype=build.manifest.options.get("vision_dtype", Dtype.FLOAT16.value),
-        tp_size=build.manifest.options.get("tp_size", 1),
-        trt_edition=TrtEdition(edition) if edition else build.profile.gpu.trt_edition,
+        llm_dtype=LLM_ENGINE_DTYPE.value,
+        vision_dtype=build.build_options.vision_dtype.value,
+        tp_size=build.build_options.tp_size,
+        trt_edition=build.build_options.trt_edition or build.profile.gpu.trt_edition,
         kv_cache_tokens=kv_tokens,
         prompt_table_rows=build.plan.prompt_table_rows,
         shm_bytes=build.plan.shm_bytes,

@@ -24,17 +24,26 @@ from ..checkpoint import PIXELS_PER_PATCH, PREPROCESSING_REQUIRED_FILES
 from ..dtypes import Dtype
 from ..errors import ConfigError, QvlError
 from ..generation_config import GenerationConfig
-from ..llm.engine import (
-    BUILD_CONFIG_NAME,
-    FUSED_ATTENTION_DTYPES,
-    prompt_table_element_bound,
-)
+from ..llm.engine import FUSED_ATTENTION_DTYPES, prompt_table_element_bound
 from ..llm.guided import BACKEND as GUIDED_DECODING_BACKEND
-from ..llm.guided import TOKENIZER_INFO_NAME, TokenizerInfo
+from ..llm.guided import TokenizerInfo
+from ..manifest import BUILD_CONFIG_NAME, CONFIG_NAME, VISION_ENGINE_NAME
 from ..mm.vision_index import PIXEL_VALUES
 from ..typed_config import to_jsonable
 from ..vision.spec import PIXEL_DTYPE
 from . import contract as c
+from .layout import (
+    BUILD_INFO,
+    CHECKPOINT_DIR,
+    ENGINE_DIR,
+    MODEL_PY,
+    RUNTIME_ZIP,
+    TOKENIZER_INFO_NAME,
+    TOKENIZER_JSON,
+    VERSION,
+    VISION_WEIGHTS_NAME,
+    BuildInfo,
+)
 from .options import Flavor
 from .pbconfig import (
     CONFIG_FILE,
@@ -44,16 +53,6 @@ from .pbconfig import (
     parameters,
     parse_config,
     pb2,
-)
-from .repository import (
-    BUILD_INFO,
-    CHECKPOINT_DIR,
-    ENGINE_DIR,
-    MODEL_PY,
-    RUNTIME_ZIP,
-    TOKENIZER_JSON,
-    VERSION,
-    BuildInfo,
 )
 from .tensorrtllm_backend import (
     EngineLimits,
@@ -466,9 +465,9 @@ def _check_artifacts(repo: Path, ensemble: str, configs: dict[str, Any],
         _check_guided_decoding(repo, models, configs[models["tensorrt_llm"]], flavor, report)
     if flavor is Flavor.REFERENCE:
         present(models["vision_encoder"], vision / CHECKPOINT_DIR,
-                ["config.json", "preprocessor_config.json", "model.safetensors"])
+                ["config.json", "preprocessor_config.json", VISION_WEIGHTS_NAME])
         present(models["tensorrt_llm"], llm / CHECKPOINT_DIR,
-                ["config.json"] + [f"rank{r}.safetensors" for r in range(info.tp_size)])
+                [CONFIG_NAME] + [f"rank{r}.safetensors" for r in range(info.tp_size)])
         present(models["tensorrt_llm"], llm, [BUILD_CONFIG_NAME])
         return
     _check_vision_engine(models["vision_encoder"], vision / ENGINE_DIR, info, report)
@@ -508,12 +507,12 @@ def _check_guided_decoding(repo: Path, models: dict[str, str], config: Any, flav
                             "`qvl-trt repo`"):
             return
         file = version / TOKENIZER_INFO_NAME
-        engine_config = version / ENGINE_DIR / "config.json"
+        engine_config = version / ENGINE_DIR / CONFIG_NAME
         vocab_source = (json.loads(engine_config.read_text()).get("pretrained_config", {})
                         if engine_config.is_file() else None)
     else:
         file = version / path
-        checkpoint_config = version / CHECKPOINT_DIR / "config.json"
+        checkpoint_config = version / CHECKPOINT_DIR / CONFIG_NAME
         vocab_source = (json.loads(checkpoint_config.read_text())
                         if checkpoint_config.is_file() else None)
     if not report.check(file.is_file(), name, f"{file.relative_to(repo)} is missing (the "
@@ -561,10 +560,10 @@ def _end_ids(checkpoint: Path) -> tuple[int, ...] | None:
 
 def _check_vision_engine(name: str, folder: Path, info: BuildInfo,
                          report: ValidationReport) -> None:
-    config_path = folder / "config.json"
-    if not report.check((folder / "model.engine").is_file() and config_path.is_file(), name,
-                        f"vision engine {folder.name}/model.engine (+ config.json) is missing; "
-                        "build it with `qvl-trt build --only vision` and regenerate"):
+    config_path = folder / CONFIG_NAME
+    if not report.check((folder / VISION_ENGINE_NAME).is_file() and config_path.is_file(), name,
+                        f"vision engine {folder.name}/{VISION_ENGINE_NAME} (+ {CONFIG_NAME}) "
+                        "is missing; build it with `qvl-trt build --only vision` and regenerate"):
         return
     engine = json.loads(config_path.read_text())
     profile = info.profile
@@ -594,9 +593,9 @@ def _check_llm_engine(name: str, config: Any, folder: Path, info: BuildInfo,
     report.check(path.rstrip("/").endswith(f"{name}/{VERSION}/{ENGINE_DIR}"), name,
                  f"gpt_model_path {path!r} does not name this model's engine folder "
                  f"({name}/{VERSION}/{ENGINE_DIR}); regenerate with `qvl-trt repo`")
-    config_path = folder / "config.json"
+    config_path = folder / CONFIG_NAME
     if not report.check(config_path.is_file(), name,
-                        f"LLM engine {name}/{VERSION}/{ENGINE_DIR}/config.json is missing; build "
+                        f"LLM engine {name}/{VERSION}/{ENGINE_DIR}/{CONFIG_NAME} is missing; build "
                         "it with `qvl-trt build --resume BUILD` in the TensorRT-LLM container"):
         return
     engine = json.loads(config_path.read_text())

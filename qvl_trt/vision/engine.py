@@ -38,6 +38,13 @@ from ..deps import available, require
 from ..dtypes import Dtype
 from ..errors import BuildError, ConfigError, StageUnavailable
 from ..hashing import FileHasher
+from ..manifest import (
+    BUILD_CONFIG_NAME,
+    BUILD_LOG_NAME,
+    CONFIG_NAME,
+    TIMING_CACHE_NAME,
+    VISION_ENGINE_NAME,
+)
 from ..profiles import TrtEdition, sm_digits
 from ..typed_config import load_dataclass, to_jsonable
 from .spec import GraphSpec, GraphTensor, PatchRange, check_uint8_input
@@ -46,12 +53,6 @@ from .spec import GraphSpec, GraphTensor, PatchRange, check_uint8_input
 log = logging.getLogger("qvl_trt.vision.engine")
 trt_log = logging.getLogger("qvl_trt.vision.tensorrt")
 
-# The engine and the config.json its runner reads.
-ENGINE_NAME = "model.engine"
-CONFIG_NAME = "config.json"
-BUILD_CONFIG_NAME = "build_config.json"
-BUILD_LOG_NAME = "build.log"
-TIMING_CACHE_NAME = "timing.cache"
 EDITION_NAMES = {TrtEdition.TENSORRT: "TensorRT", TrtEdition.TENSORRT_RTX: "TensorRT-RTX"}
 
 
@@ -124,7 +125,7 @@ def build_vision_engine(folder: Path, config: EngineBuildConfig) -> dict[str, An
     run_module_child(
         folder, "qvl_trt.vision.engine", config, config_name=BUILD_CONFIG_NAME,
         log_name=BUILD_LOG_NAME, reproduce_name=REPRODUCE_NAME, what="vision engine build",
-        comment=f"Rebuild {ENGINE_NAME} from {config.onnx} with the settings in "
+        comment=f"Rebuild {VISION_ENGINE_NAME} from {config.onnx} with the settings in "
         f"{BUILD_CONFIG_NAME}.\nNeeds qvl-trt and the TensorRT edition named in it.")
     log.info("vision engine built in %.1f s", time.perf_counter() - started)
     return read_engine_config(folder)
@@ -132,8 +133,8 @@ def build_vision_engine(folder: Path, config: EngineBuildConfig) -> dict[str, An
 
 def read_engine_config(folder: Path) -> dict[str, Any]:
     path = Path(folder) / CONFIG_NAME
-    if not path.is_file() or not (Path(folder) / ENGINE_NAME).is_file():
-        raise BuildError(f"{folder} holds no vision engine ({ENGINE_NAME} + {CONFIG_NAME}); "
+    if not path.is_file() or not (Path(folder) / VISION_ENGINE_NAME).is_file():
+        raise BuildError(f"{folder} holds no vision engine ({VISION_ENGINE_NAME} + {CONFIG_NAME}); "
                          "build it with `qvl-trt build --only vision`")
     try:
         return json.loads(path.read_text())
@@ -211,7 +212,7 @@ def _build_in_this_process(folder: Path, config: EngineBuildConfig) -> None:
     if plan is None:
         raise BuildError(f"{name} could not build the engine: "
                          f"{' | '.join(logger.errors[-3:]) or 'no error logged'}")
-    engine = folder / ENGINE_NAME
+    engine = folder / VISION_ENGINE_NAME
     with staged_file(engine) as f:
         f.write(plan)
     if cache is not None:
@@ -228,7 +229,7 @@ def _build_in_this_process(folder: Path, config: EngineBuildConfig) -> None:
         "sources": {**config.sources, "onnx": FileHasher().hash(onnx_path)},
         "engine_bytes": engine.stat().st_size,
     })
-    log.info("wrote %s (%.1f MiB) in %.1f s, peak RSS %.0f MiB", ENGINE_NAME,
+    log.info("wrote %s (%.1f MiB) in %.1f s, peak RSS %.0f MiB", VISION_ENGINE_NAME,
              engine.stat().st_size / 2**20, seconds,
              resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 

@@ -25,6 +25,7 @@ from ..deps import require
 from ..dtypes import Dtype
 from ..errors import BuildError
 from ..hashing import fingerprint
+from ..manifest import ONNX_META_NAME, ONNX_NAME
 from ..mm.geometry import MIN_BLOCKS
 from ..mm.pixels import PixelConfig
 from ..profiles import TrtEdition
@@ -40,9 +41,6 @@ from .spec import (
 
 log = logging.getLogger(__name__)
 
-ONNX_NAME = "model.onnx"
-META_NAME = "onnx.json"
-VALIDATION_NAME = "validation.txt"
 # Attention in the graph: TensorRT-RTX 1.7 parses the ONNX `Attention` op (opset 23) into its
 # fused attention layer. Full TensorRT parses that op from 10.14 ("Parsers: Added support for
 # the Attention operator", TensorRT CHANGELOG 10.14), the release the TensorRT-LLM 1.2.1
@@ -131,7 +129,7 @@ def export_vision_onnx(ckpt: Checkpoint, out: Path, *, dtype: Dtype | str = Dtyp
         del program
         check_onnx_io(staging / ONNX_NAME, spec)
         seconds = time.perf_counter() - started
-        write_json_atomic(staging / META_NAME, {
+        write_json_atomic(staging / ONNX_META_NAME, {
             "dtype": dtype.value, "edition": edition.value, "opset": opset,
             "spec": to_jsonable(spec),
             "example_grid": list(EXAMPLE_GRID), "inputs": inputs or {}})  # no times: hashed
@@ -141,7 +139,7 @@ def export_vision_onnx(ckpt: Checkpoint, out: Path, *, dtype: Dtype | str = Dtyp
 
 def read_export_meta(folder: Path) -> dict[str, Any] | None:
     """onnx.json of an export folder, or None when there is no complete export there."""
-    meta = Path(folder) / META_NAME
+    meta = Path(folder) / ONNX_META_NAME
     if not (meta.is_file() and (Path(folder) / ONNX_NAME).is_file()):
         return None
     try:

@@ -15,11 +15,11 @@ import numpy as np
 
 from ..deps import require
 from ..errors import BuildError, InputError
+from ..manifest import VISION_ENGINE_NAME
 from ..mm.vision_index import PIXEL_VALUES, VisionIndex
 from ..profiles import TrtEdition
 from .engine import (
     EDITION_NAMES,
-    ENGINE_NAME,
     make_trt_logger,
     read_engine_config,
     trt_module,
@@ -83,7 +83,7 @@ class VisionEngine:
             raise BuildError("running the vision engine needs a CUDA GPU, and CUDA sees none")
         major, minor = torch.cuda.get_device_capability()
         check_engine_gpu(self.config, f"{major}.{minor}")
-        blob = (folder / ENGINE_NAME).read_bytes()
+        blob = (folder / VISION_ENGINE_NAME).read_bytes()
         if TrtEdition(self.config["edition"]) is TrtEdition.TENSORRT_RTX:
             check_rtx_validity(trt, blob)
         self._torch = torch
@@ -92,7 +92,7 @@ class VisionEngine:
         self.engine = self._runtime.deserialize_cuda_engine(blob)
         if self.engine is None:
             raise BuildError(f"{EDITION_NAMES[TrtEdition(self.config['edition'])]} could not "
-                             f"load {folder / ENGINE_NAME} "
+                             f"load {folder / VISION_ENGINE_NAME} "
                              f"({' | '.join(self._logger.errors) or 'no error logged'}); "
                              f"{REBUILD}")
         self.context = self.engine.create_execution_context()

@@ -21,10 +21,9 @@ from ..mm.vision_index import (
 )
 from ..profiles import BuildLimits
 
-# Precisions the vision graph can be exported in. The engine takes float16 (default) or
-# bfloat16; float32 is the reference graph the export is validated with.
+# Precisions the vision graph can be exported in: the engine's (dtypes.py
+# VISION_ENGINE_DTYPES) and float32, the reference graph the export is validated with.
 VISION_DTYPES = (Dtype.FLOAT16, Dtype.BFLOAT16, Dtype.FLOAT32)
-ENGINE_DTYPES = (Dtype.FLOAT16, Dtype.BFLOAT16)
 
 # The pixels' dtype at every step: the resized image's 8-bit values (qvl_trt/mm/pixels.py).
 PIXEL_DTYPE = "uint8"

@@ -37,18 +37,16 @@ from ..child import child_main, run_module_child
 from ..deps import require
 from ..dtypes import Dtype
 from ..errors import BuildError, ConfigError
+from ..manifest import EXPORT_CONFIG_NAME, EXPORT_LOG_NAME, EXPORT_REPRODUCE_NAME, VALIDATION_NAME
 from ..mm.pixels import PixelConfig
 from ..profiles import TrtEdition
 from ..typed_config import load_dataclass, to_jsonable
-from .export import VALIDATION_NAME, check_onnx_io, export_vision_onnx
+from .export import check_onnx_io, export_vision_onnx
 from .spec import vision_graph_spec
 
 # A fixed name: the child runs this module as __main__.
 log = logging.getLogger("qvl_trt.vision.validate")
 
-EXPORT_CONFIG_NAME = "export_config.json"
-EXPORT_LOG_NAME = "export.log"
-EXPORT_REPRODUCE_NAME = "reproduce_export.sh"
 _EXPORT_RESULT_NAME = "export_result.json"  # the child's seconds, read and removed
 
 # max|diff| / max|reference| per output, vs the fp32 HF tower.

@@ -60,8 +60,8 @@ from typing import Any
 import numpy as np
 
 from ...errors import ConfigError, InputError
-from ...llm.engine import BUILD_CONFIG_NAME
 from ...llm.guided import BACKEND, Guide, GuidedDecoding, check_guided_ending
+from ...manifest import BUILD_CONFIG_NAME
 from .. import contract as c
 from .. import tensorrtllm_backend as tb
 from .backend import (

@@ -60,21 +60,21 @@ def doctor(
     profiles this machine can build for."""
     from ..machine import environment_report
     from ..typed_config import to_jsonable
-    from .console import doctor_tables, out, print_json, readiness_table
+    from .console import doctor_tables, out, print_json, serve_checks_table
 
     report = environment_report()
     readiness = ()
     if repo is not None:
-        from ..serve.needs import read_serve_plan, serve_readiness
+        from ..serve.needs import read_needs, serve_checks
 
-        readiness = serve_readiness(read_serve_plan(repo), load_models=load)
+        readiness = serve_checks(read_needs(repo), load_models=load)
     if json_out:
         print_json({**to_jsonable(report), "serve_checks": to_jsonable(readiness)})
     else:
         for table in doctor_tables(report):
             out.print(table)
         if readiness:
-            out.print(readiness_table(repo, readiness))
+            out.print(serve_checks_table(repo, readiness))
     if not all(r.ok for r in readiness):
         raise typer.Exit(1)
 
