@@ -1,4 +1,7 @@
-"""The gateway's Prometheus metrics (GET /metrics), in a registry of its own."""
+"""The gateway's Prometheus metrics (GET /metrics), in a registry of its own. Requests and tokens
+carry the tenant (gateway/tenants.py; "-" where no key is asked or none matched): at most
+tenants.MAX_TENANTS per keys file, so the label's values stay bounded (a tenant removed from
+the file keeps its series until the gateway restarts)."""
 
 from __future__ import annotations
 
@@ -24,6 +27,10 @@ INTER_TOKEN = "qvl_gateway_inter_token_latency_seconds"
 PROMPT_TOKENS = "qvl_gateway_prompt_tokens_total"
 COMPLETION_TOKENS = "qvl_gateway_completion_tokens_total"
 IN_FLIGHT = "qvl_gateway_requests_in_flight"
+WAITING = "qvl_gateway_requests_waiting"
+QUOTA_REFUSALS = "qvl_gateway_quota_refusals_total"
+KEYS_GENERATION = "qvl_gateway_keys_generation"
+KEYS_RELOAD_FAILURES = "qvl_gateway_keys_reload_failures_total"
 
 
 class GatewayMetrics:
@@ -35,7 +42,7 @@ class GatewayMetrics:
         self.requests = prom.Counter(
             REQUESTS, "Chat completion requests by model, the build that answered "
             f"(or refused last), streaming and HTTP status ({CLIENT_CLOSED}: the client went "
-            "away)", ["model", "build", "stream", "status"], **kw)
+            "away), by tenant", ["tenant", "model", "build", "stream", "status"], **kw)
         self.rerouted = prom.Counter(
             REROUTED, "Requests a build refused above its engine limits, sent on "
             "to a larger build of the model", ["model", "build"], **kw)
@@ -51,12 +58,23 @@ class GatewayMetrics:
             **kw)
         self.prompt_tokens = prom.Counter(
             PROMPT_TOKENS, "Prompt tokens (visual tokens included) of answered "
-            "requests", ["model"], **kw)
+            "requests", ["tenant", "model"], **kw)
         self.completion_tokens = prom.Counter(
             COMPLETION_TOKENS, "Generated tokens of answered requests",
-            ["model"], **kw)
+            ["tenant", "model"], **kw)
         self.in_flight = prom.Gauge(
             IN_FLIGHT, "Chat completion requests being answered", **kw)
+        self.waiting = prom.Gauge(
+            WAITING, "Chat completion requests waiting for one of the gateway's slots", **kw)
+        self.quota_refusals = prom.Counter(
+            QUOTA_REFUSALS, "Requests refused (429) past a quota of their tenant, by the "
+            "quota", ["tenant", "limit"], **kw)
+        self.keys_generation = prom.Gauge(
+            KEYS_GENERATION, "Loads of the keys file (1: the one at start; each rewrite the "
+            "gateway took adds 1)", **kw)
+        self.keys_reload_failures = prom.Counter(
+            KEYS_RELOAD_FAILURES, "Rewrites of the keys file that could not be read (the "
+            "keys of the last good one stay)", **kw)
 
     def exposition(self) -> tuple[bytes, str]:
         """The metrics page and its content type."""
