@@ -219,6 +219,7 @@ class Gateway:
             raise ApiError(401, "missing or incorrect API key; send the header Authorization: "
                            "Bearer KEY with this server's key (the openai package's api_key)",
                            code="invalid_api_key")
+        return tenant
 
     # ---- small routes ---------------------------------------------------------------------
 
