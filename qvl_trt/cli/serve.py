@@ -431,6 +431,10 @@ def deploy(
         "exists [default: NAME-api-key].", show_default=False)] = None,
     no_api_key: Annotated[bool, typer.Option(
         help="The gateway asks no key: anyone who reaches the Service may use it.")] = False,
+    keys_secret: Annotated[str | None, typer.Option(
+        help="Instead of one key: the Secret whose key `keys.json` is a keys file of tenants "
+        "(`qvl-trt keys add`), mounted into the pods; the gateway takes its updates without "
+        "a restart.", show_default=False)] = None,
     expose_triton: Annotated[bool, typer.Option(
         help="Also Triton's HTTP and gRPC endpoints in the Service, which ask no key; the "
         "NetworkPolicy admits only pods labelled qvl-trt/triton-client=NAME to them.")] = False,
@@ -459,6 +463,7 @@ def deploy(
         image=image, namespace=namespace, mount_path=mount_path, claim=claim,
         claim_path=claim_path, host_path=host_path, gpu_product=gpu_product, cpu=cpu,
         memory_gib=memory_gib, hpa=hpa, api_key_secret=api_key_secret, no_api_key=no_api_key,
+        keys_secret=keys_secret,
         expose_triton=expose_triton, ipv6=ipv6, monitoring=monitoring,
         **{k: v for k, v in given.items() if v is not None})
     result = write_manifests(repo, out, opts, force=force)
