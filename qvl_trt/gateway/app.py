@@ -95,7 +95,8 @@ class Gateway:
         self.upstream: Upstream | None = None
         self.slots = FairSlots()
         self.key_file = None if opts.keys_file is None else KeyFile(opts.keys_file)
-        self.metrics.keys_generation.set(1)
+        if self.key_file is not None:
+            self.metrics.keys_generation.set(self.key_file.generation)
         self._single = None if opts.api_key is None else KeyRing.single(opts.api_key)
         self.quotas: dict[str, TenantQuota] = {}
         self.created = int(time.time())
