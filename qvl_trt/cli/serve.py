@@ -488,12 +488,14 @@ def gateway(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = _GATEWAY.host,
     port: Annotated[int, typer.Option(help="Port to listen on.")] = _GATEWAY.port,
     max_concurrency: Annotated[int | None, typer.Option(
-        help="Chat requests sent on to Triton at once [default: the builds' batch slots].",
+        help="Chat requests sent on to Triton at once [default: what the builds admit: each "
+        "build's batch slots and queue places (`qvl-trt repo --max-queue`)]; for fairness "
+        "across tenants set it to the batch slots and give --max-queue.",
         show_default=False)] = _GATEWAY.max_concurrency,
     max_queue: Annotated[int | None, typer.Option(
-        help="Chat requests that may wait for one of those, shared fairly by tenants; more "
-        "get 429 [default: the builds' queue places (`qvl-trt repo --max-queue`); with "
-        "--max-concurrency: 0].", show_default=False)] = _GATEWAY.max_queue,
+        help="Chat requests that may wait in the gateway for one of those, served fairly "
+        "across tenants; more get 429 [default: none].", show_default=False)]
+    = _GATEWAY.max_queue,
     keys_file: Annotated[Path | None, typer.Option(
         help="Tenants' API keys, quotas and cache scopes (`qvl-trt keys add`); reread when "
         "it changes [default: the one key of $QVL_TRT_API_KEY, or none].",

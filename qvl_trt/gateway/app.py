@@ -22,11 +22,12 @@ prompts warm no cache of another tenant (contract.CACHE_SCOPE).
 
 Limits: a request body above `max_body_bytes` is refused with 413 before it is read (default:
 the largest `max_request_bytes` of the builds' preprocessing models plus room for the other
-fields); `max_concurrency` chat requests go on to Triton at once (default: the builds' batch
-slots), up to `max_queue` more wait for a slot (default: the builds' queue places; with
---max-concurrency alone, none), served fairly across tenants (fair_queue.py); more get 429
-with Retry-After (a build that is full refuses a request the same way,
-triton/runtime/admission.py).
+fields); `max_concurrency` chat requests go on to Triton at once (default: what the builds
+admit, their batch slots and queue places), up to `max_queue` more wait in the gateway for
+one (default none), served fairly across tenants (fair_queue.py); more get 429 with
+Retry-After (a build that is full refuses a request the same way,
+triton/runtime/admission.py). For fairness to reach the batch slots, set max_concurrency to
+the builds' batch slots and max_queue to the waiting room: the builds' own queues are FIFO.
 A client that goes away (a closed connection) cancels its handler (aiohttp's
 handler_cancellation), which cancels its Triton call and so the generation.
 Every error of /v1/ is in OpenAI's shape, also where aiohttp refuses a request before any
@@ -321,16 +322,12 @@ class Gateway:
 
     @property
     def slot_limits(self) -> tuple[int, int] | None:
-        """(slots, waiting places): --max-concurrency and --max-queue (none without it), else
-        the builds' batch slots and queue places (None before they are known: no limit)."""
+        """(slots, waiting places): --max-concurrency, else what the builds admit (None
+        before they are known: no limit), and --max-queue (default none)."""
         o = self.opts
-        if o.max_concurrency is not None:
-            return o.max_concurrency, o.max_queue or 0
-        builds = [b for m in self.served.values() for b in m.builds]
-        if not builds:
-            return None
-        places = sum(b.capacity - b.batch_slots for b in builds)
-        return sum(b.batch_slots for b in builds), places if o.max_queue is None else o.max_queue
+        slots = o.max_concurrency if o.max_concurrency is not None else sum(
+            m.capacity for m in self.served.values())
+        return (slots, o.max_queue or 0) if slots else None
 
     def _quota(self, tenant: Tenant) -> TenantQuota:
         if tenant.name not in self.quotas:
@@ -378,10 +375,11 @@ class Gateway:
             try:
                 await self.slots.enter(tenant.name, *limits)
             except Full:
-                raise ApiError(429, f"{self.slots.in_slots} requests are being answered and "
-                               f"{self.slots.waiting} wait, the limits of this gateway "
-                               "(--max-concurrency and --max-queue, by default the builds' "
-                               "batch slots and queue places); retry shortly",
+                waiting = self.slots.waiting
+                raise ApiError(429, f"{self.slots.in_slots} requests are being answered"
+                               f"{f' and {waiting} wait' if waiting else ''}, the limit of "
+                               "this gateway (--max-concurrency, by default the builds' batch "
+                               "slots and queue places, and --max-queue); retry shortly",
                                type="rate_limit_exceeded", code="rate_limit_exceeded") from None
             finally:
                 self.metrics.waiting.dec()

@@ -19,9 +19,9 @@ class GatewayOptions:
     triton_url: str  # HOST:PORT of Triton's gRPC endpoint (client.generate.parse_url)
     host: str = "0.0.0.0"
     port: int = DEFAULT_PORT
-    # Chat requests sent on to Triton at once; None: the builds' tensorrt_llm batch slots,
-    # summed. Up to max_queue more wait for one, shared fairly by tenants; more get 429. None:
-    # the builds' queue places (with max_concurrency given: none).
+    # Chat requests sent on to Triton at once; None: what the builds admit (each build's
+    # tensorrt_llm batch slots and queue places, summed). Up to max_queue more wait in the
+    # gateway for one, shared fairly by tenants (None: none wait); more get 429.
     max_concurrency: int | None = None
     max_queue: int | None = None
     max_body_bytes: int | None = None  # None: from the deployment (see the module doc)

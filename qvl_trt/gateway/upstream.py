@@ -41,7 +41,6 @@ class Build:
     # The requests its tensorrt_llm_bls admits at once: tensorrt_llm's batch slots and the
     # places of its queue (triton/runtime/admission.py).
     capacity: int
-    batch_slots: int  # of them, those that generate at once
 
 
 @dataclass(frozen=True)
@@ -211,7 +210,7 @@ class Upstream:
             caller = c.TensorrtLlmBlsParameters.from_parameters(
                 c.config_parameters(await self._config(models.tensorrt_llm_bls)),
                 f"{models.tensorrt_llm_bls} on {self.url}")
-            builds.append(Build(name, models, limits, caller.capacity, caller.batch_slots))
+            builds.append(Build(name, models, limits, caller.capacity))
         return served_models(builds)
 
     async def _config(self, model: str) -> dict[str, Any]:
