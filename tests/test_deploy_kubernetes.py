@@ -298,6 +298,7 @@ VARIANTS = {
     "no-api-key": ("4090d", {"no_api_key": True, "drain_timeout_s": 30}),
     "sized": ("4090d", {"cpu": 2.5, "memory_gib": 64}),
     "repo-in-image": ("4090d", {"repo_in_image": True, "hpa": True}),
+    "keys-secret": ("4090d", {"keys_secret": "tenants"}),
 }
 
 
@@ -388,6 +389,7 @@ def test_without_a_key_deploy_says_so_and_the_grace_period_follows_the_drain(
     ({"no_api_key": True, "api_key_secret": "k"}, "--no-api-key and --api-key-secret "
      "contradict each other"),
     ({"drain_timeout_s": -1}, "--drain-timeout -1 must be >= 0"),
+    ({"keys_secret": "t", "no_api_key": True}, "leave out --no-api-key and --api-key-secret"),
 ])
 def test_bad_options_are_refused_naming_the_option(options, message) -> None:
     if message is None:
@@ -479,3 +481,21 @@ def test_deploy_command(tmp_path, rtx_repo) -> None:
     assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1
     assert "--name 'Qwen' is not a Kubernetes name" in bad.stderr
     assert not (tmp_path / "bad").exists() and leftovers(tmp_path) == []
+
+
+def test_a_keys_secret_is_mounted_as_a_folder_the_gateway_rereads(tmp_path, rtx_repo) -> None:
+    """The keys file of tenants from its Secret: a folder mount (a subPath one never updates),
+    serve's --keys-file in it, and no single key in the environment."""
+    from qvl_trt.deploy.kubernetes import KEYS_DIR, KEYS_SECRET_KEY
+    from qvl_trt.gateway.options import API_KEY_ENV
+
+    result = write_manifests(rtx_repo, tmp_path / "k8s", DeployOptions(IMAGE,
+                                                                       keys_secret="tenants"))
+    spec, container = pod(validated(result.out))
+    assert container["args"][container["args"].index("--keys-file") + 1] == \
+        f"{KEYS_DIR}/{KEYS_SECRET_KEY}"
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "keys"]
+    assert mount == {"name": "keys", "mountPath": KEYS_DIR, "readOnly": True}
+    assert {"name": "keys", "secret": {"secretName": "tenants"}} in spec["volumes"]
+    assert API_KEY_ENV not in {e["name"] for e in container["env"]}
+    assert result.secret is None and "--from-file=keys.json=KEYSFILE" in result.access[0]

@@ -739,3 +739,85 @@ def test_every_series_the_dashboard_and_alerts_use_is_published(gateway, triton_
         model=MODEL, messages=image_question(7), max_tokens=6, stream=True))
     samples = {**samples_at(triton_server.metrics_url), **samples_at(f"{gateway.url}/metrics")}
     report_missing(missing_series(samples, {Source.TRITON, Source.GATEWAY}))
+
+
+def test_tenants_keep_their_quotas_and_caches_apart_and_keys_rotate_without_a_restart(
+        triton_server, tmp_path) -> None:
+    """A keys file of three tenants: alpha (2 requests a minute), beta, and gamma, which
+    shares beta's cache scope by configuration. The same fresh image question from each:
+    beta's second is a vision-cache hit and reuses KV blocks, alpha's is neither, gamma's is
+    both; every answer is the same. alpha's third request is a 429 naming its quota while
+    beta goes on; the metrics carry the tenant; a new key for beta, written over the file
+    under the running gateway, works once the gateway reports the file's second generation,
+    and the old one no longer does."""
+    from qvl_trt.gateway import metrics as gm
+    from qvl_trt.gateway.options import GatewayOptions
+    from qvl_trt.gateway.tenants import KeyRing, Quotas, add_key, key_digest, read_keys, write_keys
+    from qvl_trt.serve.gateway_process import GatewayProcess
+    from qvl_trt.serve.progress import total
+    from qvl_trt.serve.server import free_ports
+    from qvl_trt.triton import tensorrtllm_backend as tb
+
+    keys = tmp_path / "keys.json"
+    alpha, _ = add_key(keys, "alpha", Quotas(requests_per_minute=2))
+    beta, _ = add_key(keys, "beta")
+    gamma, _ = add_key(keys, "gamma", cache_scope="beta")
+    question = image_question(4242, "Describe the picture in detail, please. " * 4, (128, 128))
+
+    def ask(gateway, key: str) -> str:
+        api = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0)
+        return api.chat.completions.create(model=MODEL, messages=question, max_tokens=3,
+                                           temperature=0).choices[0].message.content
+
+    def caches() -> tuple[float, float, float]:
+        samples = samples_at(triton_server.metrics_url)
+        return (total(samples, c.VISION_CACHE_HITS), total(samples, c.VISION_CACHE_MISSES),
+                total(samples, tb.KV_CACHE_METRICS.family,
+                      **{tb.KV_CACHE_METRICS.category: "reused"}))
+
+    opts = GatewayOptions(triton_server.grpc_url, port=free_ports().http, keys_file=keys)
+    with GatewayProcess(opts, log_file=tmp_path / "gateway.log") as tenants:
+        tenants.wait_ready()
+        seen, answers = [caches()], []
+        for key in (beta, beta, alpha, gamma):
+            answers.append(ask(tenants, key))
+            seen.append(caches())
+        hits, misses, reused = zip(*(tuple(b - a for a, b in zip(x, y, strict=True))
+                                     for x, y in zip(seen, seen[1:], strict=False)), strict=True)
+        print(f"vision cache hits {hits}, misses {misses}, KV blocks reused {reused}")
+        assert (hits, misses) == ((0, 1, 0, 1), (1, 0, 1, 0))
+        assert reused[0] == reused[2] == 0 and reused[1] > 0 and reused[3] > 0
+        assert len(set(answers)) == 1, answers
+
+        ask(tenants, alpha)
+        with pytest.raises(openai.RateLimitError) as caught:
+            ask(tenants, alpha)
+        assert caught.value.body["param"] == "requests_per_minute"
+        assert "'alpha' is at its requests_per_minute of 2" in caught.value.body["message"]
+        assert int(caught.value.response.headers["retry-after"]) >= 1
+        assert ask(tenants, beta) == answers[0]  # the other tenant is not refused
+
+        def metric(name: str, **labels: str) -> float:
+            return gateway_metric(tenants, name, **labels)
+
+        assert metric(gm.REQUESTS, tenant="alpha", status="429") == 1
+        assert metric(gm.REQUESTS, tenant="alpha", status="200") == 2
+        assert metric(gm.REQUESTS, tenant="beta", status="200") == 3
+        assert metric(gm.QUOTA_REFUSALS, tenant="alpha", limit="requests_per_minute") == 1
+        assert metric(gm.COMPLETION_TOKENS, tenant="gamma") >= 1
+        assert metric(gm.KEYS_GENERATION) == 1
+
+        ring = read_keys(keys)
+        new_beta = "qvl-the-new-key-of-beta"
+        digest = key_digest(new_beta)
+        write_keys(keys, KeyRing(ring.tenants, tuple(
+            dataclasses.replace(k, id=digest[:12], sha256=digest) if k.tenant == "beta" else k
+            for k in ring.keys)))
+        deadline = time.monotonic() + 60
+        while metric(gm.KEYS_GENERATION) < 2:
+            assert time.monotonic() < deadline, "the gateway did not take the new keys file"
+            time.sleep(0.2)
+        assert ask(tenants, new_beta) == answers[0]
+        with pytest.raises(openai.AuthenticationError):
+            ask(tenants, beta)
+        assert tenants.process.poll() is None  # the same process: no restart

@@ -114,25 +114,30 @@ def test_the_chat_page_streams_answers_about_a_picked_and_a_dropped_image(
 
 def test_the_page_asks_a_keyed_server_for_its_key_once(triton_server, browser,
                                                        tmp_path) -> None:
-    """Against a gateway with an API key: the page's first call gets 401, it asks for the key
-    (a prompt), then lists the models and says ready; a question is answered without asking
-    again."""
+    """Against a gateway with a tenant's key from a keys file: the page's first call gets
+    401, it asks for the key (a prompt), then lists the models and says ready; a question is
+    answered without asking again, and counted for the tenant."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
+    from qvl_trt.gateway import metrics as gm
     from qvl_trt.gateway.options import GatewayOptions
+    from qvl_trt.gateway.tenants import add_key
     from qvl_trt.serve.gateway_process import GatewayProcess
+    from qvl_trt.serve.progress import read_metrics, total
     from qvl_trt.serve.server import free_ports
 
-    opts = GatewayOptions(triton_server.grpc_url, port=free_ports().http, api_key="page-key")
+    key, _ = add_key(tmp_path / "keys.json", "page-team")
+    opts = GatewayOptions(triton_server.grpc_url, port=free_ports().http,
+                          keys_file=tmp_path / "keys.json")
     with GatewayProcess(opts, log_file=tmp_path / "gateway.log") as keyed:
         keyed.wait_ready()
         wait = WebDriverWait(browser, 120)
         browser.get(keyed.url + "/")
         prompt = wait.until(ec.alert_is_present())
         assert "API key" in prompt.text
-        prompt.send_keys("page-key")
+        prompt.send_keys(key)
         prompt.accept()
         wait.until(ec.text_to_be_present_in_element((By.ID, "status"), "ready"))
         assert browser.find_element(By.ID, "model").get_attribute("value") == c.ENSEMBLE
@@ -141,3 +146,5 @@ def test_the_page_asks_a_keyed_server_for_its_key_once(triton_server, browser,
         answer = browser.find_elements(By.CSS_SELECTOR, ".turn.assistant")[-1]
         wait.until(lambda _: answer.get_attribute("data-state") != "streaming")
         assert answer.get_attribute("data-state") == "done", answer.text
+        assert total(read_metrics(f"{keyed.url}/metrics", timeout_s=10), gm.REQUESTS,
+                     tenant="page-team", status="200") == 1

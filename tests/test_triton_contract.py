@@ -49,7 +49,7 @@ def test_the_ensemble_request_names_every_input_and_round_trips() -> None:
         video_fps=(2.0,), max_tokens=7, min_tokens=2, ignore_eos=True, temperature=0.5,
         top_p=0.75, top_k=3, seed=2**64 - 1, stop=("x", "ü"), stream=False,
         tools='[{"type": "function"}]', guided_decoding_guide_type="json_schema",
-        guided_decoding_guide='{"type": "object"}', health_probe=False)
+        guided_decoding_guide='{"type": "object"}', health_probe=False, cache_scope="team-ü")
     tensors = full.to_tensors()
     specs = {s.name: s for s in c.ENSEMBLE_INPUTS}
     assert list(tensors) == list(specs)
@@ -60,7 +60,7 @@ def test_the_ensemble_request_names_every_input_and_round_trips() -> None:
     assert c.EnsembleRequest.from_row(row) == full
     assert full.payload_bytes() == sum(len(text.encode()) for text in (
         full.messages, full.tools, full.guided_decoding_guide_type,
-        full.guided_decoding_guide)) + 1 + 3 + 1 + 4 + 1 + 2
+        full.guided_decoding_guide, full.cache_scope)) + 1 + 3 + 1 + 4 + 1 + 2
     assert c.EnsembleRequest(text_input="hi").to_tensors().keys() == {c.TEXT_INPUT}
     with pytest.raises(InputError, match="stop is not UTF-8 text"):
         c.EnsembleRequest.from_row({c.STOP: np.array([b"\xff"], object)})

@@ -343,6 +343,10 @@ def serve(
     openai_host: Annotated[str | None, typer.Option(
         help="Address the gateway listens on [default: --host].", show_default=False)]
     = _SERVE.openai_host,
+    keys_file: Annotated[Path | None, typer.Option(
+        help="The gateway's tenants, API keys, quotas and cache scopes (`qvl-trt keys add`), "
+        "instead of QVL_TRT_API_KEY's one key; reread when it changes.",
+        show_default=False)] = _SERVE.keys_file,
     drain_timeout: Annotated[float, typer.Option(
         help="After SIGTERM or Ctrl-C, seconds the requests in flight get to finish; then "
         "they are cut and serve exits 1 (a finished drain exits 0).")]
@@ -381,7 +385,7 @@ def serve(
     opts = ServeOptions(Ports(http_port, grpc_port, metrics_port), free_ports, host,
                         inference_host, world_size, log_file, log_verbose, health_port,
                         openai_port, openai_host, api_key=os.environ.get(API_KEY_ENV),
-                        drain_timeout_s=drain_timeout,
+                        keys_file=keys_file, drain_timeout_s=drain_timeout,
                         liveness=LivenessRules(probe_interval, stall_timeout, probe_deadline),
                         answer_cache=answer_cache, warm_up=warm_up)
     if dry_run:
@@ -458,6 +462,10 @@ def deploy(
         "exists [default: NAME-api-key].", show_default=False)] = None,
     no_api_key: Annotated[bool, typer.Option(
         help="The gateway asks no key: anyone who reaches the Service may use it.")] = False,
+    keys_secret: Annotated[str | None, typer.Option(
+        help="Instead of one key: the Secret whose key `keys.json` is a keys file of tenants "
+        "(`qvl-trt keys add`), mounted into the pods; the gateway takes its updates without "
+        "a restart.", show_default=False)] = None,
     expose_triton: Annotated[bool, typer.Option(
         help="Also Triton's HTTP and gRPC endpoints in the Service, which ask no key; the "
         "NetworkPolicy admits only pods labelled qvl-trt/triton-client=NAME to them.")] = False,
@@ -488,6 +496,7 @@ def deploy(
         claim_path=claim_path, host_path=host_path, repo_in_image=repo_in_image,
         gpu_product=gpu_product, cpu=cpu,
         memory_gib=memory_gib, hpa=hpa, api_key_secret=api_key_secret, no_api_key=no_api_key,
+        keys_secret=keys_secret,
         expose_triton=expose_triton, ipv6=ipv6, monitoring=monitoring,
         answer_cache=answer_cache,
         **{k: v for k, v in given.items() if v is not None})
@@ -518,10 +527,18 @@ def gateway(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = _GATEWAY.host,
     port: Annotated[int, typer.Option(help="Port to listen on.")] = _GATEWAY.port,
     max_concurrency: Annotated[int | None, typer.Option(
-        help="Chat requests in flight; more get 429 [default: what the builds admit: each "
-        "build's batch slots and queue places (`qvl-trt repo --max-queue`), which refuse "
-        "more themselves with the same 429].", show_default=False)]
-    = _GATEWAY.max_concurrency,
+        help="Chat requests sent on to Triton at once [default: what the builds admit: each "
+        "build's batch slots and queue places (`qvl-trt repo --max-queue`)]; for fairness "
+        "across tenants set it to the batch slots and give --max-queue.",
+        show_default=False)] = _GATEWAY.max_concurrency,
+    max_queue: Annotated[int | None, typer.Option(
+        help="Chat requests that may wait in the gateway for one of those, served fairly "
+        "across tenants; more get 429 [default: none].", show_default=False)]
+    = _GATEWAY.max_queue,
+    keys_file: Annotated[Path | None, typer.Option(
+        help="Tenants' API keys, quotas and cache scopes (`qvl-trt keys add`); reread when "
+        "it changes [default: the one key of $QVL_TRT_API_KEY, or none].",
+        show_default=False)] = _GATEWAY.keys_file,
     max_body_bytes: Annotated[int | None, typer.Option(
         help="Largest request body; larger get 413 [default: the deployment's "
         "max_request_bytes + 64 KiB].", show_default=False)] = _GATEWAY.max_body_bytes,
@@ -559,7 +576,8 @@ def gateway(
         raise ConfigError(f"--url {url}: the gateway talks to Triton over gRPC; pass "
                           "grpc://HOST:PORT (Triton's --grpc-port, 8001 by default)")
     opts = GatewayOptions(endpoint.address, host=host, port=port,
-                          max_concurrency=max_concurrency, max_body_bytes=max_body_bytes,
+                          max_concurrency=max_concurrency, max_queue=max_queue,
+                          keys_file=keys_file, max_body_bytes=max_body_bytes,
                           shutdown_timeout_s=shutdown_timeout,
                           api_key=os.environ.get(API_KEY_ENV), ready_url=ready_url,
                           triton_admin_key=os.environ.get(ADMIN_KEY_ENV),
@@ -570,3 +588,61 @@ def gateway(
     run_gateway(opts, on_ready=lambda: console.print(
         f"gateway listening: OpenAI endpoint {shown}/v1, chat page {shown}/ (Triton gRPC "
         f"{endpoint.address}); Ctrl-C stops it", highlight=False))
+
+
+KEYS_ACTIONS = ("add", "list", "remove")
+
+
+@command(panel="Serve and measure")
+def keys(
+    action: Annotated[str, typer.Argument(help="add (prints the new key, once), list or "
+                                          "remove.", show_default=False)],
+    keys_file: Annotated[Path, typer.Option(help="The keys file (JSON; created by the first "
+                                            "add).", show_default=False)],
+    tenant: Annotated[str | None, typer.Option(
+        help="add: the key's tenant (created, or its settings below replaced).",
+        show_default=False)] = None,
+    key_id: Annotated[str | None, typer.Option(
+        "--id", help="remove: the key's id as `list` shows it (or its start).",
+        show_default=False)] = None,
+    requests_per_minute: Annotated[int | None, typer.Option(
+        help="add: the tenant's requests per minute [default: no limit].",
+        show_default=False)] = None,
+    tokens_per_minute: Annotated[int | None, typer.Option(
+        help="add: the tenant's prompt + completion tokens per minute [default: no limit].",
+        show_default=False)] = None,
+    max_streams: Annotated[int | None, typer.Option(
+        help="add: the tenant's requests in flight at once [default: no limit].",
+        show_default=False)] = None,
+    cache_scope: Annotated[str | None, typer.Option(
+        help="add: whose caches the tenant's requests use: tenants of one scope share "
+        "them, \"\" is the shared scope of requests without one [default: the tenant's "
+        "name].", show_default=False)] = None,
+) -> None:
+    """Manage the gateway's tenants and API keys (`qvl-trt gateway --keys-file`): the file
+    holds each key's sha256 only, with its tenant's quotas and cache scope; a running gateway
+    takes a rewritten file within a second, without a restart."""
+    from ..gateway.tenants import Quotas, add_key, read_keys, remove_key
+    from .console import out as console
+
+    if action not in KEYS_ACTIONS:
+        raise ConfigError(f"keys {action}: the action is one of {', '.join(KEYS_ACTIONS)}")
+    if action == "add":
+        if tenant is None:
+            raise ConfigError("keys add needs --tenant NAME: the tenant the key is for")
+        quotas = Quotas(requests_per_minute, tokens_per_minute, max_streams)
+        key, entry = add_key(keys_file, tenant, quotas, cache_scope)
+        console.print(f"added key {entry.id} for tenant {tenant} to {keys_file}; the key, "
+                      "shown this once:", highlight=False)
+        typer.echo(key)
+    elif action == "remove":
+        entry = remove_key(keys_file, key_id or "")
+        console.print(f"removed key {entry.id} of tenant {entry.tenant} from {keys_file}",
+                      highlight=False)
+    else:
+        ring = read_keys(keys_file)
+        for entry in ring.keys:
+            t = ring.tenants[entry.tenant]
+            quotas = ", ".join(f"{k} {v}" for k, v in vars(t.quotas).items() if v is not None)
+            typer.echo(f"{entry.id}  {entry.tenant}  created {entry.created or '-'}  "
+                       f"scope {t.cache_scope!r}  {quotas or 'no quotas'}")

@@ -60,6 +60,11 @@ MIB, GIB = 2**20, 2**30
 DEFAULT_NAME = "qvl-trt"
 CONTAINER = "serve"  # the pod's one container
 API_KEY_SECRET_KEY = "api-key"  # the key of the Secret that holds the API key
+# With --keys-secret: the Secret's key holding the gateway's keys file (gateway/tenants.py),
+# mounted as a folder (not a subPath, which the kubelet never updates) so that a changed
+# Secret reaches the running gateway (the kubelet swaps the folder's `..data` symlink).
+KEYS_SECRET_KEY = "keys.json"
+KEYS_DIR = "/etc/qvl-trt/keys"
 # Pods that may reach Triton's HTTP and gRPC endpoints (with expose_triton): this label with
 # the deployment's name as its value.
 TRITON_CLIENT_LABEL = "qvl-trt/triton-client"
@@ -149,6 +154,7 @@ class DeployOptions:
     target_pending: float = 2.0  # the autoscaler's average queued requests per pod
     api_key_secret: str | None = None  # Secret holding the gateway's key [NAME-api-key]
     no_api_key: bool = False  # the gateway asks no key (instead of the Secret's)
+    keys_secret: str | None = None  # Secret holding a keys file of tenants (instead)
     expose_triton: bool = False  # Triton's HTTP and gRPC in the Service, for labelled pods
     ipv6: bool = False  # listen on IPv6 (a single-stack IPv6 cluster)
     drain_timeout_s: float = DEPLOY_DRAIN_S  # serve's --drain-timeout in the pods
@@ -164,7 +170,8 @@ class DeployOptions:
         if self.namespace is not None:
             _name(self.namespace, _DNS1123_LABEL, "--namespace",
                   "a lowercase DNS label (letters, digits, '-'; at most 63)")
-        for option, value in (("--claim", self.claim), ("--api-key-secret", self.api_key_secret)):
+        for option, value in (("--claim", self.claim), ("--api-key-secret", self.api_key_secret),
+                              ("--keys-secret", self.keys_secret)):
             if value is not None:
                 _name(value, _DNS1123_SUBDOMAIN, option,
                       "a lowercase DNS name (letters, digits, '-', '.')")
@@ -180,6 +187,9 @@ class DeployOptions:
         if self.no_api_key and self.api_key_secret is not None:
             raise ConfigError("--no-api-key and --api-key-secret contradict each other; give "
                               "one: the Secret whose key the gateway asks, or no key at all")
+        if self.keys_secret is not None and (self.no_api_key or self.api_key_secret):
+            raise ConfigError("--keys-secret gives the gateway its keys: leave out "
+                              "--no-api-key and --api-key-secret")
         if self.drain_timeout_s < 0:
             raise ConfigError(f"--drain-timeout {self.drain_timeout_s} must be >= 0")
         ports = {"--openai-port": self.openai_port, "--health-port": self.health_port}
@@ -221,8 +231,10 @@ class DeployOptions:
 
     @property
     def secret_name(self) -> str | None:
-        """The Secret the gateway's key comes from; None: no key."""
-        return None if self.no_api_key else self.api_key_secret or f"{self.name}-api-key"
+        """The Secret the gateway's one key comes from; None: no key, or a keys file."""
+        if self.no_api_key or self.keys_secret is not None:
+            return None
+        return self.api_key_secret or f"{self.name}-api-key"
 
     @property
     def listen_host(self) -> str:
@@ -430,6 +442,8 @@ def _deployment(opts: DeployOptions, needs: PodNeeds, meta: dict[str, Any],
                             openai_port=opts.openai_port, health_port=opts.health_port,
                             drain_timeout_s=opts.drain_timeout_s)
     serve += [] if opts.answer_cache else ["--no-answer-cache"]
+    if opts.keys_secret is not None:
+        serve += ["--keys-file", f"{KEYS_DIR}/{KEYS_SECRET_KEY}"]
     memory = _bytes_quantity(needs.memory_bytes)
     requests = {"cpu": _cpu_quantity(needs.cpu), "memory": memory, GPU_RESOURCE: needs.gpus}
     limits = {"memory": memory, GPU_RESOURCE: needs.gpus}
@@ -480,7 +494,9 @@ def _deployment(opts: DeployOptions, needs: PodNeeds, meta: dict[str, Any],
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_S)]}}},
         "volumeMounts": [*repo_mounts, {"name": "dshm", "mountPath": str(SHM_DIR)},
                          {"name": "tmp", "mountPath": TMP_DIR},
-                         {"name": "cache", "mountPath": CACHE_DIR}],
+                         {"name": "cache", "mountPath": CACHE_DIR},
+                         *([{"name": "keys", "mountPath": KEYS_DIR, "readOnly": True}]
+                           if opts.keys_secret else [])],
     }
     spec: dict[str, Any] = {
         "selector": {"matchLabels": labels},
@@ -511,7 +527,9 @@ def _deployment(opts: DeployOptions, needs: PodNeeds, meta: dict[str, Any],
                         {"name": "dshm", "emptyDir": {"medium": "Memory",
                                                       "sizeLimit": _bytes_quantity(
                                                           needs.shm_bytes)}},
-                        {"name": "tmp", "emptyDir": {}}, {"name": "cache", "emptyDir": {}}],
+                        {"name": "tmp", "emptyDir": {}}, {"name": "cache", "emptyDir": {}},
+                        *([{"name": "keys", "secret": {"secretName": opts.keys_secret}}]
+                          if opts.keys_secret else [])],
         }},
     }
     if not opts.hpa:  # the autoscaler owns the count; an apply would reset it
@@ -574,7 +592,12 @@ class DeployResult:
     @property
     def access(self) -> tuple[str, ...]:
         """Who may reach what, as `deploy` prints it."""
-        if self.secret is None:
+        if self.opts.keys_secret is not None:
+            lines = [f"the gateway asks the keys of the keys file in the Secret "
+                     f"{self.opts.keys_secret} (`qvl-trt keys add`), rereading it when the "
+                     f"Secret changes; the pods wait until it exists: kubectl create secret "
+                     f"generic {self.opts.keys_secret} --from-file={KEYS_SECRET_KEY}=KEYSFILE"]
+        elif self.secret is None:
             lines = ["warning: the gateway asks NO key (--no-api-key): anyone who reaches the "
                      "Service's openai port may use it"]
         else:

@@ -187,6 +187,11 @@ def _panels(q: Queries) -> list[dict[str, Any]]:
         _panel("Tokens/s", "short", [
             (f"sum({q.rate(gm.PROMPT_TOKENS)})", "in (prompt)"),
             (f"sum({q.rate(gm.COMPLETION_TOKENS)})", "out (completion)")]),
+        _panel("Tenants: requests/s and tokens/s", "short", [
+            (f"sum by (tenant, status) ({status})", "{{tenant}} HTTP {{status}}"),
+            (f"sum by (tenant) ({q.rate(gm.PROMPT_TOKENS)}) + sum by (tenant) "
+             f"({q.rate(gm.COMPLETION_TOKENS)})", "{{tenant}} tokens")],
+            "Per tenant of the keys file (a 429 past a quota counts as HTTP 429)"),
         _panel("Pods ready and restarts", "short", [
             (f"sum({q.of(SERVE_READY)})", "ready"),
             (f"sum(increase({q.of(SERVE_RESTARTS)}[1h]))", "restarts in the last hour")]),

@@ -11,16 +11,23 @@
     GET  /live                  200 while the gateway runs
     GET  /metrics               Prometheus
 
-API key: with `api_key` set, every /v1/ route answers 401 (OpenAI's `invalid_api_key`) unless
-the request carries `Authorization: Bearer KEY`, as the openai package sends it; the page,
-/ready, /live and /metrics stay open (the page asks for the key once and keeps it in the
-browser tab's session storage).
+API keys: with a keys file (`keys_file`, tenants.py: many keys, each naming a tenant with its
+quotas and cache scope; reread when it changes) or one key (`api_key`: the default tenant),
+every /v1/ route answers 401 (OpenAI's `invalid_api_key`) unless the request carries
+`Authorization: Bearer KEY` of a key it has, as the openai package sends it; the page, /ready,
+/live and /metrics stay open (the page asks for the key once and keeps it in the browser tab's
+session storage). A tenant past one of its quotas gets 429 in OpenAI's shape naming the quota,
+with Retry-After (quotas.py); its requests go to Triton with its cache scope, so its images and
+prompts warm no cache of another tenant (contract.CACHE_SCOPE).
 
 Limits: a request body above `max_body_bytes` is refused with 413 before it is read (default:
 the largest `max_request_bytes` of the builds' preprocessing models plus room for the other
-fields); more than `max_concurrency` chat requests in flight get 429 with Retry-After
-(default: what the builds admit, each its tensorrt_llm's batch slots and queue places; a
-build that is full refuses a request the same way, triton/runtime/admission.py).
+fields); `max_concurrency` chat requests go on to Triton at once (default: what the builds
+admit, their batch slots and queue places), up to `max_queue` more wait in the gateway for
+one (default none), served fairly across tenants (fair_queue.py); more get 429 with
+Retry-After (a build that is full refuses a request the same way,
+triton/runtime/admission.py). For fairness to reach the batch slots, set max_concurrency to
+the builds' batch slots and max_queue to the waiting room: the builds' own queues are FIFO.
 A client that goes away (a closed connection) cancels its handler (aiohttp's
 handler_cancellation), which cancels its Triton call and so the generation.
 Answer cache (answer_cache.py): a deterministic request that repeats an earlier one gets the
@@ -37,9 +44,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import importlib.resources
 import logging
+import math
 import signal
 import time
 from collections.abc import Callable
@@ -58,6 +65,7 @@ from .answer_cache import (
     cacheable,
     request_digest,
 )
+from .fair_queue import FairSlots, Full
 from .metrics import CLIENT_CLOSED, GatewayMetrics, TokenGaps
 from .openai_api import (
     DONE,
@@ -73,7 +81,9 @@ from .openai_api import (
     usage,
 )
 from .options import GatewayOptions
+from .quotas import QuotaExceeded, TenantQuota, retry_after_header
 from .readiness import LIVE_PATH, READY_PATH, ask_ready, live_reply, ready_reply
+from .tenants import ANONYMOUS_TENANT, KEYS_POLL_S, KeyFile, KeyRing, Tenant
 from .upstream import PROBE_TIMEOUT_S, Piece, Refusal, ServedModel, Upstream
 
 log = logging.getLogger(__name__)
@@ -97,9 +107,15 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.served: dict[str, ServedModel] = {}
         self.upstream: Upstream | None = None
-        self.in_flight = 0
+        self.slots = FairSlots()
+        self.key_file = None if opts.keys_file is None else KeyFile(opts.keys_file)
+        if self.key_file is not None:
+            self.metrics.keys_generation.set(self.key_file.generation)
+        self._single = None if opts.api_key is None else KeyRing.single(opts.api_key)
+        self.quotas: dict[str, TenantQuota] = {}
         self.created = int(time.time())
         self._discovery: asyncio.Task | None = None
+        self._key_watch: asyncio.Task | None = None
         self._discovery_error = "looking for the builds Triton serves"
         self._page = chat_page()
         self.answers: AnswerCache | None = None
@@ -132,6 +148,33 @@ class Gateway:
     async def _startup(self, app) -> None:
         self.upstream = Upstream(self.opts.triton_url, admin_key=self.opts.triton_admin_key)
         self._discovery = asyncio.create_task(self._discover())
+        if self.key_file is not None:
+            self._key_watch = asyncio.create_task(self._watch_keys())
+
+    @property
+    def keys(self) -> KeyRing | None:
+        """The keys asked for (None: none)."""
+        return self.key_file.ring if self.key_file is not None else self._single
+
+    async def _watch_keys(self) -> None:
+        """Take a rewritten keys file (tenants.py) without a restart."""
+        while True:
+            await asyncio.sleep(KEYS_POLL_S)
+            generation = self.key_file.generation
+            problem = self.key_file.poll()
+            if problem is not None:
+                self.metrics.keys_reload_failures.inc()
+                log.error("keys file not reloaded, the keys stay those of generation %d: %s",
+                          generation, problem)
+            elif self.key_file.generation != generation:
+                for name, quota in self.quotas.items():
+                    tenant = self.key_file.ring.tenants.get(name)
+                    if tenant is not None:
+                        quota.update(tenant.quotas)
+                self.metrics.keys_generation.set(self.key_file.generation)
+                log.info("keys file %s reloaded (generation %d): %d tenants, %d keys",
+                         self.key_file.path, self.key_file.generation,
+                         len(self.key_file.ring.tenants), len(self.key_file.ring.keys))
 
     async def _discover(self) -> None:
         """Find the builds Triton serves, trying again each second until it answers (a
@@ -157,8 +200,9 @@ class Gateway:
             await asyncio.sleep(1.0)
 
     async def _cleanup(self, app) -> None:
-        if self._discovery is not None:
-            self._discovery.cancel()
+        for task in (self._discovery, self._key_watch):
+            if task is not None:
+                task.cancel()
         if self.upstream is not None:
             await self.upstream.close()
 
@@ -176,7 +220,7 @@ class Gateway:
         async def errors(request, handler):
             try:
                 if request.path.startswith("/v1/"):
-                    self._authorize(request)
+                    request["tenant"] = self._authorize(request)
                 return await handler(request)
             except ApiError as exc:
                 return self._json(exc.body(), exc.status, _retry_after(exc))
@@ -190,18 +234,20 @@ class Gateway:
 
         return errors
 
-    def _authorize(self, request) -> None:
-        key = self.opts.api_key
-        if key is None:
-            return
+    def _authorize(self, request) -> Tenant:
+        """The tenant of the request's key (the anonymous one where no key is asked)."""
+        keys = self.keys
+        if keys is None:
+            return ANONYMOUS_TENANT
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
-                                                                  key.encode()):
+        tenant = keys.tenant_of(given.strip()) if scheme.lower() == "bearer" else None
+        if tenant is None:
             if request.path == CHAT_PATH:
-                self.metrics.requests.labels("-", "-", "-", 401).inc()
+                self.metrics.requests.labels(ANONYMOUS_TENANT.name, "-", "-", "-", 401).inc()
             raise ApiError(401, "missing or incorrect API key; send the header Authorization: "
                            "Bearer KEY with this server's key (the openai package's api_key)",
                            code="invalid_api_key")
+        return tenant
 
     # ---- small routes ---------------------------------------------------------------------
 
@@ -301,25 +347,69 @@ class Gateway:
         return bytes(body)
 
     @property
-    def max_concurrency(self) -> int | None:
-        """--max-concurrency, else what the builds admit (None before they are known)."""
-        if self.opts.max_concurrency is not None:
-            return self.opts.max_concurrency
-        return sum(m.capacity for m in self.served.values()) or None
+    def slot_limits(self) -> tuple[int, int] | None:
+        """(slots, waiting places): --max-concurrency, else what the builds admit (None
+        before they are known: no limit), and --max-queue (default none)."""
+        o = self.opts
+        slots = o.max_concurrency if o.max_concurrency is not None else sum(
+            m.capacity for m in self.served.values())
+        return (slots, o.max_queue or 0) if slots else None
+
+    def _quota(self, tenant: Tenant) -> TenantQuota:
+        if tenant.name not in self.quotas:
+            self.quotas[tenant.name] = TenantQuota(tenant.quotas)
+        return self.quotas[tenant.name]
 
     async def chat(self, request):
         received = time.perf_counter()
-        limit = self.max_concurrency
-        if limit is not None and self.in_flight >= limit:
-            self.metrics.requests.labels("-", "-", "-", 429).inc()
-            raise ApiError(429, f"{self.in_flight} requests are being answered, the limit of "
-                           "this gateway (--max-concurrency, by default the builds' batch "
-                           "slots and queue places); retry shortly",
-                           type="rate_limit_exceeded", code="rate_limit_exceeded")
-        self.in_flight += 1
-        self.metrics.in_flight.inc()
+        tenant: Tenant = request["tenant"]
         # The request's metric labels, filled in as they are known; `build`: the last asked.
-        labels, status = {"model": "-", "build": "-", "stream": "-"}, 500
+        labels = {"tenant": tenant.name, "model": "-", "build": "-", "stream": "-"}
+        status = 500
+        try:
+            quota = self._quota(tenant)
+            try:
+                quota.admit()
+            except QuotaExceeded as exc:
+                self.metrics.quota_refusals.labels(tenant.name, exc.limit).inc()
+                raise ApiError(429, f"tenant {tenant.name!r} is at its {exc} (its keys file's "
+                               f"quota); retry after {math.ceil(exc.retry_after_s)} s",
+                               type="tokens" if exc.limit == "tokens_per_minute" else
+                               "requests", param=exc.limit, code="rate_limit_exceeded",
+                               retry_after_s=exc.retry_after_s) from None
+            spent = request["spent"] = Spent()
+            try:
+                response, status = await self._in_slot(request, tenant, received, labels)
+                return response
+            finally:
+                quota.release(spent.tokens)
+        except ApiError as exc:
+            status = exc.status
+            raise
+        except (asyncio.CancelledError, ConnectionResetError):
+            status = CLIENT_CLOSED  # the client went away: its Triton call is cancelled
+            raise
+        finally:
+            self.metrics.requests.labels(**labels, status=status).inc()
+
+    async def _in_slot(self, request, tenant: Tenant, received: float, labels: dict[str, str]):
+        """(the response, its status), once one of the gateway's slots is the request's
+        (fair_queue.py)."""
+        limits = self.slot_limits
+        if limits is not None:
+            self.metrics.waiting.inc()
+            try:
+                await self.slots.enter(tenant.name, *limits)
+            except Full:
+                waiting = self.slots.waiting
+                raise ApiError(429, f"{self.slots.in_slots} requests are being answered"
+                               f"{f' and {waiting} wait' if waiting else ''}, the limit of "
+                               "this gateway (--max-concurrency, by default the builds' batch "
+                               "slots and queue places, and --max-queue); retry shortly",
+                               type="rate_limit_exceeded", code="rate_limit_exceeded") from None
+            finally:
+                self.metrics.waiting.dec()
+        self.metrics.in_flight.inc()
         try:
             # In a worker thread: the walks over a large body (its texts, nesting and
             # schemas) then share the GIL with the event loop instead of holding it.
@@ -337,38 +427,32 @@ class Gateway:
             answer = self._stream if req.stream else self._complete
             # Where a fresh answer is stored (a hit's is there already).
             store = key if hit is None else None
-            response, status = await answer(request, model, req, guide, received, labels,
-                                            store, hit)
-            return response
-        except ApiError as exc:
-            status = exc.status
-            raise
-        except (asyncio.CancelledError, ConnectionResetError):
-            status = CLIENT_CLOSED  # the client went away: its Triton call is cancelled
-            raise
+            return await answer(request, model, req, guide, received, labels, store, hit)
         finally:
-            self.in_flight -= 1
             self.metrics.in_flight.dec()
-            self.metrics.requests.labels(**labels, status=status).inc()
+            if limits is not None:
+                self.slots.leave(tenant.name, limits[0])
 
     async def _answer_key(self, request, model: ServedModel,
                           req: ChatCompletionRequest) -> str | None:
-        """The request's answer-cache key, or None: not to be looked up nor stored."""
+        """The request's answer-cache key within its tenant's cache scope, or None: not to
+        be looked up nor stored."""
         if self.answers is None or not cacheable(
                 req, request.headers.get("Cache-Control", ""), self.answers.opts):
             return None
         digest = await asyncio.to_thread(request_digest, req)  # hashes the data URLs
-        return None if digest is None else answer_key(digest, model)
+        return None if digest is None else answer_key(digest, model,
+                                                      request["tenant"].cache_scope)
 
-    def _answered(self, model: ServedModel, stream: bool, received: float, last: Piece,
-                  hit: CachedAnswer | None) -> None:
+    def _answered(self, request, model: ServedModel, stream: bool, received: float,
+                  last: Piece, hit: CachedAnswer | None) -> None:
         """The metrics of an answer; a hit's tokens were not generated, and count once."""
-        m = self.metrics
+        m, tenant = self.metrics, request["tenant"].name
         m.latency.labels(model.name, "true" if stream else "false").observe(
             time.perf_counter() - received)
         if hit is None:
-            m.prompt_tokens.labels(model.name).inc(last.prompt_tokens)
-            m.completion_tokens.labels(model.name).inc(last.completion_tokens)
+            m.prompt_tokens.labels(tenant, model.name).inc(last.prompt_tokens)
+            m.completion_tokens.labels(tenant, model.name).inc(last.completion_tokens)
 
     def _keep(self, store: str | None, labels: dict[str, str], pieces: list[Piece]) -> None:
         """Store a fresh answer that went out whole under its key `store` (None: not to be
@@ -376,16 +460,17 @@ class Gateway:
         if store is not None:
             self.answers.put(store, labels["build"], pieces)
 
-    async def _pieces(self, model: ServedModel, req: ChatCompletionRequest,
+    async def _pieces(self, request, model: ServedModel, req: ChatCompletionRequest,
                       guide: tuple[str, str] | None, labels: dict[str, str],
                       received: float, hit: CachedAnswer | None):
         """(the rest of the pieces, the first piece, what counts the gaps between them): a
-        hit's, replayed (no gaps counted: nothing was generated), or the deployment's."""
+        hit's, replayed (no gaps counted: nothing was generated; its tokens are charged to
+        the tenant's quota all the same), or the deployment's."""
         if hit is not None:
             labels["build"] = hit.build
             pieces = hit.replay()
-            return pieces, await anext(pieces), None
-        pieces, first = await self._first_piece(model, req, guide, labels)
+            return pieces, request["spent"].piece(await anext(pieces)), None
+        pieces, first = await self._first_piece(request, model, req, guide, labels)
         return pieces, first, self._first_token(model, received, first)
 
     def _first_token(self, model: ServedModel, received: float, first: Piece) -> TokenGaps:
@@ -393,7 +478,7 @@ class Gateway:
         self.metrics.ttft.labels(model.name).observe(time.perf_counter() - received)
         return TokenGaps(self.metrics.inter_token.labels(model.name), first.completion_tokens)
 
-    async def _first_piece(self, model: ServedModel, req: ChatCompletionRequest,
+    async def _first_piece(self, request, model: ServedModel, req: ChatCompletionRequest,
                            guide: tuple[str, str] | None, labels: dict[str, str]):
         """(the pieces of the build that answers, its first piece), before anything goes to
         the client: the build routing.py chooses, or where it refuses the request above its
@@ -401,9 +486,10 @@ class Gateway:
         images, videos = media_counts(req.messages)
         build = routing.choose(model, images, videos)
         labels["build"] = build.name
-        pieces = self.upstream.generate(build, req, guide)
+        scope, spent = request["tenant"].cache_scope, request["spent"]
+        pieces = self.upstream.generate(build, req, guide, scope)
         try:
-            return pieces, await anext(pieces)
+            return pieces, spent.piece(await anext(pieces))
         except Refusal as exc:  # the generator ended with it
             larger = routing.larger(model, build, images, videos) \
                 if exc.kind is c.ErrorKind.ENGINE_LIMIT else None
@@ -411,23 +497,24 @@ class Gateway:
                 raise
         self.metrics.rerouted.labels(model.name, build.name).inc()
         labels["build"] = larger.name
-        pieces = self.upstream.generate(larger, req, guide)
-        return pieces, await anext(pieces)
+        pieces = self.upstream.generate(larger, req, guide, scope)
+        return pieces, spent.piece(await anext(pieces))
 
     async def _complete(self, request, model: ServedModel, req: ChatCompletionRequest,
                         guide: tuple[str, str] | None, received: float,
                         labels: dict[str, str], store: str | None, hit: CachedAnswer | None):
-        pieces, last, gaps = await self._pieces(model, req, guide, labels, received, hit)
-        got = [last]
+        pieces, last, gaps = await self._pieces(request, model, req, guide, labels, received,
+                                                hit)
+        got, spent = [last], request["spent"]
         async with contextlib.aclosing(pieces):
             async for piece in pieces:
                 if gaps is not None:
                     gaps.piece(piece.completion_tokens)
                 got.append(piece)
-                last = piece
+                last = spent.piece(piece)
         text = "".join(p.text for p in got)
         await asyncio.to_thread(guides.check_answer, req.structure, text, last.finish_reason)
-        self._answered(model, False, received, last, hit)
+        self._answered(request, model, False, received, last, hit)
         self._keep(store, labels, got)
         answer = tool_calls.reader(req.structure)
         deltas = answer.feed(text) + answer.close()
@@ -443,8 +530,10 @@ class Gateway:
         """Server-sent events. The first piece is awaited before the headers go out, so a
         refused request (a bad image, a prompt too long) gets its HTTP status (or another
         build: _first_piece); an error after that comes as an error event before [DONE]."""
-        pieces, piece, gaps = await self._pieces(model, req, guide, labels, received, hit)
+        pieces, piece, gaps = await self._pieces(request, model, req, guide, labels, received,
+                                                 hit)
         got: list[Piece] = []
+        spent = request["spent"]
         async with contextlib.aclosing(pieces):
             response = self.web.StreamResponse(headers={
                 "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
@@ -463,6 +552,8 @@ class Gateway:
                     for delta in answer.feed(piece.text):
                         await response.write(writer.event(delta.chunk(), counts=counts))
                     piece = await anext(pieces, None)
+                    if piece is not None:
+                        spent.piece(piece)
                     if piece is not None and gaps is not None:
                         gaps.piece(piece.completion_tokens)
                 await asyncio.to_thread(guides.check_answer, req.structure,
@@ -478,13 +569,25 @@ class Gateway:
             tail += writer.usage_event(usage(last.prompt_tokens, last.completion_tokens))
         await response.write(tail + DONE)
         await response.write_eof()
-        self._answered(model, True, received, last, hit)
+        self._answered(request, model, True, received, last, hit)
         self._keep(store, labels, got)
         return response, 200
 
 
+class Spent:
+    """A request's tokens so far (prompt + completion), from its latest piece."""
+
+    tokens = 0
+
+    def piece(self, piece: Piece) -> Piece:
+        self.tokens = piece.prompt_tokens + piece.completion_tokens
+        return piece
+
+
 def _retry_after(exc: ApiError) -> dict[str, str] | None:
-    return {"Retry-After": "1"} if exc.status in (429, 503) else None
+    if exc.status not in (429, 503):
+        return None
+    return {"Retry-After": retry_after_header(exc.retry_after_s or 1)}
 
 
 # ---- running it -------------------------------------------------------------------------------

@@ -1,4 +1,7 @@
-"""The gateway's Prometheus metrics (GET /metrics), in a registry of its own."""
+"""The gateway's Prometheus metrics (GET /metrics), in a registry of its own. Requests and tokens
+carry the tenant (gateway/tenants.py; "-" where no key is asked or none matched): at most
+tenants.MAX_TENANTS per keys file, so the label's values stay bounded (a tenant removed from
+the file keeps its series until the gateway restarts)."""
 
 from __future__ import annotations
 
@@ -28,6 +31,10 @@ ANSWER_CACHE_LOOKUPS = "qvl_gateway_answer_cache_lookups_total"  # labels model,
 ANSWER_CACHE_EVICTIONS = "qvl_gateway_answer_cache_evictions_total"  # label reason
 ANSWER_CACHE_ENTRIES = "qvl_gateway_answer_cache_entries"
 ANSWER_CACHE_BYTES = "qvl_gateway_answer_cache_bytes"
+WAITING = "qvl_gateway_requests_waiting"
+QUOTA_REFUSALS = "qvl_gateway_quota_refusals_total"
+KEYS_GENERATION = "qvl_gateway_keys_generation"
+KEYS_RELOAD_FAILURES = "qvl_gateway_keys_reload_failures_total"
 
 
 class GatewayMetrics:
@@ -39,7 +46,7 @@ class GatewayMetrics:
         self.requests = prom.Counter(
             REQUESTS, "Chat completion requests by model, the build that answered "
             f"(or refused last), streaming and HTTP status ({CLIENT_CLOSED}: the client went "
-            "away)", ["model", "build", "stream", "status"], **kw)
+            "away), by tenant", ["tenant", "model", "build", "stream", "status"], **kw)
         self.rerouted = prom.Counter(
             REROUTED, "Requests a build refused above its engine limits, sent on "
             "to a larger build of the model", ["model", "build"], **kw)
@@ -55,10 +62,10 @@ class GatewayMetrics:
             **kw)
         self.prompt_tokens = prom.Counter(
             PROMPT_TOKENS, "Prompt tokens (visual tokens included) of answered "
-            "requests", ["model"], **kw)
+            "requests", ["tenant", "model"], **kw)
         self.completion_tokens = prom.Counter(
             COMPLETION_TOKENS, "Generated tokens of answered requests",
-            ["model"], **kw)
+            ["tenant", "model"], **kw)
         self.in_flight = prom.Gauge(
             IN_FLIGHT, "Chat completion requests being answered", **kw)
         self.answer_cache_lookups = prom.Counter(
@@ -79,6 +86,17 @@ class GatewayMetrics:
             ANSWER_CACHE_ENTRIES, "Answers held by the answer cache", **kw)
         self.answer_cache_bytes = prom.Gauge(
             ANSWER_CACHE_BYTES, "Bytes held by the answer cache", **kw)
+        self.waiting = prom.Gauge(
+            WAITING, "Chat completion requests waiting for one of the gateway's slots", **kw)
+        self.quota_refusals = prom.Counter(
+            QUOTA_REFUSALS, "Requests refused (429) past a quota of their tenant, by the "
+            "quota", ["tenant", "limit"], **kw)
+        self.keys_generation = prom.Gauge(
+            KEYS_GENERATION, "Loads of the keys file (1: the one at start; each rewrite the "
+            "gateway took adds 1)", **kw)
+        self.keys_reload_failures = prom.Counter(
+            KEYS_RELOAD_FAILURES, "Rewrites of the keys file that could not be read (the "
+            "keys of the last good one stay)", **kw)
 
     def exposition(self) -> tuple[bytes, str]:
         """The metrics page and its content type."""

@@ -51,8 +51,10 @@ class ApiError(QvlError):
     """An answer with an HTTP error status and OpenAI's error object."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None,
+                 retry_after_s: float | None = None) -> None:
         super().__init__(message)
+        self.retry_after_s = retry_after_s  # a 429's or 503's Retry-After (None: 1 s)
         self.status = status
         self.message = message
         self.type = type

@@ -4,6 +4,7 @@ only, so the CLI reads its defaults here without loading the server."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..errors import ConfigError
 
@@ -46,12 +47,15 @@ class GatewayOptions:
     triton_url: str  # HOST:PORT of Triton's gRPC endpoint (client.generate.parse_url)
     host: str = "0.0.0.0"
     port: int = DEFAULT_PORT
-    # Chat requests in flight; more get 429. None: what the builds admit (each build's
-    # tensorrt_llm batch slots and queue places, summed), which refuse the rest themselves.
+    # Chat requests sent on to Triton at once; None: what the builds admit (each build's
+    # tensorrt_llm batch slots and queue places, summed). Up to max_queue more wait in the
+    # gateway for one, shared fairly by tenants (None: none wait); more get 429.
     max_concurrency: int | None = None
+    max_queue: int | None = None
     max_body_bytes: int | None = None  # None: from the deployment (see the module doc)
     shutdown_timeout_s: float = 10.0
     api_key: str | None = field(default=None, repr=False)  # None: no key asked
+    keys_file: Path | None = None  # tenants' keys (tenants.py), instead of api_key
     # The key of Triton's restricted APIs (triton/restricted.py), which its discovery of the
     # builds asks (the repository index); None: a Triton that restricts nothing.
     triton_admin_key: str | None = field(default=None, repr=False)
@@ -64,6 +68,12 @@ class GatewayOptions:
             raise ConfigError(f"--port {self.port} is not a TCP port; use 1-65535")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ConfigError(f"--max-concurrency {self.max_concurrency} must be at least 1")
+        if self.max_queue is not None and self.max_queue < 0:
+            raise ConfigError(f"--max-queue {self.max_queue} must be >= 0")
+        if self.keys_file is not None and self.api_key is not None:
+            raise ConfigError(f"both ${API_KEY_ENV} and --keys-file are set; give the one key "
+                              "a tenant in the keys file (`qvl-trt keys add`) and unset "
+                              f"${API_KEY_ENV}")
         if self.max_body_bytes is not None and self.max_body_bytes < 1024:
             raise ConfigError(f"--max-body-bytes {self.max_body_bytes} is below 1024; a chat "
                               "request does not fit")

@@ -134,11 +134,12 @@ def _string(raw: bytes) -> str:
     return raw[4:4 + size].decode("utf-8", "replace")
 
 
-def _ensemble_request(request: ChatCompletionRequest,
-                      guide: tuple[str, str] | None = None) -> c.EnsembleRequest:
+def _ensemble_request(request: ChatCompletionRequest, guide: tuple[str, str] | None = None,
+                      scope: str = "") -> c.EnsembleRequest:
     """The ensemble's request for a chat request, always streamed (see the module doc);
     absent settings are left to the deployment's defaults. `guide`: (type, guide) of guided
-    decoding (guides.py)."""
+    decoding (guides.py); `scope`: the tenant's cache scope ("": the shared one, sent as no
+    input, so a repository written before the input existed still answers)."""
     tools = request.structure.tools
     guide_type, guide_text = guide or (None, None)
     return c.EnsembleRequest(
@@ -148,7 +149,8 @@ def _ensemble_request(request: ChatCompletionRequest,
         min_tokens=request.min_tokens, ignore_eos=request.ignore_eos or None,
         temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
         seed=request.seed, stop=request.stop, stream=True,
-        guided_decoding_guide_type=guide_type, guided_decoding_guide=guide_text)
+        guided_decoding_guide_type=guide_type, guided_decoding_guide=guide_text,
+        cache_scope=scope or None)
 
 
 # gRPC reconnects to a server that went away with an exponential backoff of up to 120 s
@@ -238,15 +240,17 @@ class Upstream:
         return True, "ready"
 
     async def generate(self, build: Build, request: ChatCompletionRequest,
-                       guide: tuple[str, str] | None = None) -> AsyncIterator[Piece]:
-        """The build's responses as they arrive, at least one (`guide`: see
+                       guide: tuple[str, str] | None = None,
+                       scope: str = "") -> AsyncIterator[Piece]:
+        """The build's responses as they arrive, at least one (`guide`, `scope`: see
         _ensemble_request). Raises a Refusal for an error response, ApiError for a lost
         connection. Leaving early (the caller stops iterating, or is
         cancelled) cancels the call: the model sees its request cancelled and stops
         generating."""
         closed = asyncio.Event()
         try:  # encoded here, not inside the call's request stream, which would cancel it
-            inputs = _ensemble_request(request, guide).infer_inputs(self._grpc.InferInput)
+            inputs = _ensemble_request(request, guide, scope).infer_inputs(
+                self._grpc.InferInput)
         except InputError as exc:
             raise ApiError(400, str(exc)) from None
 

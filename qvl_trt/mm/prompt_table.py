@@ -8,11 +8,14 @@ K rows after it for DeepStack.
 
 KV-cache reuse keys blocks on (token id, extra id): fake ids repeat across requests, so each
 visual token also carries its image's 64-bit content hash as `prompt_table_extra_ids`
-(0 for text tokens).
+(0 for text tokens). A request's cache scope (contract.CACHE_SCOPE, a tenant's) is folded into
+every extra id, text tokens' too, and into the image hashes the vision cache keys on
+(`scope_ids`): requests of two scopes then share no KV block and no cached image.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -75,10 +78,27 @@ def split_prompt_table(table, deepstack_count: int):
     return grouped[:, 0], tuple(grouped[:, 1 + k] for k in range(deepstack_count))
 
 
+def scope_ids(ids: np.ndarray, scope: str) -> np.ndarray:
+    """uint64 ids (image hashes, extra ids) within a cache scope: as they are in the shared
+    scope (""), else each replaced by 8 bytes of a keyed BLAKE2b of it, so no id of one scope
+    equals an id of another (short of a 64-bit collision) and none is 0. One hash per
+    distinct id: a prompt has few (0 for its text, one per image)."""
+    ids = np.asarray(ids, np.uint64)
+    if not scope:
+        return ids
+    key = hashlib.blake2b(scope.encode(), digest_size=32, person=b"qvl-cache-scope").digest()
+    distinct, inverse = np.unique(ids, return_inverse=True)
+    scoped = np.array([int.from_bytes(hashlib.blake2b(
+        int(v).to_bytes(8, "little"), digest_size=8, key=key).digest(), "little") or 1
+        for v in distinct], np.uint64)
+    return scoped[inverse.reshape(ids.shape)]
+
+
 def prompt_table_extra_ids(input_ids: np.ndarray, *, image_token_id: int,
-                           image_hashes: Sequence[int], image_token_counts: Sequence[int]) \
-        -> np.ndarray:
-    """uint64 per token: the image's hash on its visual tokens, 0 on text tokens."""
+                           image_hashes: Sequence[int], image_token_counts: Sequence[int],
+                           scope: str = "") -> np.ndarray:
+    """uint64 per token: the image's hash on its visual tokens, 0 on text tokens, both within
+    `scope` (scope_ids: `image_hashes` are the unscoped ones)."""
     ids = np.asarray(input_ids)
     extra = np.zeros(ids.size, np.uint64)
     visual = ids == image_token_id
@@ -86,4 +106,4 @@ def prompt_table_extra_ids(input_ids: np.ndarray, *, image_token_id: int,
         raise InputError(f"the prompt holds {np.count_nonzero(visual)} image tokens, the images "
                          f"{sum(image_token_counts)}")
     extra[visual] = np.repeat(np.asarray(image_hashes, np.uint64), image_token_counts)
-    return extra
+    return scope_ids(extra, scope)

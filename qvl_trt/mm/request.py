@@ -34,7 +34,7 @@ from .chat import PromptBuilder
 from .image_input import DEFAULT_MAX_DECODED_PIXELS, load_rgb, open_image, read_image_files
 from .kernels import pixel_pool
 from .pixels import ImagePatches, PixelConfig, image_patch_count, image_patches
-from .prompt_table import fake_token_ids, prompt_table_extra_ids, rows_per_visual_token
+from .prompt_table import fake_token_ids, prompt_table_extra_ids, rows_per_visual_token, scope_ids
 from .rope import MropeTable, rope_index
 from .video import VideoConfig, VideoLimits, VideoPatches
 from .video_input import load_clip
@@ -181,6 +181,7 @@ class PreparedRequest:
     prompt_vocab_size: int  # prompt-table rows: (1+K) * visual tokens
     vision: VisionDims  # the tower the images are for
     videos: tuple[VideoPatches, ...] = ()  # each video (its groups are among `images`)
+    cache_scope: str = ""  # whose cached images and KV blocks it may use ("": shared)
 
     @property
     def num_tokens(self) -> int:
@@ -198,7 +199,10 @@ class PreparedRequest:
 
     @property
     def image_hashes(self) -> np.ndarray:
-        return np.array([p.hash64 for p in self.images], np.uint64)
+        """Each item's content hash within the request's cache scope: the vision cache's key,
+        and its visual tokens' prompt_table_extra_ids."""
+        return scope_ids(np.array([p.hash64 for p in self.images], np.uint64),
+                         self.cache_scope)
 
     def tensors(self) -> dict[str, np.ndarray]:
         """All tensors by their stable names (images in prompt order), with the vision tower's
@@ -282,10 +286,12 @@ class RequestPreprocessor:
     def prepare(self, *, messages: CheckedMessages | Sequence[Mapping[str, Any]],
                 images: Sequence[ImageInput] = (),
                 videos: Sequence[VideoInput] = (),
-                tools: Sequence[Mapping[str, Any]] | None = None) -> PreparedRequest:
+                tools: Sequence[Mapping[str, Any]] | None = None,
+                cache_scope: str = "") -> PreparedRequest:
         """Images and videos are the messages' image and video parts, each in order of
-        appearance; `tools`: the functions the chat template lists (OpenAI's). Messages
-        already checked (RequestLimits.checked_messages) are not checked again."""
+        appearance; `tools`: the functions the chat template lists (OpenAI's);
+        `cache_scope`: see PreparedRequest. Messages already checked
+        (RequestLimits.checked_messages) are not checked again."""
         lim, ckpt = self.limits, self.checkpoint
         if not isinstance(messages, CheckedMessages):
             messages = lim.checked_messages(messages)
@@ -341,9 +347,10 @@ class RequestPreprocessor:
             mrope=MropeTable.of(ckpt.text, lim.max_seq_len),
             prompt_table_extra_ids=prompt_table_extra_ids(
                 visual_ids, image_token_id=image_id,
-                image_hashes=[item.hash64 for item in items], image_token_counts=counts),
+                image_hashes=[item.hash64 for item in items], image_token_counts=counts,
+                scope=cache_scope),
             prompt_vocab_size=rows_per_visual_token(deepstack) * sum(counts),
-            vision=ckpt.vision, videos=clips,
+            vision=ckpt.vision, videos=clips, cache_scope=cache_scope,
         )
 
 

@@ -30,6 +30,10 @@ def gateway_command(opts: GatewayOptions) -> list[str]:
            "--shutdown-timeout", str(opts.shutdown_timeout_s)]
     if opts.max_concurrency is not None:
         cmd += ["--max-concurrency", str(opts.max_concurrency)]
+    if opts.max_queue is not None:
+        cmd += ["--max-queue", str(opts.max_queue)]
+    if opts.keys_file is not None:
+        cmd += ["--keys-file", str(opts.keys_file)]
     if opts.max_body_bytes is not None:
         cmd += ["--max-body-bytes", str(opts.max_body_bytes)]
     if opts.ready_url is not None:

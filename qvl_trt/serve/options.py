@@ -27,6 +27,7 @@ class ServeOptions:
     openai_port: int | None = None  # the gateway on this port; None: no gateway
     openai_host: str | None = None  # None: `host`
     api_key: str | None = field(default=None, repr=False)  # the gateway asks for it
+    keys_file: Path | None = None  # the gateway's tenants and keys, instead of api_key
     # After SIGTERM, how long the requests in flight get to finish before they are cut.
     drain_timeout_s: float = ServerOptions.drain_timeout_s
     liveness: LivenessRules = LivenessRules()  # when a busy server counts as dead

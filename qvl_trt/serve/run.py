@@ -76,7 +76,8 @@ def prepare(repo: Path, opts: ServeOptions) -> Serving:
             health_port, health_host = free_ports(LOOPBACK).http, LOOPBACK
         gateway = GatewayOptions(
             local_address(server.endpoint_host, ports.grpc), host=opts.openai_host or opts.host,
-            port=opts.openai_port, api_key=opts.api_key, triton_admin_key=server.admin_key,
+            port=opts.openai_port, api_key=opts.api_key, keys_file=opts.keys_file,
+            triton_admin_key=server.admin_key,
             # Its answers in flight get the drain serve gives Triton's (docs/deployment.md).
             shutdown_timeout_s=opts.drain_timeout_s,
             ready_url=f"http://{local_address(health_host, health_port)}{READY_PATH}",

@@ -180,21 +180,26 @@ class ReferenceLlmParameters(ModelParameters):
     # in chunks; without it the executor refuses them. Absent means false, as the backend
     # reads it (model_instance_state.cc getExecutorConfigFromParams).
     enable_chunked_context: bool = False
+    # The stock backend's parameter: reuse the KV blocks of a prompt prefix another request
+    # computed, matched on (token id, prompt_table_extra_id) block by block (the reference
+    # counts them: runtime/block_reuse.py). Absent means false, as the backend reads it.
+    enable_kv_cache_reuse: bool = False
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str], where: str = "") -> Any:
-        """enable_chunked_context is read as the stock backend reads its booleans
-        (True/true/TRUE/1, ...); one it cannot read is refused here, where the backend would
-        run without chunked context."""
+        """The backend's booleans (enable_chunked_context, enable_kv_cache_reuse) are read as
+        it reads them (True/true/TRUE/1, ...); one it cannot read is refused here, where the
+        backend would run with the feature off."""
         where = where or cls.__name__
-        text = params.get("enable_chunked_context")
-        if text is not None:
+        for name in ("enable_chunked_context", "enable_kv_cache_reuse"):
+            text = params.get(name)
+            if text is None:
+                continue
             value = parse_bool(text)
             if value is None:
-                raise ConfigError(f"{where}.enable_chunked_context: Cannot convert {text!r} to "
-                                  f"a boolean; write one of {'/'.join(BACKEND_TRUE)} or "
-                                  f"{'/'.join(BACKEND_FALSE)}")
-            params = {**params, "enable_chunked_context": str(value).lower()}
+                raise ConfigError(f"{where}.{name}: Cannot convert {text!r} to a boolean; write "
+                                  f"one of {'/'.join(BACKEND_TRUE)} or {'/'.join(BACKEND_FALSE)}")
+            params = {**params, name: str(value).lower()}
         return load_parameters(cls, params, where)
 
 
@@ -333,6 +338,12 @@ GUIDED_DECODING_GUIDE = "guided_decoding_guide"
 # not queue behind other requests for a batch slot but goes to tensorrt_llm at once and takes
 # the next slot that frees; one at a time per build (runtime/admission.py).
 HEALTH_PROBE = "health_probe"
+# Whose caches the request may use: the vision cache's rows and tensorrt_llm's reused KV blocks
+# are keyed by it (the gateway sends the tenant's scope; absent or empty: the one shared
+# scope). Preprocessing folds it into the image hashes and every prompt_table_extra_id
+# (mm/prompt_table.py scope_ids), so two scopes never share a cached image or a KV block.
+CACHE_SCOPE = "cache_scope"
+MAX_CACHE_SCOPE_BYTES = 256
 TEXT_OUTPUT = "text_output"  # streamed deltas when stream=true, the whole answer otherwise;
 # without a final stop string (its tokens still count in completion_tokens)
 PROMPT_TOKENS = "prompt_tokens"  # tokens in the prompt, visual tokens included
@@ -367,6 +378,7 @@ ENSEMBLE_INPUTS: tuple[TensorSpec, ...] = (
     _scalar(STREAM, "BOOL", optional=True),
     *GUIDE_INPUTS,
     HEALTH_PROBE_INPUT,
+    TensorSpec(CACHE_SCOPE, "BYTES", (1,), optional=True),
 )
 INT32_MAX = 2**31 - 1
 UINT64_MAX = 2**64 - 1
@@ -426,6 +438,7 @@ class EnsembleRequest:
     guided_decoding_guide_type: str | None = None
     guided_decoding_guide: str | None = None
     health_probe: bool | None = None
+    cache_scope: str | None = None
 
     def to_tensors(self) -> dict[str, np.ndarray]:
         """Input name -> value with the batch dimension of one row, for the inputs present."""
@@ -522,7 +535,7 @@ _FROM_WIRE: Mapping[str, Callable[[Any], Any]] = {
 _ENSEMBLE_TYPES = {s.name: s.data_type for s in ENSEMBLE_INPUTS}
 # BYTES inputs that hold UTF-8 text
 _TEXTS = frozenset((MESSAGES, TOOLS, TEXT_INPUT, STOP, GUIDED_DECODING_GUIDE_TYPE,
-                    GUIDED_DECODING_GUIDE))
+                    GUIDED_DECODING_GUIDE, CACHE_SCOPE))
 ENSEMBLE_BYTES_INPUTS = tuple(s.name for s in ENSEMBLE_INPUTS if s.data_type == "BYTES")
 
 
@@ -670,7 +683,8 @@ SEQUENCE_LENGTH = "sequence_length"
 # order; the vision tower rescales and normalises them itself (qvl_trt/mm/pixels.py)
 PIXEL_VALUES = "pixel_values"
 IMAGE_GRID_THW = "image_grid_thw"  # (1, h, w) patches per item; 0 rows for text-only
-IMAGE_HASHES = "image_hashes"  # 64-bit content hash per item: cache key and KV-reuse id
+# 64-bit content hash per item, within the request's cache scope: cache key and KV-reuse id
+IMAGE_HASHES = "image_hashes"
 # preprocessing -> the step that calls tensorrt_llm (postprocessing, tensorrt_llm_bls): the
 # prompt's T/H/W positions [3, seq], from which that step builds mrope_rotary_cos_sin right
 # before the call (runtime/llm_inputs.py). The table is max_seq_len x head_dim float32 (4 MiB

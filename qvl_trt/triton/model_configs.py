@@ -27,6 +27,11 @@ CANCELLATION_CHECK_PERIOD_MS = 100
 # enable_chunked_context, and the reference model's parameter of that name); it also sets the
 # longest prompt the executor takes (tensorrtllm_backend.EngineLimits.max_input_len).
 ENABLE_CHUNKED_CONTEXT = True
+# Reuse the KV blocks of a prompt's prefix (the stock backend's enable_kv_cache_reuse, and the
+# reference model's parameter of that name). Safe with images and across tenants: every
+# prompt_table_extra_id carries the image's hash within the request's cache scope
+# (mm/prompt_table.py), so blocks of one image or one scope are never reused for another.
+ENABLE_KV_CACHE_REUSE = True
 
 
 @dataclass(frozen=True)
@@ -151,9 +156,7 @@ def trtllm_parameters(s: StepSettings) -> dict[str, str | int | float | bool]:
         "kv_cache_free_gpu_mem_fraction": s.kv_cache_free_gpu_mem_fraction,
         "max_tokens_in_paged_kv_cache": s.max_tokens_in_paged_kv_cache,
         "enable_chunked_context": ENABLE_CHUNKED_CONTEXT,
-        # Safe with images: preprocessing sends prompt_table_extra_ids (the image hash on every
-        # visual token), so cached blocks of one image are never reused for another.
-        "enable_kv_cache_reuse": True,
+        "enable_kv_cache_reuse": ENABLE_KV_CACHE_REUSE,
         # output_ids then hold only generated tokens, streaming or not.
         "exclude_input_in_output": True,
         "cancellation_check_period_ms": CANCELLATION_CHECK_PERIOD_MS,

@@ -70,6 +70,7 @@ from .layout import (
 from .model_configs import (
     CANCELLATION_CHECK_PERIOD_MS,
     ENABLE_CHUNKED_CONTEXT,
+    ENABLE_KV_CACHE_REUSE,
     StepSettings,
     step_configs,
 )
@@ -341,7 +342,8 @@ def _python_parameters(build: _Build, options: RepoOptions,
             cancellation_check_period_ms=CANCELLATION_CHECK_PERIOD_MS,
             guided_decoding_backend=GUIDED_DECODING_BACKEND,
             xgrammar_tokenizer_info_path=TOKENIZER_INFO_NAME,
-            enable_chunked_context=ENABLE_CHUNKED_CONTEXT)
+            enable_chunked_context=ENABLE_CHUNKED_CONTEXT,
+            enable_kv_cache_reuse=ENABLE_KV_CACHE_REUSE)
     return parameters
 
 

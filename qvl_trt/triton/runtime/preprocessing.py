@@ -53,7 +53,8 @@ class Preprocessor:
         limits.bounds.check("the number of tokens of all stop strings", sum(map(len, stops)),
                             "max_stop_tokens", "send fewer or shorter stop strings")
         prepared = self.requests.prepare(messages=request.messages, images=request.images,
-                                         videos=request.videos, tools=request.tools)
+                                         videos=request.videos, tools=request.tools,
+                                         cache_scope=request.cache_scope)
         prompt_tokens = prepared.num_tokens
         room = self.limits.max_seq_len - prompt_tokens
         max_tokens = min(self.limits.default_max_tokens, room) if s.max_tokens is None \

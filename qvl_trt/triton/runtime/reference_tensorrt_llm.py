@@ -73,6 +73,7 @@ from .backend import (
     response,
     send_error,
 )
+from .block_reuse import BlockReuse
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,9 @@ class LlmRequest:
     mrope_rotary_cos_sin: Any  # numpy fp32 [max_positions * rotary_dim]
     mrope_position_delta: int
     guide: Guide | None = None
+    # What KV reuse matches besides the token ids: the backend passes them on only with a
+    # prompt table (utils.cc getPromptTuningConfigFromTensors); None: 0 for every token.
+    extra_ids: tuple[int, ...] | None = None
 
     @classmethod
     def from_inputs(cls, x: Mapping[str, np.ndarray], limits: LlmLimits) -> LlmRequest:
@@ -175,6 +179,8 @@ class LlmRequest:
             mrope_rotary_cos_sin=np.asarray(x[c.MROPE_ROTARY_COS_SIN]).reshape(-1),
             mrope_position_delta=int(scalar(c.MROPE_POSITION_DELTAS)),
             guide=guide,
+            extra_ids=None if table is None or extra is None else tuple(
+                int(v) for v in np.asarray(extra, np.uint64).reshape(-1)),
         )
 
 
@@ -452,8 +458,9 @@ class ExecutorMetrics:
     """The stock backend's metrics (tensorrtllm_backend.REQUEST_METRICS and the groups after
     it), with its names, labels and meanings, set from the reference's iterations. Its KV
     cache blocks are counted as if the reference's cache were paged in blocks of the engine's
-    tokens_per_block, room for max_batch_size whole sequences of max_seq_len (the reference
-    keeps each sequence's cache whole: nothing is reused); its runtime memory and
+    tokens_per_block, room for max_batch_size whole sequences of max_seq_len; `reused` counts
+    the blocks the executor would have reused (block_reuse.py; the reference recomputes
+    them); its runtime memory and
     disaggregated serving groups are not published: the reference has no runtime allocator
     and no second server to count."""
 
@@ -496,6 +503,10 @@ class ExecutorMetrics:
         self._set(tb.GENERAL_METRICS, timestamp=time.time() * 1e6,
                   iteration_counter=stats.iteration)
 
+    def reused(self, blocks: int) -> None:
+        """The blocks reused so far."""
+        self._set(tb.KV_CACHE_METRICS, reused=blocks)
+
     def finished(self, prompt_tokens: int, output_tokens: int) -> None:
         self.series[tb.INPUT_TOKEN_LEN.family, "total_input_tokens"].observe(prompt_tokens)
         self.series[tb.OUTPUT_TOKEN_LEN.family, "total_output_tokens"].observe(output_tokens)
@@ -509,9 +520,11 @@ class LlmModel:
     def __init__(self, args: Mapping[str, str], decoder: Any, *, table_dtype: str,
                  engine: tb.EngineLimits, enable_chunked_context: bool,
                  rows_per_request: int | None, cancel_check_s: float = 0.0,
-                 guided: GuidedDecoding | None = None) -> None:
+                 guided: GuidedDecoding | None = None,
+                 enable_kv_cache_reuse: bool = False) -> None:
         """`engine`: the limits of the engine's build config; `enable_chunked_context`: the
-        backend's parameter, applied as the executor applies it (EngineLimits.chunked)."""
+        backend's parameter, applied as the executor applies it (EngineLimits.chunked);
+        `enable_kv_cache_reuse`: the backend's, counted (BlockReuse)."""
         self.name = args["model_name"]
         max_input_len, context_chunk = context_phase(
             engine, enable_chunked_context, decoder.config.max_position_embeddings, self.name)
@@ -521,6 +534,8 @@ class LlmModel:
         max_batch_size = json.loads(args["model_config"])["max_batch_size"]
         self.metrics = ExecutorMetrics(self.name, args["model_version"], max_batch_size,
                                        engine)
+        self.reuse = BlockReuse(self.metrics.tokens_per_block, self.metrics.max_blocks) \
+            if enable_kv_cache_reuse else None
         self.llm = ReferenceLlm(decoder, max_batch_size=max_batch_size,
                                 on_step=self.metrics.step, on_finish=self.metrics.finished,
                                 model_name=self.name, cancel_check_s=cancel_check_s,
@@ -540,7 +555,8 @@ class LlmModel:
                    enable_chunked_context=params.enable_chunked_context,
                    rows_per_request=params.prompt_table_rows_per_request,
                    cancel_check_s=params.cancellation_check_period_ms / 1000,
-                   guided=guided_decoding(params, folder, decoder.config.vocab_size))
+                   guided=guided_decoding(params, folder, decoder.config.vocab_size),
+                   enable_kv_cache_reuse=params.enable_kv_cache_reuse)
 
     def execute(self, requests: Iterable[Any]) -> None:
         for request in requests:
@@ -555,7 +571,11 @@ class LlmModel:
             sender.send(flags=pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
         check_requested_outputs(request.requested_output_names())
-        self.llm.submit(LlmRequest.from_inputs(row, self.limits), partial(_emit, sender),
+        llm_request = LlmRequest.from_inputs(row, self.limits)
+        if self.reuse is not None:
+            self.reuse.add(llm_request.input_ids, llm_request.extra_ids)
+            self.metrics.reused(self.reuse.reused)
+        self.llm.submit(llm_request, partial(_emit, sender),
                         partial(send_error, sender), request_id=request.request_id(),
                         is_cancelled=request.is_cancelled)
 

@@ -95,6 +95,7 @@ class ChatRequest:
     settings: GenerationSettings
     videos: tuple[VideoInput, ...] = ()  # in order of the video parts
     tools: list[dict[str, Any]] | None = None  # the functions the template lists
+    cache_scope: str = ""  # contract.CACHE_SCOPE ("": the shared scope)
 
 
 def chat_request(inputs: Mapping[str, Any], *, urls: UrlPolicy, defaults: SamplingDefaults,
@@ -143,7 +144,12 @@ def chat_request(inputs: Mapping[str, Any], *, urls: UrlPolicy, defaults: Sampli
         # It goes ahead of the queue (runtime/admission.py): only for a probe's one token.
         raise InputError(f"a {c.HEALTH_PROBE} request is one generated token of a text-only "
                          f"request: send {c.MAX_TOKENS} = 1 and no image, video or guide")
-    return ChatRequest(messages, images, _settings(req, defaults, bounds), videos, tools)
+    scope = req.cache_scope or ""
+    if len(scope.encode()) > c.MAX_CACHE_SCOPE_BYTES:
+        raise InputError(f"{c.CACHE_SCOPE} has {len(scope.encode())} bytes, above the "
+                         f"{c.MAX_CACHE_SCOPE_BYTES} a scope may have; send a shorter name")
+    return ChatRequest(messages, images, _settings(req, defaults, bounds), videos, tools,
+                       scope)
 
 
 def _parse_json(text: str, name: str) -> Any:
