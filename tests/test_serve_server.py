@@ -654,12 +654,14 @@ def test_tensorrt_llm_publishes_the_stock_backends_metrics_and_no_others(triton_
     ours = {(name, labels) for name, labels in samples
             if dict(labels).get("model") == c.TENSORRT_LLM
             and not name.startswith("nv_inference_")}  # Triton's own, for every model
-    stock = {g.family: g for g in (tb.REQUEST_METRICS, tb.INFLIGHT_BATCHER_METRICS,
-                                   tb.GENERAL_METRICS, tb.OUTPUT_TOKEN_LEN, tb.INPUT_TOKEN_LEN)}
+    stock = {g.family: g for g in (tb.REQUEST_METRICS, tb.KV_CACHE_METRICS,
+                                   tb.INFLIGHT_BATCHER_METRICS, tb.GENERAL_METRICS,
+                                   tb.OUTPUT_TOKEN_LEN, tb.INPUT_TOKEN_LEN)}
     families = {name.removesuffix("_bucket").removesuffix("_count").removesuffix("_sum")
                 for name, _ in ours}
     assert families <= stock.keys(), families - stock.keys()
-    for group in (tb.REQUEST_METRICS, tb.INFLIGHT_BATCHER_METRICS, tb.GENERAL_METRICS):
+    for group in (tb.REQUEST_METRICS, tb.KV_CACHE_METRICS, tb.INFLIGHT_BATCHER_METRICS,
+                  tb.GENERAL_METRICS):
         for series in group.series:
             labels = frozenset({"model": c.TENSORRT_LLM, "version": "1",
                                 group.category: series}.items())
