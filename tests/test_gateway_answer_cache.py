@@ -110,7 +110,7 @@ def test_a_remote_image_or_video_url_is_not_cacheable_but_a_url_in_text_is() -> 
 def test_the_key_names_the_scope_the_model_and_each_build() -> None:
     from qvl_trt.triton.contract import ModelNames
 
-    chat, video = (Build(n, ModelNames.for_build(n), None, 8, f"configs of {n}")
+    chat, video = (Build(n, ModelNames.for_build(n), None, 8, 4, f"configs of {n}")
                    for n in ("chat", "video"))
     digest = request_digest(request())
     model = ServedModel("ckpt", (chat, video))

@@ -746,7 +746,8 @@ def test_tenants_keep_their_quotas_and_caches_apart_and_keys_rotate_without_a_re
     """A keys file of three tenants: alpha (2 requests a minute), beta, and gamma, which
     shares beta's cache scope by configuration. The same fresh image question from each:
     beta's second is a vision-cache hit and reuses KV blocks, alpha's is neither, gamma's is
-    both; every answer is the same. alpha's third request is a 429 naming its quota while
+    both; every answer is the same. A repeated answer that ended by itself comes from the
+    answer cache for beta and gamma, not for delta (a fourth tenant). alpha's third request is a 429 naming its quota while
     beta goes on; the metrics carry the tenant; a new key for beta, written over the file
     under the running gateway, works once the gateway reports the file's second generation,
     and the old one no longer does."""
@@ -762,6 +763,7 @@ def test_tenants_keep_their_quotas_and_caches_apart_and_keys_rotate_without_a_re
     alpha, _ = add_key(keys, "alpha", Quotas(requests_per_minute=2))
     beta, _ = add_key(keys, "beta")
     gamma, _ = add_key(keys, "gamma", cache_scope="beta")
+    delta, _ = add_key(keys, "delta")
     question = image_question(4242, "Describe the picture in detail, please. " * 4, (128, 128))
 
     def ask(gateway, key: str) -> str:
@@ -789,6 +791,23 @@ def test_tenants_keep_their_quotas_and_caches_apart_and_keys_rotate_without_a_re
         assert reused[0] == reused[2] == 0 and reused[1] > 0 and reused[3] > 0
         assert len(set(answers)) == 1, answers
 
+        def cached(key: str, **fields) -> tuple[str, str, str]:
+            """(x-qvl-cache, finish reason, answer) of a greedy text question."""
+            api = openai.OpenAI(base_url=f"{tenants.url}/v1", api_key=key, max_retries=0)
+            raw = api.chat.completions.with_raw_response.create(
+                model=MODEL, messages=[{"role": "user", "content": "Name a colour."}],
+                max_tokens=24, temperature=0, **fields)
+            choice = raw.parse().choices[0]
+            return raw.headers["x-qvl-cache"], choice.finish_reason, choice.message.content
+
+        text = cached(beta, extra_body={"answer_cache": False})[2]
+        stop = next(text[i:i + 2] for i in range(len(text) // 2, len(text))
+                    if text[i:i + 2].strip())  # so that the answer ends by itself
+        stopped = [cached(key, stop=stop) for key in (beta, beta, gamma, delta)]
+        assert [s[:2] for s in stopped] == [("miss", "stop"), ("hit", "stop"), ("hit", "stop"),
+                                            ("miss", "stop")], stopped
+        assert len({s[2] for s in stopped}) == 1
+
         ask(tenants, alpha)
         with pytest.raises(openai.RateLimitError) as caught:
             ask(tenants, alpha)
@@ -802,7 +821,7 @@ def test_tenants_keep_their_quotas_and_caches_apart_and_keys_rotate_without_a_re
 
         assert metric(gm.REQUESTS, tenant="alpha", status="429") == 1
         assert metric(gm.REQUESTS, tenant="alpha", status="200") == 2
-        assert metric(gm.REQUESTS, tenant="beta", status="200") == 3
+        assert metric(gm.REQUESTS, tenant="beta", status="200") == 6
         assert metric(gm.QUOTA_REFUSALS, tenant="alpha", limit="requests_per_minute") == 1
         assert metric(gm.COMPLETION_TOKENS, tenant="gamma") >= 1
         assert metric(gm.KEYS_GENERATION) == 1

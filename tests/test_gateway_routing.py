@@ -38,7 +38,7 @@ def limits(**fields) -> c.PreprocessingParameters:
 
 
 def build(name: str, capacity: int, **fields) -> Build:
-    return Build(name, c.ModelNames.for_build(name), limits(**fields), capacity)
+    return Build(name, c.ModelNames.for_build(name), limits(**fields), capacity, capacity // 2)
 
 
 CHAT = build("chat", 40, max_videos=0)

@@ -198,6 +198,37 @@ def test_a_flooding_tenant_holding_its_slots_lets_the_other_tenants_request_in_n
     assert asyncio.run(main())[:4] == ["flood", "flood", "other", "flood"]
 
 
+@pytest.mark.parametrize("tenants, opts, limits", [
+    (2, {}, (6, 10)),  # tenants to be fair between: the batch slots, the queue waits here
+    (2, {"max_queue": 3}, (6, 3)),
+    (1, {}, (16, 0)),  # one tenant: what the builds admit goes on, none waits here
+    (0, {}, (16, 0)),  # no keys file, no key
+    (2, {"max_concurrency": 5}, (5, 0)),
+    (2, {"max_concurrency": 5, "max_queue": 2}, (5, 2)),
+])
+def test_the_gateways_slots_default_to_fair_turns_where_there_are_tenants(
+        tmp_path: Path, tenants: int, opts: dict, limits: tuple[int, int]) -> None:
+    """Two builds of 4 + 2 batch slots and 6 + 4 queue places. With a keys file of several
+    tenants the gateway keeps the queue itself (the builds' queues are FIFO: a flood ahead
+    of another tenant's request there would go first); else it sends on what they admit."""
+    from qvl_trt.gateway.app import Gateway
+    from qvl_trt.gateway.options import GatewayOptions
+    from qvl_trt.gateway.upstream import Build, ServedModel
+    from qvl_trt.triton.contract import ModelNames
+
+    keys = None
+    for n in range(tenants):
+        keys = tmp_path / "keys.json"
+        add_key(keys, f"tenant{n}")
+    gateway = Gateway(GatewayOptions("127.0.0.1:1", keys_file=keys, **opts))
+    if "max_concurrency" not in opts:
+        assert gateway.slot_limits is None  # builds not known yet: no limit
+    gateway.served = {"m": ServedModel("m", tuple(
+        Build(n, ModelNames.for_build(n), None, capacity, slots)
+        for n, capacity, slots in (("a", 10, 4), ("b", 6, 2))))}
+    assert gateway.slot_limits == limits
+
+
 def test_a_waiter_that_goes_away_leaves_its_place() -> None:
     async def main() -> None:
         slots = FairSlots()

@@ -527,13 +527,14 @@ def gateway(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = _GATEWAY.host,
     port: Annotated[int, typer.Option(help="Port to listen on.")] = _GATEWAY.port,
     max_concurrency: Annotated[int | None, typer.Option(
-        help="Chat requests sent on to Triton at once [default: what the builds admit: each "
-        "build's batch slots and queue places (`qvl-trt repo --max-queue`)]; for fairness "
-        "across tenants set it to the batch slots and give --max-queue.",
+        help="Chat requests sent on to Triton at once [default: with a keys file of several "
+        "tenants the builds' batch slots, else what the builds admit, batch slots and queue "
+        "places (`qvl-trt repo --max-queue`)].",
         show_default=False)] = _GATEWAY.max_concurrency,
     max_queue: Annotated[int | None, typer.Option(
         help="Chat requests that may wait in the gateway for one of those, served fairly "
-        "across tenants; more get 429 [default: none].", show_default=False)]
+        "across tenants; more get 429 [default: with several tenants the builds' queue "
+        "places, else none].", show_default=False)]
     = _GATEWAY.max_queue,
     keys_file: Annotated[Path | None, typer.Option(
         help="Tenants' API keys, quotas and cache scopes (`qvl-trt keys add`); reread when "

@@ -22,12 +22,13 @@ prompts warm no cache of another tenant (contract.CACHE_SCOPE).
 
 Limits: a request body above `max_body_bytes` is refused with 413 before it is read (default:
 the largest `max_request_bytes` of the builds' preprocessing models plus room for the other
-fields); `max_concurrency` chat requests go on to Triton at once (default: what the builds
-admit, their batch slots and queue places), up to `max_queue` more wait in the gateway for
-one (default none), served fairly across tenants (fair_queue.py); more get 429 with
+fields); `max_concurrency` chat requests go on to Triton at once and up to `max_queue` more
+wait in the gateway for one, served fairly across tenants (fair_queue.py); more get 429 with
 Retry-After (a build that is full refuses a request the same way,
-triton/runtime/admission.py). For fairness to reach the batch slots, set max_concurrency to
-the builds' batch slots and max_queue to the waiting room: the builds' own queues are FIFO.
+triton/runtime/admission.py). By default (`slot_limits`) a keys file of several tenants
+gives the builds' batch slots and their queue places waiting in the gateway, so that the
+turns are fair (the builds' own queues are FIFO); else the gateway sends on what the builds
+admit, none waiting in it.
 A client that goes away (a closed connection) cancels its handler (aiohttp's
 handler_cancellation), which cancels its Triton call and so the generation.
 Answer cache (answer_cache.py): a deterministic request that repeats an earlier one gets the
@@ -348,12 +349,21 @@ class Gateway:
 
     @property
     def slot_limits(self) -> tuple[int, int] | None:
-        """(slots, waiting places): --max-concurrency, else what the builds admit (None
-        before they are known: no limit), and --max-queue (default none)."""
+        """(slots, waiting places), None before the builds are known (no limit). Given
+        --max-concurrency: it and --max-queue (default none). Else with tenants to be fair
+        between (a keys file of two or more): the builds' batch slots, and their queue places
+        waiting here, where the turns are fair (the builds' own queues are FIFO); else what the
+        builds admit, none waiting here (--max-queue: that many)."""
         o = self.opts
-        slots = o.max_concurrency if o.max_concurrency is not None else sum(
-            m.capacity for m in self.served.values())
-        return (slots, o.max_queue or 0) if slots else None
+        if o.max_concurrency is not None:
+            return o.max_concurrency, o.max_queue or 0
+        capacity = sum(m.capacity for m in self.served.values())
+        if not capacity:
+            return None
+        if self.keys is not None and len(self.keys.tenants) > 1:
+            slots = sum(m.batch_slots for m in self.served.values())
+            return slots, capacity - slots if o.max_queue is None else o.max_queue
+        return capacity, o.max_queue or 0
 
     def _quota(self, tenant: Tenant) -> TenantQuota:
         if tenant.name not in self.quotas:
@@ -404,8 +414,8 @@ class Gateway:
                 waiting = self.slots.waiting
                 raise ApiError(429, f"{self.slots.in_slots} requests are being answered"
                                f"{f' and {waiting} wait' if waiting else ''}, the limit of "
-                               "this gateway (--max-concurrency, by default the builds' batch "
-                               "slots and queue places, and --max-queue); retry shortly",
+                               "this gateway (--max-concurrency and --max-queue, by default "
+                               "what the builds admit); retry shortly",
                                type="rate_limit_exceeded", code="rate_limit_exceeded") from None
             finally:
                 self.metrics.waiting.dec()

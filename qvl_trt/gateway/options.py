@@ -47,9 +47,8 @@ class GatewayOptions:
     triton_url: str  # HOST:PORT of Triton's gRPC endpoint (client.generate.parse_url)
     host: str = "0.0.0.0"
     port: int = DEFAULT_PORT
-    # Chat requests sent on to Triton at once; None: what the builds admit (each build's
-    # tensorrt_llm batch slots and queue places, summed). Up to max_queue more wait in the
-    # gateway for one, shared fairly by tenants (None: none wait); more get 429.
+    # Chat requests sent on to Triton at once, and up to max_queue more waiting in the gateway
+    # for one, shared fairly by tenants; more get 429. None: from the builds (Gateway.slot_limits).
     max_concurrency: int | None = None
     max_queue: int | None = None
     max_body_bytes: int | None = None  # None: from the deployment (see the module doc)

@@ -42,6 +42,7 @@ class Build:
     # The requests its tensorrt_llm_bls admits at once: tensorrt_llm's batch slots and the
     # places of its queue (triton/runtime/admission.py).
     capacity: int
+    batch_slots: int  # of them, those that generate at once
     # sha256 of its models' configs as Triton reports them (its manifest's cache key, the
     # build's inputs by content, is among preprocessing's parameters): the answer cache's
     # name for what answers.
@@ -65,6 +66,10 @@ class ServedModel:
     @property
     def capacity(self) -> int:
         return sum(b.capacity for b in self.builds)
+
+    @property
+    def batch_slots(self) -> int:
+        return sum(b.batch_slots for b in self.builds)
 
 
 def served_models(builds: Iterable[Build]) -> dict[str, ServedModel]:
@@ -216,7 +221,8 @@ class Upstream:
             caller = c.TensorrtLlmBlsParameters.from_parameters(
                 c.config_parameters(configs[models.tensorrt_llm_bls]),
                 f"{models.tensorrt_llm_bls} on {self.url}")
-            builds.append(Build(name, models, limits, caller.capacity, fingerprint(configs)))
+            builds.append(Build(name, models, limits, caller.capacity, caller.batch_slots,
+                                fingerprint(configs)))
         return served_models(builds)
 
     async def _config(self, model: str) -> dict[str, Any]:
