@@ -8,7 +8,8 @@ on 127.0.0.1 scraping the pod's three metrics pages every --scrape-interval seco
 labels the PodMonitor's targets get (namespace, pod, container, endpoint, job NAMESPACE/NAME),
 and loads the deployment as an operator's clients would: more concurrent streams than batch
 slots, long answers (ignore_eos), images sent as encoded bytes (some repeated, so the vision
-cache hits), short questions, clients that go away mid-answer (499) and requests that fail
+cache hits), short questions, a few questions asked again and again (so the answer cache
+hits), clients that go away mid-answer (499) and requests that fail
 with 400. Then, for every target of every panel of the dashboard's JSON (deploy/monitoring.py),
 it runs `query_range` with the dashboard's variables and `$__rate_interval` substituted as
 Grafana does, prints each query with the number of series it returned, and draws the panels
@@ -70,8 +71,11 @@ BACKGROUND, PANEL, TEXT, DIM = "#111217", "#181b1f", "#ccccdc", "#8e8e9e"
 PALETTE = ("#73bf69", "#f2cc0c", "#8ab8ff", "#ff780a", "#f2495c", "#5794f2", "#b877d9",
            "#705da0", "#37872d", "#fade2a")
 IMAGE_SIZES = ((320, 240), (640, 480), (480, 640), (800, 600))
-LOAD_KINDS = ("long", "image", "short", "long", "image", "disconnect", "image", "long",
-              "short", "bad_image", "image", "long", "too_long")
+LOAD_KINDS = ("long", "image", "short", "faq", "long", "image", "disconnect", "image", "long",
+              "faq", "short", "bad_image", "image", "long", "faq", "too_long")
+# Questions asked again and again, greedy, each with a stop string taken from its own answer
+# (`faq_stops`) so that the answer ends by itself and the answer cache keeps it.
+FAQ = ("What are your opening hours?", "How do I reset my password?", "Where is my order?")
 
 
 # ---- Prometheus ------------------------------------------------------------------------------
@@ -156,14 +160,34 @@ def data_uri(data: bytes, mime: str) -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 
 
-async def ask(api, kind: str, n: int, picture: str, long_tokens: int) -> str:
-    """One request of `kind` (`picture`: the data URI an image question sends); its outcome:
-    the HTTP status, or 499 for one this client left."""
+async def faq_stops(api) -> dict[str, str]:
+    """Each FAQ question's stop string: two characters from the middle of its greedy answer
+    (the tiny random model seldom ends an answer on its own; one cut at max_tokens is never
+    kept by the answer cache)."""
+    stops = {}
+    for question in FAQ:
+        reply = await api.chat.completions.create(
+            model=c.ENSEMBLE, messages=[{"role": "user", "content": question}], max_tokens=24,
+            temperature=0, extra_body={"answer_cache": False})
+        text = reply.choices[0].message.content
+        stops[question] = next((text[i:i + 2] for i in range(len(text) // 2, len(text))
+                                if text[i:i + 2].strip()), text[-1:] or "?")
+    return stops
+
+
+async def ask(api, kind: str, n: int, picture: str, long_tokens: int,
+              stops: dict[str, str]) -> str:
+    """One request of `kind` (`picture`: the data URI an image question sends; `stops`: the
+    FAQ questions' stop strings); its outcome: the HTTP status, or 499 for one this client
+    left."""
     import openai
 
     content: str | list = f"Count to {n}."
     extra: dict = {}
     max_tokens, stream = 16, True
+    if kind == "faq":
+        content = FAQ[n % len(FAQ)]
+        extra = {"stop": stops[content]}
     if kind in ("long", "disconnect"):
         max_tokens, extra = long_tokens, {"ignore_eos": True}
     elif kind in ("image", "bad_image"):
@@ -206,6 +230,7 @@ async def load(url: str, streams: int, seconds: float, long_tokens: int) -> coll
     stop_at = time.monotonic() + seconds
     api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0,
                              timeout=3600)
+    stops = await faq_stops(api)
 
     async def client(index: int) -> None:
         await asyncio.sleep(index * seconds / 5 / streams)
@@ -218,7 +243,7 @@ async def load(url: str, streams: int, seconds: float, long_tokens: int) -> coll
                 k = next(pictures)
                 picture = images[k // 2 % len(images)] if k % 2 else data_uri(
                     photo_like(256 + k, 192, "jpeg"), "image/jpeg")
-            outcomes[kind, await ask(api, kind, n, picture, long_tokens)] += 1
+            outcomes[kind, await ask(api, kind, n, picture, long_tokens, stops)] += 1
             n += 1
 
     try:

@@ -568,6 +568,10 @@ def test_a_4b_and_an_8b_share_a_4090d_in_int8(released):
     assert cells["4b (4b)"][:3] == ["int8", "3", "8192"]
     assert cells["8b (8b)"][4] == f"{shared.kv_budgets[1]:,}"
     assert cells["8b (8b)"][3] == f"{eight.fixed_bytes / GIB:.2f} GiB"
+    kv = [b * p.kv_bytes_per_token for b, p in zip(shared.kv_budgets, shared.plans, strict=True)]
+    assert cells["8b (8b)"][5] == f"{kv[1] / GIB:.2f} GiB"
+    assert cells["together"] == ["", "", "", f"{shared.fixed_bytes / GIB:.2f} GiB", "",
+                                 f"{sum(kv) / GIB:.2f} GiB", ""]
     assert "8b: limits lowered for this checkpoint" in result.output
     data = json.loads(CliRunner().invoke(app, [
         "plan", "-m", f"4b={released['4b']}", "-m", f"8b={released['8b']}", "-g", "4090d",

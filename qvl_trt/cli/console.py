@@ -310,19 +310,21 @@ def shared_plan_table(shared: SharedPlan, profile: GpuProfile) -> Table:
     t = Table(title=f"plan: {' + '.join(shared.names)} on one {profile.name} "
               f"({profile.gpu.description}, {profile.gpu.memory_mib} MiB)")
     t.caption = ("resident: weights, activations, prompt and MRoPE tables, runtime overhead; "
-                 "KV tokens: its share of what is left (max_tokens_in_paged_kv_cache); images: "
-                 "typical requests it holds at once; context: max_seq_len")
-    for col in ("model", "weights", "batch", "context", "resident", "KV tokens", "images"):
+                 "KV cache: its share of what is left, in tokens (max_tokens_in_paged_kv_cache) "
+                 "and bytes; images: typical requests it holds at once; context: max_seq_len")
+    for col in ("model", "weights", "batch", "context", "resident", "KV tokens", "KV cache",
+                "images"):
         t.add_column(col, justify="left" if col in ("model", "weights") else "right",
                      no_wrap=True)
     for name, plan, kv, images in zip(shared.names, shared.plans, shared.kv_budgets,
                                       shared.concurrent_typical_requests, strict=True):
         t.add_row(f"{name} ({plan.variant})", _precision(plan.weights),
                   str(plan.limits.max_batch_size), str(plan.limits.max_seq_len),
-                  _gib(plan.fixed_bytes), f"{kv:,}", str(images))
+                  _gib(plan.fixed_bytes), f"{kv:,}", _gib(kv * plan.kv_bytes_per_token),
+                  str(images))
     kv_bytes = sum(kv * p.kv_bytes_per_token
                    for kv, p in zip(shared.kv_budgets, shared.plans, strict=True))
-    t.add_row("together", "", "", "", _gib(shared.fixed_bytes), _gib(kv_bytes), "")
+    t.add_row("together", "", "", "", _gib(shared.fixed_bytes), "", _gib(kv_bytes), "")
     return t
 
 
