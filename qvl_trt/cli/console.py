@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from ..serve.gateway_process import GatewayProcess
     from ..serve.needs import ServeCheck
     from ..serve.server import TritonServer
-    from ..triton.validate import ValidationReport
+    from ..triton.validation_report import ValidationReport
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
