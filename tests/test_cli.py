@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import os
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from cli_harness import HEAVY, modules_loaded_by, run_cli
@@ -28,6 +30,38 @@ def test_every_help_works_without_heavy_packages():
         assert name in top.stdout
         assert sub.returncode == 0, f"{name} --help failed: {sub.stderr}"
         assert "Usage: qvl-trt " + name in " ".join(sub.stdout.split())
+
+
+# A command parses its options, calls the library function that does the work and renders
+# what it returns (console.py); more than this many lines in its body means work has crept in.
+MAX_COMMAND_BODY = 20
+
+
+def _command_bodies() -> dict[str, int]:
+    """`module.py:function` -> lines of its body after the docstring (lazy imports included),
+    for every function in qvl_trt/cli decorated by `command(...)`, `app.command(...)` or
+    `app.callback()`."""
+    bodies = {}
+    for path in sorted((Path(__file__).resolve().parents[1] / "qvl_trt" / "cli").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and any(
+                    isinstance(d, ast.Call)
+                    and getattr(d.func, "id", getattr(d.func, "attr", "")) in ("command", "callback")
+                    for d in node.decorator_list):
+                body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+                bodies[f"{path.name}:{node.name}"] = body[-1].end_lineno - body[0].lineno + 1
+    return bodies
+
+
+def test_no_command_body_is_longer_than_twenty_lines():
+    bodies = _command_bodies()
+    # the walk sees every registered command and the app's callback
+    assert {name.split(":")[1] for name in bodies} == \
+        {c.callback.__name__ for c in app.registered_commands} | {app.registered_callback.callback.__name__}
+    long = {name: n for name, n in sorted(bodies.items()) if n > MAX_COMMAND_BODY}
+    assert long == {}, (f"command bodies over {MAX_COMMAND_BODY} lines: {long}; move the work "
+                        "into the library module the command drives, the rendering into "
+                        "console.py")
 
 
 def _array_code(modules: set[str]) -> set[str]:

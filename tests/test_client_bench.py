@@ -161,6 +161,17 @@ def test_request_maker_gives_each_level_new_images():
     assert text_only.images == () and text_only.max_tokens == 8
 
 
+def test_bench_settings_read_the_levels_and_the_endpoint_as_the_command_line_gives_them():
+    from qvl_trt.client.bench import BenchEndpoint
+
+    settings = BenchSettings("grpc://127.0.0.1:1", "1, 4", 1, 8, endpoint="bls")
+    assert settings.concurrency == (1, 4) and settings.endpoint is BenchEndpoint.BLS
+    with pytest.raises(InputError, match="--concurrency '0'"):
+        BenchSettings("grpc://127.0.0.1:1", "0", 1, 8)
+    with pytest.raises(InputError, match="--endpoint 'chat'"):
+        BenchSettings("grpc://127.0.0.1:1", (1,), 1, 8, endpoint="chat")
+
+
 def test_option_parsing_and_loopback_guard():
     assert parse_concurrency("1, 4,16") == (1, 4, 16)
     assert parse_size("640x480") == (640, 480)

@@ -37,7 +37,9 @@ from qvl_trt.deploy.image import (
     load_container_packages,
     serving_requirements,
     write_image_recipe,
+    write_serving_recipe,
 )
+from qvl_trt.errors import ConfigError
 from qvl_trt.machine import find_tritonserver
 from qvl_trt.testing.container_env import (
     PYTHON_VAR,
@@ -363,6 +365,17 @@ def test_the_image_command_writes_the_recipe_and_prints_how_to_build_and_serve(
     assert run.endswith(f" {tag}") and " -v " not in run and "-p 9000:9000" in run
     alone = run_cli("image", "--out", str(tmp_path / "x"), "--bake-repo")
     assert alone.returncode == 1 and "pass --repo" in alone.stderr
+
+
+def test_a_serving_recipe_is_refused_before_anything_is_written(tmp_path) -> None:
+    (tmp_path / "taken").mkdir()
+    for kwargs, message in (({"out": tmp_path / "taken"}, "exists; pass --force"),
+                            ({"out": tmp_path / "x", "bake_repo": True}, "pass --repo"),
+                            ({"out": tmp_path / "x", "repo": tmp_path / "nope"},
+                             "is not a folder")):
+        with pytest.raises(ConfigError, match=message):
+            write_serving_recipe(**kwargs)
+    assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.parametrize("base_path", [None, "/opt/base/lib"])

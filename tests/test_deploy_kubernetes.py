@@ -370,6 +370,13 @@ def test_without_a_key_deploy_says_so_and_the_grace_period_follows_the_drain(
     assert grace_period_s(30) >= 5 + 2 * 30
 
 
+def test_options_a_command_line_leaves_out_take_their_defaults() -> None:
+    given = DeployOptions.given(image=IMAGE, name=None, replicas=None, claim=None,
+                                drain_timeout_s=5.0)
+    assert given == DeployOptions(IMAGE, drain_timeout_s=5.0)
+    assert given.name == "qvl-trt" and given.replicas == 1
+
+
 @pytest.mark.parametrize(("options", "message"), [
     ({"image": "a b"}, "--image 'a b' is empty or has blanks"),
     ({"name": "Qwen_VL"}, "--name 'Qwen_VL' is not a Kubernetes name"),

@@ -107,6 +107,15 @@ def test_bad_options_are_refused_in_one_line(options, words) -> None:
     assert words in result.stderr and "Traceback" not in result.stderr
 
 
+def test_the_gateway_takes_tritons_grpc_address_and_refuses_http() -> None:
+    from qvl_trt.errors import ConfigError
+    from qvl_trt.gateway.options import triton_grpc_address
+
+    assert triton_grpc_address("grpc://10.0.0.2:8001") == "10.0.0.2:8001"
+    with pytest.raises(ConfigError, match="talks to Triton over gRPC; pass grpc://"):
+        triton_grpc_address("http://127.0.0.1:8000")
+
+
 def test_a_gateway_started_by_serve_answers_serves_readiness(triton_server) -> None:
     """With `ready_url` (what `qvl-trt serve --openai-port` passes), the gateway's /ready is
     the supervisor's answer, not Triton's: here a stand-in supervisor that says not ready

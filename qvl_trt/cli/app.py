@@ -153,6 +153,15 @@ VideoOpt = Annotated[list[Path] | None, typer.Option(
     help="Video file: MP4, WebM, MKV, ... (repeat for several; after the images).")]
 
 
+def read_media(images: list[Path] | None, videos: list[Path] | None
+               ) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+    """The files of --image and --video, read (a missing one refused by name)."""
+    from ..mm.image_input import read_image_files
+
+    return (tuple(read_image_files(images or [])),
+            tuple(read_image_files(videos or [], option="--video")))
+
+
 VideoFpsOpt = Annotated[float | None, typer.Option(
     help="Frames per second the videos are sampled at [default: the checkpoint's, 2].")]
 

@@ -3,10 +3,13 @@ results to these functions."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import typer
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
@@ -27,13 +30,19 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from ..build import BuildResult
-    from ..client.bench import Measurement
-    from ..client.metrics import LevelMetrics
+    from ..client.bench import BenchSettings, Measurement
+    from ..client.generate import Response
+    from ..client.metrics import LevelMetrics, RequestRecord
     from ..client.verify import CaseResult
+    from ..deploy.image import ImageRecipe
+    from ..deploy.kubernetes import DeployResult
+    from ..gateway.options import GatewayOptions
+    from ..gateway.tenants import KeyEntry, KeyRing
+    from ..llm.pipeline import GenerationOutput, TextDelta
     from ..serve.gateway_process import GatewayProcess
     from ..serve.needs import ServeCheck
     from ..serve.server import TritonServer
-    from ..triton.validate import ValidationReport
+    from ..triton.validation_report import ValidationReport
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -57,6 +66,38 @@ def setup_logging(verbose: int) -> None:
 
 def print_json(value: Any) -> None:
     out.print_json(json.dumps(to_jsonable(value)))
+
+
+def print_text(text: str, *, end: str = "\n") -> None:
+    """A model's text as it is: no markup, no highlighting."""
+    out.print(text, end=end, markup=False, highlight=False)
+
+
+def print_piece(piece: Response | TextDelta) -> None:
+    """A piece of an answer as it streams in (infer's responses, generate's tokens)."""
+    print_text(piece.text, end="")
+
+
+def print_token_json(delta: TextDelta) -> None:
+    """`generate --stream --json`: a JSON line per token as it comes."""
+    typer.echo(json.dumps({"token_id": delta.token_id, "text": delta.text}))
+
+
+def print_generation(result: GenerationOutput, *, json_out: bool, streamed: bool,
+                     videos: bool) -> None:
+    """generate's answer once it is complete: as JSON (one line after streamed token lines),
+    else its text (unless streamed already) and a line of token counts."""
+    if json_out:
+        summary = {"text": result.text, "token_ids": list(result.token_ids),
+                   "finish_reason": result.finish_reason, "prompt_tokens": result.prompt_tokens,
+                   "image_tokens": result.image_tokens,
+                   "completion_tokens": result.completion_tokens}
+        typer.echo(json.dumps(summary)) if streamed else print_json(summary)
+        return
+    print_text("" if streamed else result.text)
+    out.print(f"[dim]{result.completion_tokens} tokens ({result.finish_reason.value}); "
+              f"prompt {result.prompt_tokens} tokens, {result.image_tokens} of them for "
+              f"{'images and videos' if videos else 'images'}[/dim]")
 
 
 def _gib(n: int) -> str:
@@ -431,6 +472,19 @@ def bench_tables(levels: tuple[LevelMetrics, ...]) -> list[Table]:
     return tables
 
 
+@contextlib.contextmanager
+def bench_progress(settings: BenchSettings) -> Iterator[Callable[[int, RequestRecord], None]]:
+    """A progress bar per concurrency level of `settings` while bench runs; yields the
+    `on_done` that advances a level's bar by one request."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    with Progress("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=out, transient=False) as progress:
+        tasks = {c: progress.add_task(f"concurrency {c}", total=settings.requests)
+                 for c in settings.concurrency}
+        yield lambda c, _: progress.advance(tasks[c])
+
+
 def inspect_lines(summary: dict[str, Any]) -> list[str]:
     """`Checkpoint.summary()` in three lines: the checkpoint, its LLM, its vision tower."""
     t, v = summary["text"], summary["vision"]
@@ -535,3 +589,73 @@ def serving_lines(server: TritonServer, gateway: GatewayProcess | None, *,
     if gateway is not None:
         lines.append(f"OpenAI endpoint {gateway.url}/v1, chat page {gateway.url}/")
     return "\n".join(lines)
+
+
+def image_lines(recipe: ImageRecipe, repo: Path | None) -> list[str]:
+    """What `qvl-trt image` prints: what the recipe adds, how to build the image and, given a
+    repository, how to serve it."""
+    from ..deploy.container import (
+        TRTLLM_CONTAINER,
+        baked_container_command,
+        serve_container_command,
+    )
+
+    lines = [f"wrote the image recipe {recipe.context}: adds {', '.join(recipe.requirements)}",
+             f"build it with: {recipe.build_command}"]
+    if recipe.baked_root is not None:
+        lines += [f"the image carries {repo} at {recipe.baked_root}: its size is the base "
+                  f"image's ({TRTLLM_CONTAINER}), the additions' and "
+                  f"{recipe.repo_bytes / 2**30:.2f} GiB of repository "
+                  f"({recipe.repo_bytes:,} bytes)",
+                  f"serve it with: {baked_container_command(recipe.needs, recipe.tag)}"]
+    elif recipe.needs is not None:
+        lines.append(f"serve {repo} with: {serve_container_command(recipe.needs, recipe.tag)}")
+    return lines
+
+
+def deploy_lines(result: DeployResult, repo: Path) -> list[str]:
+    """What `qvl-trt deploy` prints: the files, each pod's needs, where the pods find the
+    repository, who may reach what, and the `kubectl apply` line."""
+    opts, needs = result.opts, result.needs
+    lines = [f"wrote {', '.join(result.files)} into {result.out}",
+             *(f"  {note}" for note in needs.notes)]
+    if opts.repo_in_image:
+        lines.append(f"the pods serve the repository in {opts.image} at {needs.mount_path} "
+                     f"(built with `qvl-trt image --repo {repo} --bake-repo`)")
+    else:
+        where = f"the claim {result.claim}" if result.claim else \
+            f"the node folder {opts.host_path}"
+        inside = f" under {opts.claim_path}" if opts.claim_path else ""
+        lines.append(f"the pods mount {where} at {needs.mount_path} (it must hold the "
+                     f"repository{inside})")
+    return [*lines, *result.access, f"apply them with: {result.apply_command}"]
+
+
+def key_added_line(entry: KeyEntry, keys_file: Path) -> str:
+    """`keys add`'s line before the key itself."""
+    return (f"added key {entry.id} for tenant {entry.tenant} to {keys_file}; the key, shown "
+            "this once:")
+
+
+def key_removed_line(entry: KeyEntry, keys_file: Path) -> str:
+    return f"removed key {entry.id} of tenant {entry.tenant} from {keys_file}"
+
+
+def keys_lines(ring: KeyRing) -> list[str]:
+    """`keys list`: a line per key, with its tenant's scope and quotas."""
+    lines = []
+    for entry in ring.keys:
+        tenant = ring.tenants[entry.tenant]
+        quotas = ", ".join(f"{k} {v}" for k, v in vars(tenant.quotas).items() if v is not None)
+        lines.append(f"{entry.id}  {entry.tenant}  created {entry.created or '-'}  "
+                     f"scope {tenant.cache_scope!r}  {quotas or 'no quotas'}")
+    return lines
+
+
+def gateway_line(opts: GatewayOptions) -> str:
+    """What `qvl-trt gateway` prints once it listens."""
+    from ..serve.server import local_address
+
+    shown = f"http://{local_address(opts.host, opts.port)}"
+    return (f"gateway listening: OpenAI endpoint {shown}/v1, chat page {shown}/ (Triton gRPC "
+            f"{opts.triton_url}); Ctrl-C stops it")

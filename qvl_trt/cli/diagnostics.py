@@ -14,6 +14,7 @@ from .app import (
     VideoFpsOpt,
     VideoOpt,
     command,
+    read_media,
 )
 
 
@@ -137,41 +138,20 @@ def generate(
     """Answer a prompt about images and videos in process with the PyTorch reference pipeline
     (no Triton): qvl_trt preprocessing -> vision tower -> prompt table -> reference decoder on
     the converted TensorRT-LLM checkpoint."""
-    import json
-
     from ..chat_messages import VideoFile
     from ..llm.pipeline import ReferencePipeline, sampling_params
-    from ..mm.image_input import read_image_files
-    from .console import out as console
-    from .console import print_json
+    from .console import print_generation, print_piece, print_token_json
 
-    images = read_image_files(image or [])
-    videos = [VideoFile(data, video_fps)
-              for data in read_image_files(video or [], option="--video")]
+    images, video_files = read_media(image, video)
+    videos = [VideoFile(data, video_fps) for data in video_files]
     sampling = sampling_params(model, max_tokens=max_tokens, greedy=greedy,
                                temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     pipeline = ReferencePipeline.load(model, checkpoint=checkpoint, device=device,
                                       max_seq_len=max_seq_len)
-
-    def show(delta) -> None:
-        if json_out:
-            typer.echo(json.dumps({"token_id": delta.token_id, "text": delta.text}))
-        else:
-            console.print(delta.text, end="", markup=False, highlight=False)
-
+    show = print_token_json if json_out else print_piece
     result = pipeline.ask(prompt, images, sampling=sampling, on_text=show if stream else None,
                           videos=videos)
-    if json_out:
-        summary = {"text": result.text, "token_ids": list(result.token_ids),
-                   "finish_reason": result.finish_reason, "prompt_tokens": result.prompt_tokens,
-                   "image_tokens": result.image_tokens,
-                   "completion_tokens": result.completion_tokens}
-        typer.echo(json.dumps(summary)) if stream else print_json(summary)
-        return
-    console.print("" if stream else result.text, markup=False, highlight=False)
-    console.print(f"[dim]{result.completion_tokens} tokens ({result.finish_reason.value}); "
-                  f"prompt {result.prompt_tokens} tokens, {result.image_tokens} of them for "
-                  f"{'images and videos' if videos else 'images'}[/dim]")
+    print_generation(result, json_out=json_out, streamed=stream, videos=bool(videos))
 
 
 @command(panel="Inspect and debug")

@@ -10,7 +10,12 @@ from typing import Annotated
 import typer
 
 from ..errors import ConfigError
-from ..gateway.options import API_KEY_ENV, AnswerCacheOptions, GatewayOptions
+from ..gateway.options import (
+    API_KEY_ENV,
+    AnswerCacheOptions,
+    GatewayOptions,
+    triton_grpc_address,
+)
 from ..serve.liveness import LivenessRules
 from ..serve.options import ServeOptions
 from ..serve.server import Ports
@@ -22,6 +27,7 @@ from .app import (
     VideoFpsOpt,
     VideoOpt,
     command,
+    read_media,
 )
 
 # The options' defaults are the dataclasses' (one home per default).
@@ -68,26 +74,21 @@ def infer(
     --json-object) makes the answer take that structure and end when it is complete."""
     from ..client.bench import ask
     from ..client.generate import GenerateRequest, guide_of
-    from ..mm.image_input import read_image_files
-    from .console import infer_json, infer_line, print_json
+    from .console import infer_json, infer_line, print_json, print_piece, print_text
     from .console import out as console
 
-    req = GenerateRequest(prompt, tuple(read_image_files(image or [])), max_tokens,
-                          temperature, top_p, top_k, seed, tuple(stop or ()), stream,
-                          tuple(read_image_files(video or [], option="--video")), video_fps,
+    images, videos = read_media(image, video)
+    req = GenerateRequest(prompt, images, max_tokens, temperature, top_p, top_k, seed,
+                          tuple(stop or ()), stream, videos, video_fps,
                           **guide_of(json_schema=json_schema, regex=regex, grammar=grammar,
                                      any_json=any_json, compact=compact))
-
-    def show(response) -> None:
-        console.print(response.text, end="", markup=False, highlight=False)
-
     answer = ask(url, req, model=served_model,
-                 on_response=show if stream and not json_out else None)
+                 on_response=print_piece if stream and not json_out else None)
     answer.raise_if_failed()
     if json_out:
         print_json(infer_json(answer))
         return
-    console.print(answer.text if not stream else "", markup=False, highlight=False)
+    print_text(answer.text if not stream else "")
     console.print(infer_line(answer))
 
 
@@ -130,32 +131,18 @@ def bench(
     """Benchmark a deployment at several concurrencies: TTFT, inter-token latency, request
     latency, throughput (genai-perf's definitions, see docs/deployment.md). Writes JSON, CSV and a
     PNG plot of latency vs throughput."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-    from ..client.bench import (
-        BenchEndpoint,
-        BenchSettings,
-        image_source,
-        parse_concurrency,
-        run_benchmark,
-        synthetic_videos,
-    )
+    from ..client.bench import BenchSettings, image_source, run_benchmark, synthetic_videos
     from ..client.bench_report import write_reports
-    from .console import bench_tables
+    from .console import bench_progress, bench_tables
     from .console import out as console
 
     source, name = image_source(images, synthetic, seed)
     videos = synthetic_videos(synthetic_video, seed) if synthetic_video else None
-    settings = BenchSettings(url, parse_concurrency(concurrency), requests, max_tokens, prompt,
-                             images_per_request, warmup, served_model, allow_remote,
-                             videos_per_request, BenchEndpoint.parse(endpoint),
+    settings = BenchSettings(url, concurrency, requests, max_tokens, prompt, images_per_request,
+                             warmup, served_model, allow_remote, videos_per_request, endpoint,
                              os.environ.get(API_KEY_ENV), fixed_length)
-    with Progress("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=False) as progress:
-        tasks = {c: progress.add_task(f"concurrency {c}", total=requests)
-                 for c in settings.concurrency}
-        report = run_benchmark(settings, source, source=name,
-                               on_done=lambda c, _: progress.advance(tasks[c]), videos=videos)
+    with bench_progress(settings) as on_done:
+        report = run_benchmark(settings, source, source=name, on_done=on_done, videos=videos)
     for table in bench_tables(report.levels):
         console.print(table)
     paths = write_reports(report, out)
@@ -184,20 +171,16 @@ def verify(
 ) -> None:
     """Compare a deployment's greedy token ids with a reference, case by case; report the
     first divergence; exit 1 if any case differs within its must-match prefix."""
-    from ..client.verify import load_cases, open_sides
-    from ..client.verify import verify as run_verify
+    from ..client.verify import verify_deployment
     from .console import out as console
     from .console import print_json, verify_json, verify_line
-
-    case_list = load_cases(cases)
 
     def show(result) -> None:
         console.print(verify_line(result), highlight=False)
 
-    with open_sides(url, against, served_model=served_model, model=model,
-                    llm_checkpoint=llm_checkpoint) as (reference, candidate):
-        results = run_verify(case_list, reference, candidate, must_match=must_match,
-                             on_case=None if json_out else show)
+    results = verify_deployment(cases, url, against, served_model=served_model, model=model,
+                                llm_checkpoint=llm_checkpoint, must_match=must_match,
+                                on_case=None if json_out else show)
     failed = [r for r in results if not r.passed]
     if json_out:
         print_json(verify_json(results))
@@ -265,45 +248,14 @@ def image(
     exactly what qvl-trt's python models and `qvl-trt serve` import and the container lacks,
     pinned so that nothing it already has is upgraded; qvl-trt itself goes in as source.
     Print the `docker build` line, and the `docker run` line that serves --repo."""
-    from ..deploy.image import write_image_recipe
+    from ..deploy.image import write_serving_recipe
+    from .console import image_lines
     from .console import out as console
 
-    if out.exists() and not force:
-        raise ConfigError(f"{out} exists; pass --force to replace it")
-    if bake_repo and repo is None:
-        raise ConfigError("--bake-repo copies --repo into the image; pass --repo REPOSITORY")
-    needs = None
-    if repo is not None:
-        from ..profiles import TrtEdition
-        from ..serve.needs import read_needs
-
-        if not repo.is_dir():
-            raise ConfigError(f"{repo} is not a folder; pass a model repository written by "
-                              "`qvl-trt repo`")
-        needs = read_needs(repo)
-        if rtx is None:
-            rtx = TrtEdition.TENSORRT_RTX in needs.vision_editions.values()
-    recipe = write_image_recipe(out, rtx=bool(rtx), tag=tag,
-                                bake_repo=repo if bake_repo else None)
-    console.print(f"wrote the image recipe {out}: adds {', '.join(recipe.requirements)}",
-                  highlight=False, markup=False, soft_wrap=True)
-    console.print(f"build it with: {recipe.build_command}", highlight=False, markup=False,
-                  soft_wrap=True)
-    if recipe.baked_root is not None:
-        from ..deploy.container import TRTLLM_CONTAINER, baked_container_command
-
-        console.print(f"the image carries {repo} at {recipe.baked_root}: its size is the base "
-                      f"image's ({TRTLLM_CONTAINER}), the additions' and "
-                      f"{recipe.repo_bytes / 2**30:.2f} GiB of repository "
-                      f"({recipe.repo_bytes:,} bytes)", highlight=False, markup=False,
-                      soft_wrap=True)
-        console.print(f"serve it with: {baked_container_command(needs, recipe.tag)}",
-                      highlight=False, markup=False, soft_wrap=True)
-    elif needs is not None:
-        from ..deploy.container import serve_container_command
-
-        console.print(f"serve {repo} with: {serve_container_command(needs, recipe.tag)}",
-                      highlight=False, markup=False, soft_wrap=True)
+    recipe = write_serving_recipe(out, repo=repo, rtx=rtx, tag=tag, bake_repo=bake_repo,
+                                  force=force)
+    for line in image_lines(recipe, repo):
+        console.print(line, highlight=False, markup=False)
 
 
 @command(panel="Serve and measure")
@@ -486,38 +438,20 @@ def deploy(
     the repository, probes on serve's /ready and /live), a Service, a PodDisruptionBudget and
     optionally an autoscaler and the monitoring. Prints the `kubectl apply` line."""
     from ..deploy.kubernetes import DeployOptions, write_manifests
+    from .console import deploy_lines
     from .console import out as console
 
-    given = {"name": name, "replicas": replicas, "openai_port": openai_port,
-             "health_port": health_port, "max_replicas": max_replicas,
-             "target_pending": target_pending, "drain_timeout_s": drain_timeout}
-    opts = DeployOptions(
-        image=image, namespace=namespace, mount_path=mount_path, claim=claim,
-        claim_path=claim_path, host_path=host_path, repo_in_image=repo_in_image,
-        gpu_product=gpu_product, cpu=cpu,
-        memory_gib=memory_gib, hpa=hpa, api_key_secret=api_key_secret, no_api_key=no_api_key,
-        keys_secret=keys_secret,
-        expose_triton=expose_triton, ipv6=ipv6, monitoring=monitoring,
-        answer_cache=answer_cache,
-        **{k: v for k, v in given.items() if v is not None})
+    opts = DeployOptions.given(
+        image=image, name=name, namespace=namespace, replicas=replicas, openai_port=openai_port,
+        health_port=health_port, mount_path=mount_path, claim=claim, claim_path=claim_path,
+        host_path=host_path, repo_in_image=repo_in_image, gpu_product=gpu_product, cpu=cpu,
+        memory_gib=memory_gib, hpa=hpa, max_replicas=max_replicas,
+        target_pending=target_pending, api_key_secret=api_key_secret, no_api_key=no_api_key,
+        keys_secret=keys_secret, expose_triton=expose_triton, ipv6=ipv6,
+        drain_timeout_s=drain_timeout, monitoring=monitoring, answer_cache=answer_cache)
     result = write_manifests(repo, out, opts, force=force)
-    needs = result.needs
-    console.print(f"wrote {', '.join(result.files)} into {result.out}", highlight=False)
-    for note in needs.notes:
-        console.print(f"  {note}", highlight=False, markup=False)
-    if repo_in_image:
-        console.print(f"the pods serve the repository in {image} at {needs.mount_path} (built "
-                      f"with `qvl-trt image --repo {repo} --bake-repo`)", highlight=False,
-                      markup=False, soft_wrap=True)
-    else:
-        where = f"the claim {result.claim}" if result.claim else f"the node folder {host_path}"
-        console.print(f"the pods mount {where} at {needs.mount_path} (it must hold the "
-                      f"repository{f' under {claim_path}' if claim_path else ''})",
-                      highlight=False, markup=False, soft_wrap=True)
-    for line in result.access:
-        console.print(line, highlight=False, markup=False, soft_wrap=True)
-    console.print(f"apply them with: {result.apply_command}", highlight=False, markup=False,
-                  soft_wrap=True)
+    for line in deploy_lines(result, repo):
+        console.print(line, highlight=False, markup=False)
 
 
 @command(panel="Serve and measure")
@@ -566,17 +500,12 @@ def gateway(
     /live and /metrics. With the environment variable QVL_TRT_API_KEY set, /v1/ asks for that
     key (Authorization: Bearer KEY); QVL_TRT_TRITON_ADMIN_KEY is the key of a Triton whose
     repository API is restricted (serve passes its own). Stops on Ctrl-C or SIGTERM."""
-    from ..client.generate import parse_url
     from ..gateway.app import run_gateway
-    from ..serve.server import local_address
     from ..triton.restricted import ADMIN_KEY_ENV
+    from .console import gateway_line
     from .console import out as console
 
-    endpoint = parse_url(url)
-    if endpoint.protocol != "grpc":
-        raise ConfigError(f"--url {url}: the gateway talks to Triton over gRPC; pass "
-                          "grpc://HOST:PORT (Triton's --grpc-port, 8001 by default)")
-    opts = GatewayOptions(endpoint.address, host=host, port=port,
+    opts = GatewayOptions(triton_grpc_address(url), host=host, port=port,
                           max_concurrency=max_concurrency, max_queue=max_queue,
                           keys_file=keys_file, max_body_bytes=max_body_bytes,
                           shutdown_timeout_s=shutdown_timeout,
@@ -585,10 +514,7 @@ def gateway(
                           answer_cache=AnswerCacheOptions(
                               answer_cache, answer_cache_entries, answer_cache_mib,
                               answer_cache_ttl, answer_cache_tools))
-    shown = f"http://{local_address(host, port)}"
-    run_gateway(opts, on_ready=lambda: console.print(
-        f"gateway listening: OpenAI endpoint {shown}/v1, chat page {shown}/ (Triton gRPC "
-        f"{endpoint.address}); Ctrl-C stops it", highlight=False))
+    run_gateway(opts, on_ready=lambda: console.print(gateway_line(opts), highlight=False))
 
 
 KEYS_ACTIONS = ("add", "list", "remove")
@@ -624,6 +550,7 @@ def keys(
     holds each key's sha256 only, with its tenant's quotas and cache scope; a running gateway
     takes a rewritten file within a second, without a restart."""
     from ..gateway.tenants import Quotas, add_key, read_keys, remove_key
+    from .console import key_added_line, key_removed_line, keys_lines
     from .console import out as console
 
     if action not in KEYS_ACTIONS:
@@ -633,17 +560,11 @@ def keys(
             raise ConfigError("keys add needs --tenant NAME: the tenant the key is for")
         quotas = Quotas(requests_per_minute, tokens_per_minute, max_streams)
         key, entry = add_key(keys_file, tenant, quotas, cache_scope)
-        console.print(f"added key {entry.id} for tenant {tenant} to {keys_file}; the key, "
-                      "shown this once:", highlight=False)
+        console.print(key_added_line(entry, keys_file), highlight=False)
         typer.echo(key)
     elif action == "remove":
         entry = remove_key(keys_file, key_id or "")
-        console.print(f"removed key {entry.id} of tenant {entry.tenant} from {keys_file}",
-                      highlight=False)
+        console.print(key_removed_line(entry, keys_file), highlight=False)
     else:
-        ring = read_keys(keys_file)
-        for entry in ring.keys:
-            t = ring.tenants[entry.tenant]
-            quotas = ", ".join(f"{k} {v}" for k, v in vars(t.quotas).items() if v is not None)
-            typer.echo(f"{entry.id}  {entry.tenant}  created {entry.created or '-'}  "
-                       f"scope {t.cache_scope!r}  {quotas or 'no quotas'}")
+        for line in keys_lines(read_keys(keys_file)):
+            typer.echo(line)

@@ -76,6 +76,12 @@ class BenchSettings:
     api_key: str | None = None  # the gateway's, for the openai endpoint
     fixed_length: bool = False  # every request exactly max_tokens tokens
 
+    def __post_init__(self) -> None:
+        # The command line's text ("1,4,16", "bls") becomes the levels and the endpoint.
+        if isinstance(self.concurrency, str):
+            object.__setattr__(self, "concurrency", parse_concurrency(self.concurrency))
+        object.__setattr__(self, "endpoint", BenchEndpoint.parse(self.endpoint))
+
     def target(self) -> str:
         """The Triton model a request goes to (the ensemble or the build's BLS model)."""
         if self.endpoint is BenchEndpoint.BLS:

@@ -162,6 +162,18 @@ def open_sides(url: str, against: str, *, served_model: str = c.ENSEMBLE,
         yield reference, candidate
 
 
+def verify_deployment(cases: Path, url: str, against: str, *, served_model: str = c.ENSEMBLE,
+                      model: Path | None = None, llm_checkpoint: Path | None = None,
+                      must_match: int | None = None,
+                      on_case: Callable[[CaseResult], None] | None = None) -> list[CaseResult]:
+    """`qvl-trt verify`: the cases file `cases` run on the deployment at `url` and on
+    `against` (`open_sides`), compared."""
+    case_list = load_cases(cases)
+    with open_sides(url, against, served_model=served_model, model=model,
+                    llm_checkpoint=llm_checkpoint) as (reference, candidate):
+        return verify(case_list, reference, candidate, must_match=must_match, on_case=on_case)
+
+
 class StepwiseDeployment:
     """Greedy token ids from a deployment, read at its LLM step (see the module docstring)."""
 

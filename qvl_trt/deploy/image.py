@@ -23,13 +23,17 @@ import re
 import shlex
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
+
+if TYPE_CHECKING:
+    from ..serve.needs import ServeNeeds
 
 CONTAINER_PACKAGES = Path(__file__).with_name("trtllm_container.toml")
 # Inside the image: the qvl_trt package and its data folders (on PYTHONPATH), and the recipe.
@@ -171,6 +175,7 @@ class ImageRecipe:
     requirements: tuple[str, ...]
     baked_root: str | None = None  # where a baked repository is in the image; None: none
     repo_bytes: int = 0  # the baked repository's files (its engines, tokenizer, configs)
+    needs: ServeNeeds | None = None  # what serving the repository takes; None: none given
 
     @property
     def build_command(self) -> str:
@@ -209,6 +214,35 @@ def write_image_recipe(dest: Path, *, rtx: bool, tag: str | None = None,
         (ctx / DOCKERFILE).write_text(dockerfile(packages, tag=tag, rtx=rtx, baked=baked))
     return ImageRecipe(Path(dest), tag, requirements, baked.root if baked else None,
                        repo_bytes)
+
+
+def write_serving_recipe(out: Path, *, repo: Path | None = None, rtx: bool | None = None,
+                         tag: str | None = None, bake_repo: bool = False,
+                         force: bool = False) -> ImageRecipe:
+    """`qvl-trt image`: the recipe of an image that serves `repo` (None: no repository in
+    mind), written to `out`, replacing it only with `force`; `rtx` None: whether `repo` has a
+    vision engine on TensorRT-RTX; `bake_repo`: the image carries `repo`. The recipe's
+    `needs` are `repo`'s, for the `docker run` line that serves it."""
+    from ..errors import ConfigError
+
+    if out.exists() and not force:
+        raise ConfigError(f"{out} exists; pass --force to replace it")
+    if bake_repo and repo is None:
+        raise ConfigError("--bake-repo copies --repo into the image; pass --repo REPOSITORY")
+    needs = None
+    if repo is not None:
+        from ..profiles import TrtEdition
+        from ..serve.needs import read_needs
+
+        if not repo.is_dir():
+            raise ConfigError(f"{repo} is not a folder; pass a model repository written by "
+                              "`qvl-trt repo`")
+        needs = read_needs(repo)
+        if rtx is None:
+            rtx = TrtEdition.TENSORRT_RTX in needs.vision_editions.values()
+    recipe = write_image_recipe(out, rtx=bool(rtx), tag=tag,
+                                bake_repo=repo if bake_repo else None)
+    return replace(recipe, needs=needs)
 
 
 def _baked(repo: Path, ctx: Path) -> BakedRepo:

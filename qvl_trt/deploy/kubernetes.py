@@ -225,6 +225,11 @@ class DeployOptions:
             if value is not None and value <= 0:
                 raise ConfigError(f"{option} {value} must be positive")
 
+    @classmethod
+    def given(cls, **options: Any) -> DeployOptions:
+        """The options a command line gives, None standing for the default."""
+        return cls(**{k: v for k, v in options.items() if v is not None})
+
     @property
     def claim_name(self) -> str:
         return self.claim or f"{self.name}-repository"

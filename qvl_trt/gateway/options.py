@@ -83,3 +83,14 @@ class GatewayOptions:
                                 or any(ch.isspace() for ch in key)):
             raise ConfigError(f"the API key (${API_KEY_ENV}) is empty or has spaces or control "
                               "characters; use a printable token without spaces")
+
+
+def triton_grpc_address(url: str) -> str:
+    """HOST:PORT of `--url grpc://HOST:PORT`: the gateway talks to Triton over gRPC only."""
+    from ..client.generate import parse_url
+
+    endpoint = parse_url(url)
+    if endpoint.protocol != "grpc":
+        raise ConfigError(f"--url {url}: the gateway talks to Triton over gRPC; pass "
+                          "grpc://HOST:PORT (Triton's --grpc-port, 8001 by default)")
+    return endpoint.address
