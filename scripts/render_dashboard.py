@@ -76,6 +76,7 @@ LOAD_KINDS = ("long", "image", "short", "faq", "long", "image", "disconnect", "i
 # Questions asked again and again, greedy, each with a stop string taken from its own answer
 # (`faq_stops`) so that the answer ends by itself and the answer cache keeps it.
 FAQ = ("What are your opening hours?", "How do I reset my password?", "Where is my order?")
+FAQ_TOKENS = 24
 
 
 # ---- Prometheus ------------------------------------------------------------------------------
@@ -161,17 +162,22 @@ def data_uri(data: bytes, mime: str) -> str:
 
 
 async def faq_stops(api) -> dict[str, str]:
-    """Each FAQ question's stop string: two characters from the middle of its greedy answer
-    (the tiny random model seldom ends an answer on its own; one cut at max_tokens is never
-    kept by the answer cache)."""
+    """Each FAQ question's stop string: a piece of its greedy streamed answer that first
+    appears where it stands, so the answer ends there by itself (the tiny random model seldom
+    ends one on its own, and an answer cut at max_tokens is never kept by the answer cache).
+    Whole pieces: stop strings match the tokens' text, not any substring of it."""
     stops = {}
     for question in FAQ:
         reply = await api.chat.completions.create(
-            model=c.ENSEMBLE, messages=[{"role": "user", "content": question}], max_tokens=24,
-            temperature=0, extra_body={"answer_cache": False})
-        text = reply.choices[0].message.content
-        stops[question] = next((text[i:i + 2] for i in range(len(text) // 2, len(text))
-                                if text[i:i + 2].strip()), text[-1:] or "?")
+            model=c.ENSEMBLE, messages=[{"role": "user", "content": question}],
+            max_tokens=FAQ_TOKENS, temperature=0, stream=True,
+            extra_body={"answer_cache": False})
+        pieces = [chunk.choices[0].delta.content or "" async for chunk in reply
+                  if chunk.choices]
+        text = "".join(pieces)
+        stops[question] = next(
+            (p for i, p in enumerate(pieces) if i and p.strip()
+             and text.find(p) == len("".join(pieces[:i]))), pieces[0] if pieces else "?")
     return stops
 
 
@@ -186,7 +192,7 @@ async def ask(api, kind: str, n: int, picture: str, long_tokens: int,
     extra: dict = {}
     max_tokens, stream = 16, True
     if kind == "faq":
-        content = FAQ[n % len(FAQ)]
+        content, max_tokens = FAQ[n % len(FAQ)], FAQ_TOKENS
         extra = {"stop": stops[content]}
     if kind in ("long", "disconnect"):
         max_tokens, extra = long_tokens, {"ignore_eos": True}
