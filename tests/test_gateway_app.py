@@ -673,8 +673,12 @@ def test_with_an_api_key_v1_asks_for_it_and_the_rest_stays_open(gateway, triton_
                                                                   tmp_path) -> None:
     """QVL_TRT_API_KEY's gateway: /v1/ without the key or with another one answers 401
     (invalid_api_key, the openai package's AuthenticationError), with it the usual answer; the
-    page, /ready and /live need no key; the key is not on the child's command line."""
+    page, /ready and /live need no key; the key is not on the child's command line. `qvl-trt
+    infer --endpoint openai` sends $QVL_TRT_API_KEY and gets the same answer."""
+    import os
     from pathlib import Path
+
+    from cli_harness import run_cli
 
     from qvl_trt.gateway.options import GatewayOptions
     from qvl_trt.serve.gateway_process import GatewayProcess
@@ -700,6 +704,21 @@ def test_with_an_api_key_v1_asks_for_it_and_the_rest_stays_open(gateway, triton_
         assert answer.choices[0].message.content == client(gateway).chat.completions.create(
             model=MODEL, messages=messages, max_tokens=4, temperature=0).choices[0] \
             .message.content
+
+        def infer(key_env: str | None, *args: str):
+            env = {k: v for k, v in os.environ.items() if k != "QVL_TRT_API_KEY"}
+            return run_cli("infer", "--url", keyed.url, "--endpoint", "openai", "--prompt",
+                           "Count.", "--max-tokens", "4", "--json", *args,
+                           env=env | ({"QVL_TRT_API_KEY": key_env} if key_env else {}))
+
+        done = infer(key)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["text"] == answer.choices[0].message.content
+        refused = infer(None)
+        assert refused.returncode == 1 and "API key" in refused.stderr, refused.stderr
+        unsupported = infer(key, "--regex", "[0-9]+")
+        assert unsupported.returncode == 1
+        assert "leave out --endpoint openai" in unsupported.stderr, unsupported.stderr
 
 
 @pytest.mark.parametrize("key", ["", " padded", "two words", "tab\tinside"])

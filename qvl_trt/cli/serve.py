@@ -37,6 +37,13 @@ AnswerCacheOpt = Annotated[bool, typer.Option(
     "earlier one from the gateway's answer cache, without generating it (docs/openai.md).")]
 
 
+EndpointOpt = Annotated[str, typer.Option(
+    help="Where requests go: `ensemble` (the build's ensemble), `bls` (its tensorrt_llm_bls "
+         "model, the gateway's upstream: the same request) or `openai` (POST "
+         "/v1/chat/completions through the gateway at --url http://HOST:PORT; its API key "
+         "from $QVL_TRT_API_KEY).")]
+
+
 @command(panel="Serve and measure")
 def infer(
     prompt: Annotated[str, typer.Option(help="The question.", show_default=False)],
@@ -53,6 +60,7 @@ def infer(
     seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
     stop: Annotated[list[str] | None, typer.Option(help="Stop string (repeatable).")] = None,
     served_model: ServedModelOpt = "ensemble",
+    endpoint: EndpointOpt = "ensemble",
     json_out: JsonOpt = False,
     json_schema: Annotated[Path | None, typer.Option(
         help="Guided decoding: the answer is JSON valid against the schema in this file.")]
@@ -82,7 +90,8 @@ def infer(
                           tuple(stop or ()), stream, videos, video_fps,
                           **guide_of(json_schema=json_schema, regex=regex, grammar=grammar,
                                      any_json=any_json, compact=compact))
-    answer = ask(url, req, model=served_model,
+    answer = ask(url, req, model=served_model, endpoint=endpoint,
+                 api_key=os.environ.get(API_KEY_ENV),
                  on_response=print_piece if stream and not json_out else None)
     answer.raise_if_failed()
     if json_out:
@@ -119,11 +128,7 @@ def bench(
     allow_remote: Annotated[bool, typer.Option(help="Allow a server that is not on this "
                                                "machine.")] = False,
     served_model: ServedModelOpt = "ensemble",
-    endpoint: Annotated[str, typer.Option(
-        help="What to measure: `ensemble` (the build's ensemble), `bls` (its tensorrt_llm_bls "
-             "model, the gateway's upstream: the same request) or `openai` (POST "
-             "/v1/chat/completions through the gateway at --url http://HOST:PORT; its API key "
-             "from $QVL_TRT_API_KEY).")] = "ensemble",
+    endpoint: EndpointOpt = "ensemble",
     fixed_length: Annotated[bool, typer.Option(
         help="Every request generates exactly --max-tokens tokens (min_tokens = max_tokens, "
              "the end token ignored), as AIPerf's fixed output length does.")] = False,

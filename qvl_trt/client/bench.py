@@ -309,12 +309,21 @@ def measure(client: Client, req: GenerateRequest, image_tokens: int, *,
 
 
 def ask(url: str, req: GenerateRequest, *, model: str = c.ENSEMBLE,
+        endpoint: BenchEndpoint | str = BenchEndpoint.ENSEMBLE, api_key: str | None = None,
         on_response: Callable[[Response], None] | None = None) -> Measurement:
-    """`qvl-trt infer`: one request to the deployment at `url`, measured as bench measures
-    each of its requests."""
-    with GenerateClient(url, model=model) as client:
-        image_tokens = client.image_token_counter()(req) if req.images or req.videos else 0
-        return measure(client, req, image_tokens, on_response=on_response)
+    """`qvl-trt infer`: one request to the deployment at `url` (any host: one question is no
+    load), through `endpoint` as bench sends each of its requests, measured alike."""
+    settings = BenchSettings(url, (1,), 1, req.max_tokens, model=model, allow_remote=True,
+                             endpoint=endpoint, api_key=api_key)
+    if settings.endpoint is BenchEndpoint.OPENAI:
+        connect, _, _ = connector(settings)  # the usage counts the visual tokens
+        with connect() as client:
+            return measure(client, req, 0, on_response=on_response)
+    # A text-only question asks the server nothing before it is sent, so a request the
+    # client refuses (text UTF-8 cannot carry) is refused with no server listening.
+    with GenerateClient(url, model=settings.target()) as client:
+        counted = client.image_token_counter()(req) if req.images or req.videos else 0
+        return measure(client, req, counted, on_response=on_response)
 
 
 def run_benchmark(

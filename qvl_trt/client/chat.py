@@ -41,21 +41,37 @@ def openai_endpoint(url: str) -> Endpoint:
 
 def chat_body(req: GenerateRequest, model: str) -> dict:
     """The chat completion request of a question: one user message of the prompt, then the
-    images and videos as data: URIs; streamed, with the usage in the last chunk."""
+    images and videos as data: URIs (each video with the request's fps); streamed, with the
+    usage in the last chunk."""
     check_max_tokens(req)
+    fps = {} if req.video_fps is None else {"fps": req.video_fps}
     content = [{"type": "text", "text": req.prompt}]
     content += [{"type": "image_url", "image_url": {"url": image_data_uri(data)}}
                 for data in req.images]
     content += [{"type": "video_url", "video_url": {
-        "url": "data:video/mp4;base64," + base64.b64encode(data).decode()}}
+        "url": "data:video/mp4;base64," + base64.b64encode(data).decode()}, **fps}
         for data in req.videos]
     body = {"model": model, "messages": [{"role": "user", "content": content}],
             "max_tokens": req.max_tokens, "temperature": req.temperature,
             "stream": True, "stream_options": {"include_usage": True}}
     optional = {"top_p": req.top_p, "top_k": req.top_k, "seed": req.seed,
-                "stop": list(req.stop) or None}
+                "stop": list(req.stop) or None, "response_format": _response_format(req)}
     return body | {k: v for k, v in optional.items() if v is not None} | \
         fixed_length_fields(req)
+
+
+def _response_format(req: GenerateRequest) -> dict | None:
+    """A JSON schema guide as OpenAI's response_format; the API has no other guide's form."""
+    from ..llm.guided import GuideType
+
+    if req.guide_type is None:
+        return None
+    if req.guide_type != GuideType.JSON_SCHEMA.value:
+        raise InputError("through the OpenAI endpoint a guide is a --json-schema (OpenAI's "
+                         "response_format); --regex, --grammar, --json-object and --compact go "
+                         "to the ensemble: leave out --endpoint openai")
+    return {"type": "json_schema", "json_schema": {"name": "answer",
+                                                   "schema": json.loads(req.guide)}}
 
 
 class ChatClient:
