@@ -29,6 +29,7 @@ from qvl_trt.triton.pbconfig import (
     data_type,
     parameters,
     parse_config,
+    pb2,
     read_config,
     to_text,
 )
@@ -339,6 +340,18 @@ def _drop_input(model: str, name: str):
     return edit
 
 
+def _set_input_type(model: str, name: str, data_type: str):
+    def edit(repo: Path) -> None:
+        def retype(config) -> None:
+            for tensor in config.input:
+                if tensor.name == name:
+                    tensor.data_type = pb2().DataType.Value(data_type)
+
+        edit_config(repo / model, retype)
+
+    return edit
+
+
 def _edit_tokenizer_info(edit):
     def apply(repo: Path) -> None:
         path = repo / "tensorrt_llm" / "1" / "xgrammar_tokenizer_info.json"
@@ -407,6 +420,8 @@ BREAKAGES = {
         lambda c: c["build_config"]["plugin_config"].update(tokens_per_block=2048)),
         "enable_chunked_context: max_num_tokens 1024 is below one KV block (tokens_per_block "
         "2048)"),
+    "table dtype": (_set_input_type("tensorrt_llm", c.PROMPT_EMBEDDING_TABLE, "TYPE_FP32"),
+                    "prompt_embedding_table is FP32, the engine computes in FP16"),
     "table rows": (_edit_engine_config(
         lambda c: c["build_config"].update(max_prompt_embedding_table_size=7)),
         "max_prompt_embedding_table_size is 7, the plan for its profile says"),
