@@ -192,6 +192,29 @@ def read_messages(messages: Sequence[Mapping[str, Any]],
                            tuple(video_budgets))
 
 
+def image_part(url: str, budget: ImageBudget = ImageBudget()) -> dict[str, Any]:
+    """An image_url part of `url` at `budget`, in the fields `image_budget` reads back."""
+    source = {"url": url} | ({} if budget.detail == "auto" else {"detail": budget.detail})
+    return {"type": "image_url", "image_url": source,
+            **{key: getattr(budget, key) for key in IMAGE_BUDGET_FIELDS
+               if getattr(budget, key) is not None}}
+
+
+def parse_image_budget(text: str) -> ImageBudget:
+    """A budget as a command line spells it: a detail (low, high, auto) or pixel bounds
+    joined by ':' (max_pixels=262144, min_pixels=65536:max_pixels=262144)."""
+    if text in DETAILS:
+        return ImageBudget(text, where=text)
+    fields: dict[str, Any] = {}
+    for item in text.split(":"):
+        key, sep, value = item.partition("=")
+        if not sep or key not in IMAGE_BUDGET_FIELDS or not value.isdigit():
+            raise InputError(f"budget {text!r}: expected {', '.join(DETAILS)} or "
+                             f"{'=N:'.join(IMAGE_BUDGET_FIELDS)}=N (either or both)")
+        fields[key] = int(value)
+    return image_budget({"type": "image_url", **fields}, text, {})
+
+
 def check_mm_processor_kwargs(kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
     """vLLM's request-wide `mm_processor_kwargs`, checked (FieldError naming the key): the
     budget fields of images and videos, nothing else."""

@@ -625,12 +625,9 @@ def usage(prompt_tokens: int, completion_tokens: int,
                               "completion_tokens": completion_tokens,
                               "total_tokens": prompt_tokens + completion_tokens}
     if media_tokens is not None:
-        counts["prompt_tokens_details"] = dict(zip(USAGE_MEDIA_FIELDS, media_tokens,
+        counts["prompt_tokens_details"] = dict(zip(c.MEDIA_TOKEN_OUTPUTS, media_tokens,
                                                    strict=True))
     return counts
-
-
-USAGE_MEDIA_FIELDS = ("image_tokens", "video_tokens")  # of usage.prompt_tokens_details
 
 
 def completion(ident: str, created: int, model: str, message: dict[str, Any], finish: str,

@@ -352,6 +352,8 @@ COMPLETION_TOKENS = "completion_tokens"  # tokens generated so far
 # written before they existed answers without them (clients then report no details).
 IMAGE_TOKENS = "image_tokens"
 VIDEO_TOKENS = "video_tokens"
+# Their names in the gateway's usage.prompt_tokens_details too (docs/openai.md).
+MEDIA_TOKEN_OUTPUTS = (IMAGE_TOKENS, VIDEO_TOKENS)
 # Why the answer ended, in its final response ("" before): "stop" (the end token or a stop
 # string, which the answer leaves out) or "length" (max_tokens, or the engine's room, reached).
 FINISH_REASON = "finish_reason"
