@@ -172,6 +172,32 @@ def test_bench_settings_read_the_levels_and_the_endpoint_as_the_command_line_giv
         BenchSettings("grpc://127.0.0.1:1", (1,), 1, 8, endpoint="chat")
 
 
+def test_budgets_read_as_the_command_line_gives_them_and_ride_in_the_messages():
+    """`--budgets low,max_pixels=N,min_pixels=N:max_pixels=N`: each a chat_messages
+    ImageBudget; a request with one goes as chat messages whose image parts carry it, read
+    back as the same budget (the text form has no part to carry it)."""
+    from qvl_trt.chat_messages import ImageBudget, read_messages
+
+    settings = BenchSettings("grpc://127.0.0.1:1", (1,), 1, 8,
+                             budgets="low, max_pixels=65536,min_pixels=4096:max_pixels=16384")
+    assert settings.budgets == (ImageBudget("low", where="low"),
+                                ImageBudget(max_pixels=65536, where="max_pixels=65536"),
+                                ImageBudget(min_pixels=4096, max_pixels=16384,
+                                            where="min_pixels=4096:max_pixels=16384"))
+    for bad in ("medium", "max_pixels=lots", "size=3", "min_pixels=9:max_pixels=8"):
+        with pytest.raises(InputError, match=bad.split("=")[0]):
+            BenchSettings("grpc://127.0.0.1:1", (1,), 1, 8, budgets=bad)
+    for budget in settings.budgets:
+        req = request_maker(settings, synthetic_images(64, 48), budget=budget)(0)
+        fields = ensemble_request(req)
+        assert fields.text_input is None and fields.image_bytes == ()
+        (part,) = read_messages(json.loads(fields.messages)).image_budgets
+        assert (part.detail, part.min_pixels, part.max_pixels) == (
+            budget.detail, budget.min_pixels, budget.max_pixels)
+    plain = ensemble_request(request_maker(settings, synthetic_images(64, 48))(0))
+    assert plain.messages is None and len(plain.image_bytes) == 1
+
+
 def test_option_parsing_and_loopback_guard():
     assert parse_concurrency("1, 4,16") == (1, 4, 16)
     assert parse_size("640x480") == (640, 480)

@@ -151,10 +151,33 @@ def test_bench_measures_every_path_alike(triton_server, gateway, tmp_path):
         assert level["total_output_tokens"] == sum(n for n, _ in counts[endpoint])
     assert all(n >= 1 and isl > 0 for n, isl in counts["ensemble"])
     assert counts["ensemble"] == counts["bls"] == counts["openai"]
-    # the OpenAI API does not show the pixel bounds: its prompt tokens count as text
-    assert reports["openai"]["levels"][0]["total_input_image_tokens"] == 0
-    assert reports["bls"]["levels"][0]["total_input_image_tokens"] == \
+    # every path reports the visual tokens the deployment used (the gateway in its usage)
+    assert reports["openai"]["levels"][0]["total_input_image_tokens"] == \
+        reports["bls"]["levels"][0]["total_input_image_tokens"] == \
         reports["ensemble"]["levels"][0]["total_input_image_tokens"] > 0
+
+
+@pytest.mark.parametrize("endpoint", ["ensemble", "openai"])
+def test_bench_sweeps_image_budgets(triton_server, gateway, tmp_path, endpoint):
+    """`--budgets`: a run per budget, each request's image tokens as the deployment reports
+    them at that budget (640x360 images: 60 tokens at low, the test profile's maximum; 15 at
+    16384 pixels), one table comparing them, and the reports in a folder per budget."""
+    out = tmp_path / "bench"
+    url = gateway.url if endpoint == "openai" else _grpc(triton_server)
+    result = run_cli("bench", "--endpoint", endpoint, "--url", url, "--synthetic", "640x360",
+                     "--concurrency", "1", "--requests", "2", "--max-tokens", "2", "--warmup",
+                     "0", "--budgets", "low,max_pixels=16384", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "image budgets: visual tokens and time to first token" in result.stdout
+    assert "max_pixels=16384" in result.stdout  # the budget's name is not cut
+    tokens = {}
+    for budget in ("low", "max_pixels=16384"):
+        report = json.loads((out / budget / "bench.json").read_text())
+        assert report["settings"]["budget"] == budget
+        (level,) = report["levels"]
+        assert level["errors"] == 0
+        tokens[budget] = {r["input_image_tokens"] for r in level["records"]}
+    assert tokens == {"low": {60}, "max_pixels=16384": {15}}
 
 
 def test_bench_refuses_an_endpoint_it_cannot_measure(triton_server, gateway):

@@ -82,8 +82,20 @@ def test_the_key_holds_what_shapes_the_answer_and_not_how_it_is_sent() -> None:
     # Everything that shapes it.
     for fields in ({"max_tokens": 5}, {"seed": 1}, {"stop": ["x"]}, {"top_p": 0.5},
                    {"min_tokens": 1}, {"response_format": {"type": "json_object"}},
-                   {"messages": [{"role": "user", "content": "What?"}]}):
+                   {"messages": [{"role": "user", "content": "What?"}]},
+                   {"mm_processor_kwargs": {"max_pixels": 65536}}):
         assert request_digest(request(**fields)) != base, fields
+    # The image's budget (its detail, its part's pixels, the request's): another answer and
+    # another usage, so another entry (mm_processor_kwargs left out of the key fails here).
+    budgets = [request(messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": PNG, "detail": detail}}]}])
+        for detail in ("low", "high")]
+    budgets += [request(mm_processor_kwargs={"max_pixels": p}) for p in (65536, 262144)]
+    budgets.append(request(messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": PNG}, "max_pixels": 65536},
+        {"type": "text", "text": "What?"}]}]))
+    keys = [request_digest(r) for r in budgets]
+    assert len({base, *keys}) == 1 + len(keys)
     # An image by its bytes: the same data URL gives the same key, another payload another.
     other = PNG[:-4] + "AAAA"
     assert request_digest(request(messages=[{"role": "user", "content": [
@@ -129,6 +141,9 @@ def test_a_kept_answer_replays_its_pieces_and_a_truncated_one_is_not_kept() -> N
     assert cache.put("k", "chat", pieces)
     kept = cache.get("k")
     assert kept.pieces() == pieces and kept.build == "chat"
+    # with the visual tokens the answer's usage reported
+    counted = [dataclasses.replace(p, media_tokens=(60, 0)) for p in pieces]
+    assert cache.put("v", "chat", counted) and cache.get("v").pieces() == counted
     assert not cache.put("cut", "chat", answer("a", "b", finish="length"))
     assert cache.get("cut") is None
 

@@ -8,6 +8,7 @@ metrics."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import http.client
 import json
@@ -346,6 +347,69 @@ def test_a_fixed_output_length_as_aiperf_asks_for_it(gateway, triton_server) -> 
         api.chat.completions.create(model=MODEL, messages=messages, extra_body={
             "min_tokens": 10**6})
     assert "min_tokens = 1000000 is above max_tokens" in caught.value.body["message"]
+
+
+def photo_question(**image_url) -> list[dict]:
+    """One 1920x1080 photo (a smooth JPEG, small to send) and a question; `image_url`: its
+    fields beside the url (detail)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    y, x = np.mgrid[0:1080, 0:1920]
+    pixels = np.stack([x % 256, y % 256, (x + y) % 256], -1).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG", quality=80)
+    url = "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode()
+    return [{"role": "user", "content": [{"type": "image_url",
+                                          "image_url": {"url": url, **image_url}},
+                                         {"type": "text", "text": "What is in the picture?"}]}]
+
+
+def test_usage_reports_the_visual_tokens_of_each_budget(gateway) -> None:
+    """Through the openai client: the same 1920x1080 photo at detail low and high, at an
+    explicit max_pixels (on the part, and request-wide as vLLM's mm_processor_kwargs), each
+    reported in usage.prompt_tokens_details; the test profile's maximum (65536 pixels) is
+    below low's cap, so low and high both cost its 60 tokens. A budget above the
+    deployment's limit, or an unknown detail, is a 400 naming it."""
+    api = client(gateway)
+
+    def usage(messages, stream=False, **body):
+        kwargs = {"model": MODEL, "messages": messages, "max_tokens": 2, "temperature": 0,
+                  "extra_body": body or None}
+        if not stream:
+            return api.chat.completions.create(**kwargs).usage
+        return streamed(api.chat.completions.create(
+            stream=True, stream_options={"include_usage": True}, **kwargs))[3]
+
+    def visual(counts) -> tuple[int, int]:
+        details = counts.prompt_tokens_details
+        return details.image_tokens, details.video_tokens
+
+    low, high = usage(photo_question(detail="low")), usage(photo_question(detail="high"))
+    assert visual(low) == visual(high) == (60, 0)
+    assert visual(usage(photo_question(detail="low"), stream=True)) == (60, 0)
+    part = photo_question()
+    part[0]["content"][0]["max_pixels"] = 16384  # 96x160: 15 tokens
+    explicit = usage(part)
+    assert visual(explicit) == (15, 0)
+    assert low.prompt_tokens - explicit.prompt_tokens == 60 - 15
+    assert visual(usage(photo_question(), mm_processor_kwargs={"max_pixels": 16384})) == (15, 0)
+    text = usage([{"role": "user", "content": "Hi"}])
+    assert visual(text) == (0, 0)
+
+    part[0]["content"][0]["max_pixels"] = 65537
+    with pytest.raises(openai.BadRequestError) as caught:
+        usage(part)
+    assert "max_pixels = 65537 is above the deployment's maximum of 65536 pixels per image " \
+        "(limits.vision_max_pixels)" in caught.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as caught:
+        usage(photo_question(detail="ultra"))
+    assert caught.value.body["param"] == "messages[0].content[0].image_url.detail"
+    with pytest.raises(openai.BadRequestError) as caught:
+        usage(photo_question(), mm_processor_kwargs={"size": 3})
+    assert caught.value.body["param"] == "mm_processor_kwargs.size"
 
 
 @pytest.mark.parametrize("stream", [False, True])

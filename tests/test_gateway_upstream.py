@@ -55,3 +55,39 @@ def test_each_kind_goes_from_raise_to_wire_text_to_status(exc, status, code) -> 
 ])
 def test_tritons_own_words_for_a_model_not_there_now_are_503(text: str) -> None:
     assert refusal(text).status == 503
+
+
+def _response(outputs: dict) -> object:
+    """A ModelInferResponse (tritonclient's protobuf) with these outputs as Triton sends them:
+    raw little-endian contents, a BYTES element as its 4-byte length and the bytes."""
+    import numpy as np
+
+    pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")
+    response = pb2.ModelInferResponse()
+    for name, value in outputs.items():
+        response.outputs.add(name=name)
+        if isinstance(value, str):
+            raw = len(value.encode()).to_bytes(4, "little") + value.encode()
+        else:
+            raw = np.array([value], np.int32).tobytes()
+        response.raw_output_contents.append(raw)
+    return response
+
+
+def test_usage_reports_the_visual_tokens_a_repository_sends_and_none_it_does_not() -> None:
+    """A repository with the image_tokens and video_tokens outputs: usage names them under
+    prompt_tokens_details; one written before them: usage without details (not zeros, which
+    would claim a text-only prompt)."""
+    from qvl_trt.gateway.openai_api import usage
+    from qvl_trt.gateway.upstream import _piece
+
+    old = {c.TEXT_OUTPUT: "Hi", c.PROMPT_TOKENS: 80, c.COMPLETION_TOKENS: 1,
+           c.FINISH_REASON: ""}
+    piece = _piece(_response(old))
+    assert piece.media_tokens is None
+    assert usage(piece.prompt_tokens, 1, piece.media_tokens) == {
+        "prompt_tokens": 80, "completion_tokens": 1, "total_tokens": 81}
+    new = _piece(_response({**old, c.IMAGE_TOKENS: 60, c.VIDEO_TOKENS: 8}))
+    assert new.media_tokens == (60, 8)
+    assert usage(new.prompt_tokens, 1, new.media_tokens)["prompt_tokens_details"] == {
+        "image_tokens": 60, "video_tokens": 8}

@@ -370,3 +370,167 @@ def test_the_preprocessing_step_gives_back_what_a_large_image_freed(tiny_ckpt):
     for _ in range(2):
         step(row)
         assert preprocessing._rss_bytes() - before < preprocessing._TRIM_ABOVE_IDLE_BYTES
+
+
+# ---- per-request visual budgets ---------------------------------------------------------
+
+def _image_part(**fields) -> dict:
+    """An image_url part: `detail` goes into image_url (OpenAI's), the rest on the part."""
+    detail = fields.pop("detail", None)
+    url = {"url": "data:,"} | ({} if detail is None else {"detail": detail})
+    return {"type": "image_url", "image_url": url, **fields}
+
+
+def _one_image(part: dict, **body) -> list[dict]:
+    return [{"role": "user", "content": [part, {"type": "text", "text": "Describe."}]}]
+
+
+@pytest.fixture(scope="module")
+def photo() -> bytes:
+    return _png(1920, 1080, 40)
+
+
+@pytest.fixture(scope="module")
+def hf_image_processor(tiny_ckpt):
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoImageProcessor.from_pretrained(str(tiny_ckpt), backend="pil")
+
+
+@pytest.mark.parametrize("part, kwargs, bounds", [
+    (_image_part(detail="low"), None, (65536, 262144)),
+    (_image_part(detail="high"), None, (65536, 2097152)),
+    (_image_part(), None, (65536, 2097152)),
+    (_image_part(min_pixels=100000, max_pixels=400000), None, (100000, 400000)),
+    (_image_part(max_pixels=123456), None, (65536, 123456)),
+    # request-wide (vLLM's mm_processor_kwargs); the part's own field wins over it
+    (_image_part(), {"max_pixels": 300000}, (65536, 300000)),
+    (_image_part(max_pixels=200000), {"min_pixels": 150000, "max_pixels": 300000},
+     (150000, 200000)),
+    (_image_part(detail="low"), {"max_pixels": 300000}, (65536, 262144)),
+], ids=["low", "high", "auto", "min-and-max", "max", "request-wide", "part-over-request",
+        "detail-over-request"])
+def test_a_budget_resizes_as_hf_told_the_same_bounds(pre, photo, hf_image_processor, part,
+                                                    kwargs, bounds):
+    """The image's pixels at a budget equal HF's processor called with that budget's
+    min_pixels/max_pixels (the 4090 profile: 65536 to 2097152 pixels per image)."""
+    checked = pre.limits.checked_messages(_one_image(part), kwargs)
+    request = pre.prepare(messages=checked, images=[photo])
+    hf = hf_image_processor(Image.open(io.BytesIO(photo)), return_tensors="np",
+                            size={"shortest_edge": bounds[0], "longest_edge": bounds[1]})
+    assert request.image_grid_thw.tolist() == hf["image_grid_thw"].tolist()
+    assert np.array_equal(pre.pixels.normalise(request.pixel_values), hf["pixel_values"])
+    merge = pre.checkpoint.vision.spatial_merge_size ** 2
+    assert request.media_tokens == (int(hf["image_grid_thw"][0].prod()) // merge, 0)
+
+
+def test_low_and_high_detail_token_counts_of_a_1080p_image(tiny_ckpt, limits, photo,
+                                                           triton_profile):
+    """The counts docs/openai.md states: the checkpoint's own bounds (the 2B's) and a shipped
+    profile give 252 tokens at low, 2040 at high; the test profile (65536 pixels at most)
+    gives 60 at both."""
+    def tokens(preprocessor, detail):
+        return preprocessor.prepare(messages=_one_image(_image_part(detail=detail)),
+                                    images=[photo]).media_tokens[0]
+
+    for preprocessor in (RequestPreprocessor.from_checkpoint(tiny_ckpt),
+                         RequestPreprocessor.from_checkpoint(tiny_ckpt, limits)):
+        assert [tokens(preprocessor, d) for d in ("low", "high", "auto")] == [252, 2040, 2040]
+    small = RequestPreprocessor.from_checkpoint(
+        tiny_ckpt, RequestLimits.from_profile(load_profile(str(triton_profile))))
+    assert [tokens(small, d) for d in ("low", "high")] == [60, 60]
+
+
+def test_the_same_image_at_two_budgets_shares_no_cache_key(pre, photo):
+    """The vision cache's key (image hash and grid) and the KV-reuse ids of the image's
+    tokens differ by budget; at one budget they are the same (a follow-up reuses them).
+    Break it (hash the image's file instead of its rows at the budget): the keys of the two
+    budgets are equal and this fails."""
+    from qvl_trt.vision.cache import RowCache
+
+    def keys(part):
+        request = pre.prepare(messages=_one_image(part), images=[photo])
+        visual = request.prompt_table_extra_ids[request.input_ids == 151655]
+        cache = {(int(h), *map(int, g)) for h, g in zip(request.image_hashes,
+                                                        request.image_grid_thw, strict=True)}
+        return cache, set(visual.tolist())
+
+    low, high = keys(_image_part(detail="low")), keys(_image_part(detail="high"))
+    assert low[0].isdisjoint(high[0]) and low[1].isdisjoint(high[1])
+    assert keys(_image_part(detail="low")) == low
+    assert keys(_image_part(max_pixels=262144)) == low  # the same rows: rightly shared
+    rows = RowCache(2**20)
+    rows.put(next(iter(low[0])), np.zeros((1, 1)))
+    assert rows.get(next(iter(high[0]))) is None
+
+
+@pytest.mark.parametrize("part, kwargs, error, field, words", [
+    (_image_part(max_pixels=2097153), None, "EngineLimitError", None,
+     r"max_pixels = 2097153 is above the deployment's maximum of 2097152 pixels per image "
+     r"\(limits\.vision_max_pixels\)"),
+    (_image_part(min_pixels=3000000), None, "EngineLimitError", None,
+     "min_pixels = 3000000 is above the deployment's maximum"),
+    (_image_part(), {"max_pixels": 4000000}, "EngineLimitError", None,
+     r"messages\[0\]\.content\[0\]\.max_pixels = 4000000 is above"),
+    (_image_part(max_pixels=1000), None, "FieldError", "messages[0].content[0].max_pixels",
+     "below the deployment's minimum of 65536"),
+    (_image_part(min_pixels=300000, max_pixels=200000), None, "FieldError",
+     "messages[0].content[0].min_pixels", "min_pixels 300000 is above max_pixels 200000"),
+    (_image_part(min_pixels=300000), {"max_pixels": 200000}, "FieldError",
+     "messages[0].content[0].min_pixels", "min_pixels 300000 is above max_pixels 200000"),
+    (_image_part(detail="ultra"), None, "FieldError", "messages[0].content[0].image_url.detail",
+     "detail = \"ultra\" is not one of low, high, auto"),
+    (_image_part(detail="low", max_pixels=100000), None, "FieldError",
+     "messages[0].content[0].max_pixels", "gives both image_url.detail 'low' and max_pixels"),
+    (_image_part(max_pixels="many"), None, "FieldError", "messages[0].content[0].max_pixels",
+     "must be a positive integer"),
+    (_image_part(), {"do_resize": False}, "FieldError", "mm_processor_kwargs.do_resize",
+     "is not supported"),
+    (_image_part(), {"fps": 0}, "FieldError", "mm_processor_kwargs.fps", "above 0"),
+], ids=["above-max", "min-above-max", "request-wide-above", "below-min", "min-over-max",
+        "min-over-request-max", "unknown-detail", "detail-and-pixels", "not-a-number",
+        "unknown-kwarg", "zero-fps"])
+def test_a_budget_outside_the_deployments_limits_is_refused_not_clamped(pre, photo, part,
+                                                                       kwargs, error, field,
+                                                                       words):
+    from qvl_trt import errors
+
+    with pytest.raises(getattr(errors, error), match=words) as caught:
+        pre.prepare(messages=pre.limits.checked_messages(_one_image(part), kwargs),
+                    images=[photo])
+    assert getattr(caught.value, "field", None) == field
+
+
+def test_a_videos_budget_sets_its_frames_and_frame_size(pre):
+    """max_frames samples a file down (and refuses a frame list above it), max_pixels caps
+    each frame, fps sets the sampling rate; request-wide through mm_processor_kwargs; above
+    the deployment's limits refused."""
+    from video_clips import video_file
+
+    from qvl_trt.chat_messages import VideoFile
+    from qvl_trt.errors import EngineLimitError
+
+    clip = video_file(20, 320, 240, rate=10)  # 2 s
+
+    def grid(part=None, kwargs=None):
+        messages = [{"role": "user", "content": [{"type": "video", **(part or {})},
+                                                 {"type": "text", "text": "What happens?"}]}]
+        checked = pre.limits.checked_messages(messages, kwargs)
+        fps = checked.video_budgets[0].fps
+        request = pre.prepare(messages=checked, images=[], videos=[VideoFile(clip, fps)])
+        return request.videos[0].grid_thw, request.media_tokens
+
+    (t, h, w), tokens = grid()
+    assert t == 2 and tokens == (0, t * h * w // 4)  # 2 fps: 4 frames, two groups
+    assert grid({"fps": 4})[0][0] == 4
+    assert grid(None, {"fps": 4})[0][0] == 4
+    assert grid({"fps": 4, "max_frames": 4})[0][0] == 2
+    assert grid(None, {"fps": 4, "max_frames": 4})[0][0] == 2
+    small = grid({"max_pixels": 160 * 128})[0]
+    assert small[1] * small[2] * 256 <= 160 * 128 < h * w * 256
+    assert grid(None, {"max_pixels": 160 * 128})[0] == small
+    with pytest.raises(EngineLimitError, match=r"messages\[0\]\.content\[0\]\.max_frames = 769 "
+                                               "is above the deployment's limit of"):
+        grid({"max_frames": 769})
+    with pytest.raises(EngineLimitError, match="max_pixels = 2097153 is above the deployment's "
+                                               "limit of 2097152 pixels per video frame"):
+        grid({"max_pixels": 2097153})

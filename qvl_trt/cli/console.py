@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from ..build import BuildResult
-    from ..client.bench import BenchSettings, Measurement
+    from ..client.bench import BenchReport, BenchSettings, Measurement
     from ..client.generate import Response
     from ..client.metrics import LevelMetrics, RequestRecord
     from ..client.verify import CaseResult
@@ -472,15 +472,40 @@ def bench_tables(levels: tuple[LevelMetrics, ...]) -> list[Table]:
     return tables
 
 
+def budget_table(reports: Sequence[BenchReport]) -> Table:
+    """A budget sweep's runs side by side: per budget and concurrency, the visual tokens a
+    request cost (as the deployment reports them) and the time to first token."""
+    t = Table(title="image budgets: visual tokens and time to first token (ms)")
+    t.add_column("budget", no_wrap=True)
+    for col in ("conc", "requests", "errors", "image tok", "text tok", "TTFT avg", "TTFT p50"):
+        t.add_column(col, justify="right")
+    for report in reports:
+        for lv in report.levels:
+            ttft, done = lv.metrics["time_to_first_token"], max(lv.requests - lv.errors, 1)
+            t.add_row(report.settings["budget"], str(lv.concurrency), str(lv.requests),
+                      str(lv.errors), f"{lv.total_input_image_tokens / done:.0f}",
+                      f"{lv.total_input_text_tokens / done:.0f}",
+                      *([f"{ttft.avg:.1f}", f"{ttft.p50:.1f}"] if ttft else ["-", "-"]))
+    return t
+
+
+def bench_run_tables(reports: Sequence[BenchReport]) -> list[Table]:
+    """Each run's tables (`bench_tables`), and with several budgets the table comparing
+    them."""
+    tables = [table for report in reports for table in bench_tables(report.levels)]
+    return tables + [budget_table(reports)] if len(reports) > 1 else tables
+
+
 @contextlib.contextmanager
 def bench_progress(settings: BenchSettings) -> Iterator[Callable[[int, RequestRecord], None]]:
-    """A progress bar per concurrency level of `settings` while bench runs; yields the
-    `on_done` that advances a level's bar by one request."""
+    """A progress bar per concurrency level of `settings` while bench runs (every budget's
+    run advances it); yields the `on_done` that advances a level's bar by one request."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+    runs = max(len(settings.budgets), 1)
     with Progress("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=out, transient=False) as progress:
-        tasks = {c: progress.add_task(f"concurrency {c}", total=settings.requests)
+        tasks = {c: progress.add_task(f"concurrency {c}", total=settings.requests * runs)
                  for c in settings.concurrency}
         yield lambda c, _: progress.advance(tasks[c])
 

@@ -132,26 +132,30 @@ def bench(
     fixed_length: Annotated[bool, typer.Option(
         help="Every request generates exactly --max-tokens tokens (min_tokens = max_tokens, "
              "the end token ignored), as AIPerf's fixed output length does.")] = False,
+    budgets: Annotated[str | None, typer.Option(
+        help="Image budgets to measure one after another, comma-separated: low, high, auto "
+             "(OpenAI's detail), max_pixels=N, min_pixels=N:max_pixels=N; a table gives each "
+             "one's visual tokens and TTFT, the reports go in a folder per budget.")] = None,
 ) -> None:
     """Benchmark a deployment at several concurrencies: TTFT, inter-token latency, request
     latency, throughput (genai-perf's definitions, see docs/deployment.md). Writes JSON, CSV and a
     PNG plot of latency vs throughput."""
-    from ..client.bench import BenchSettings, image_source, run_benchmark, synthetic_videos
-    from ..client.bench_report import write_reports
-    from .console import bench_progress, bench_tables
+    from ..client.bench import BenchSettings, image_source, run_budgets, synthetic_videos
+    from ..client.bench_report import write_budget_reports
+    from .console import bench_progress, bench_run_tables
     from .console import out as console
 
     source, name = image_source(images, synthetic, seed)
     videos = synthetic_videos(synthetic_video, seed) if synthetic_video else None
     settings = BenchSettings(url, concurrency, requests, max_tokens, prompt, images_per_request,
                              warmup, served_model, allow_remote, videos_per_request, endpoint,
-                             os.environ.get(API_KEY_ENV), fixed_length)
+                             os.environ.get(API_KEY_ENV), fixed_length, budgets or ())
     with bench_progress(settings) as on_done:
-        report = run_benchmark(settings, source, source=name, on_done=on_done, videos=videos)
-    for table in bench_tables(report.levels):
+        reports = run_budgets(settings, source, source=name, on_done=on_done, videos=videos)
+    for table in bench_run_tables(reports):
         console.print(table)
-    paths = write_reports(report, out)
-    console.print(f"wrote {', '.join(str(p) for p in paths.values())}")
+    paths = write_budget_reports(reports, out)
+    console.print(f"wrote {', '.join(str(p) for p in paths)}")
 
 
 @command(panel="Serve and measure")

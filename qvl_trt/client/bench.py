@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..chat_messages import ImageBudget, parse_image_budget
 from ..deps import require
 from ..errors import InputError, RequestError
 from ..triton import contract as c
@@ -75,12 +76,17 @@ class BenchSettings:
     endpoint: BenchEndpoint = BenchEndpoint.ENSEMBLE
     api_key: str | None = None  # the gateway's, for the openai endpoint
     fixed_length: bool = False  # every request exactly max_tokens tokens
+    # Image budgets measured one after another (each a whole run); (): the deployment's own.
+    budgets: tuple[ImageBudget, ...] = ()
 
     def __post_init__(self) -> None:
-        # The command line's text ("1,4,16", "bls") becomes the levels and the endpoint.
+        # The command line's text ("1,4,16", "bls", "low,high") becomes the levels, the
+        # endpoint and the budgets.
         if isinstance(self.concurrency, str):
             object.__setattr__(self, "concurrency", parse_concurrency(self.concurrency))
         object.__setattr__(self, "endpoint", BenchEndpoint.parse(self.endpoint))
+        if isinstance(self.budgets, str):
+            object.__setattr__(self, "budgets", parse_budgets(self.budgets))
 
     def target(self) -> str:
         """The Triton model a request goes to (the ensemble or the build's BLS model)."""
@@ -96,6 +102,13 @@ class BenchReport:
     environment: dict[str, Any]  # versions, git SHA, GPUs of the machine that measured
     levels: tuple[LevelMetrics, ...]
     records: dict[int, list[RequestRecord]]  # concurrency -> its requests, in send order
+
+
+def parse_budgets(text: str | None) -> tuple[ImageBudget, ...]:
+    """`--budgets low,high,max_pixels=262144` (chat_messages.parse_image_budget each);
+    None or "": none."""
+    return tuple(parse_image_budget(item.strip()) for item in (text or "").split(",")
+                 if item.strip())
 
 
 def parse_concurrency(text: str) -> tuple[int, ...]:
@@ -219,13 +232,14 @@ def folder_images(folder: Path) -> ImageSource:
 
 
 def request_maker(settings: BenchSettings, images: ImageSource | None,
-                  first: int = 0, videos: ImageSource | None = None) \
-        -> Callable[[int], GenerateRequest]:
-    """Request i of a level whose first request is number `first` of the run."""
+                  first: int = 0, videos: ImageSource | None = None,
+                  budget: ImageBudget | None = None) -> Callable[[int], GenerateRequest]:
+    """Request i of a level whose first request is number `first` of the run; `budget`: its
+    images' (None: the deployment's default)."""
     per = settings.images_per_request if images else 0
     per_video = settings.videos_per_request if videos else 0
     base = GenerateRequest(settings.prompt, max_tokens=settings.max_tokens, stream=True,
-                           fixed_length=settings.fixed_length)
+                           fixed_length=settings.fixed_length, image_budget=budget)
 
     def make(i: int) -> GenerateRequest:
         n, v = (first + i) * per, (first + i) * per_video
@@ -288,8 +302,9 @@ class Measurement:
 def measure(client: Client, req: GenerateRequest, image_tokens: int, *,
             on_response: Callable[[Response], None] | None = None) -> Measurement:
     """Send one request and time it, handing each response to `on_response` as it arrives;
-    a failed request becomes a record with its error. Text tokens = prompt tokens - image
-    tokens."""
+    a failed request becomes a record with its error. Image tokens: the visual tokens the
+    deployment reports (images and videos, at their budgets), else `image_tokens` (counted
+    by the client); text tokens = prompt tokens - image tokens."""
     sent_at: list[float] = []
     responses: list[Response] = []
     try:
@@ -302,6 +317,8 @@ def measure(client: Client, req: GenerateRequest, image_tokens: int, *,
         return Measurement("".join(r.text for r in responses),
                            RequestRecord(sent, None, None, error=str(exc)))
     g = Generation(sent_at[0], tuple(responses))
+    if g.media_tokens is not None:
+        image_tokens = sum(g.media_tokens)
     return Measurement(g.text, RequestRecord(g.sent, g.first_token, g.last_response,
                                              g.completion_tokens,
                                              g.prompt_tokens - image_tokens, image_tokens),
@@ -333,28 +350,47 @@ def run_benchmark(
     source: str,
     on_done: Callable[[int, RequestRecord], None] | None = None,
     videos: tuple[ImageSource, str] | None = None,
+    budget: ImageBudget | None = None,
 ) -> BenchReport:
     """Warm up, then run every concurrency level of `settings` in turn; `images` None (and no
-    `videos`: a video source and its name) sends text-only requests."""
+    `videos`: a video source and its name) sends text-only requests; `budget`: the images'
+    (None: the deployment's default)."""
     video_source, video_name = videos or (None, "none")
     if settings.requests < 1:
         raise InputError(f"--requests must be >= 1, got {settings.requests}")
     connect, image_tokens, target = connector(settings)
     if settings.warmup:
-        warm = request_maker(settings, images, videos=video_source)
+        warm = request_maker(settings, images, videos=video_source, budget=budget)
         run_level(connect, warm, settings.warmup, 1, image_tokens=image_tokens)
     levels, records = [], {}
     for n, concurrency in enumerate(settings.concurrency):
         first = settings.warmup + n * settings.requests
-        make = request_maker(settings, images, first, videos=video_source)
+        make = request_maker(settings, images, first, videos=video_source, budget=budget)
         done = (lambda r, c=concurrency: on_done(c, r)) if on_done else None
         records[concurrency] = run_level(connect, make, settings.requests, concurrency,
                                          image_tokens=image_tokens, on_done=done)
         levels.append(level_metrics(concurrency, records[concurrency]))
-    shown = {k: v for k, v in asdict(settings).items() if k != "api_key"}
+    shown = {k: v for k, v in asdict(settings).items() if k not in ("api_key", "budgets")}
     return BenchReport({**shown, "endpoint": settings.endpoint.value, "target": target,
-                        "images": source, "videos": video_name},
+                        "images": source, "videos": video_name,
+                        "budget": budget_label(budget)},
                        environment(), tuple(levels), records)
+
+
+def budget_label(budget: ImageBudget | None) -> str:
+    """How a run's budget is named in tables and folders (`--budgets`' spelling)."""
+    return "default" if budget is None else budget.where
+
+
+def run_budgets(settings: BenchSettings, images: ImageSource | None, *, source: str,
+                on_done: Callable[[int, RequestRecord], None] | None = None,
+                videos: tuple[ImageSource, str] | None = None) \
+        -> tuple[BenchReport, ...]:
+    """`run_benchmark` at each of `settings.budgets` in turn (none: once, at the deployment's
+    default): one report per budget, whose image tokens are what the deployment reports."""
+    return tuple(run_benchmark(settings, images, source=source, on_done=on_done,
+                               videos=videos, budget=budget)
+                 for budget in settings.budgets or (None,))
 
 
 def connector(settings: BenchSettings) \
@@ -363,8 +399,9 @@ def connector(settings: BenchSettings) \
     tokens, and what the requests go to (a Triton model or the OpenAI model id).
 
     Through the OpenAI endpoint the client cannot see the deployment's pixel bounds: a
-    request's image tokens count as 0 and its prompt tokens (the usage's, text and image
-    together) as text, so the input sequence length still means the same on every path."""
+    request's image tokens are those its usage reports (prompt_tokens_details; a deployment
+    that does not report them: 0, its prompt tokens all counted as text), so the input
+    sequence length still means the same on every path."""
     endpoint = openai_endpoint(settings.url) if settings.endpoint is BenchEndpoint.OPENAI \
         else parse_url(settings.url)
     if not settings.allow_remote:

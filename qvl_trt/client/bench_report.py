@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,15 @@ def write_plot(levels: tuple[LevelMetrics, ...], path: Path) -> Path:
         fig.savefig(f, format="png")
     plt.close(fig)
     return path
+
+
+def write_budget_reports(reports: Sequence[BenchReport], out_dir: Path) -> list[Path]:
+    """`write_reports` of one run in `out_dir`, of a budget sweep's runs each in a folder of
+    `out_dir` named after its budget (':' as '_')."""
+    if len(reports) == 1:
+        return list(write_reports(reports[0], out_dir).values())
+    return [path for report in reports for path in write_reports(
+        report, out_dir / report.settings["budget"].replace(":", "_")).values()]
 
 
 def write_reports(report: BenchReport, out_dir: Path) -> dict[str, Path]:

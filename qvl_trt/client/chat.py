@@ -7,7 +7,6 @@ reported.
 
 from __future__ import annotations
 
-import base64
 import http.client
 import json
 from collections.abc import Iterator
@@ -21,9 +20,9 @@ from .generate import (
     _one_line,
     check_max_tokens,
     fixed_length_fields,
-    image_data_uri,
     parse_url,
     post_events,
+    user_content,
 )
 
 CHAT_PATH = "/v1/chat/completions"
@@ -41,17 +40,10 @@ def openai_endpoint(url: str) -> Endpoint:
 
 def chat_body(req: GenerateRequest, model: str) -> dict:
     """The chat completion request of a question: one user message of the prompt, then the
-    images and videos as data: URIs (each video with the request's fps); streamed, with the
+    images (at the request's budget) and videos (at its fps) as data: URIs; streamed, with the
     usage in the last chunk."""
     check_max_tokens(req)
-    fps = {} if req.video_fps is None else {"fps": req.video_fps}
-    content = [{"type": "text", "text": req.prompt}]
-    content += [{"type": "image_url", "image_url": {"url": image_data_uri(data)}}
-                for data in req.images]
-    content += [{"type": "video_url", "video_url": {
-        "url": "data:video/mp4;base64," + base64.b64encode(data).decode()}, **fps}
-        for data in req.videos]
-    body = {"model": model, "messages": [{"role": "user", "content": content}],
+    body = {"model": model, "messages": [{"role": "user", "content": user_content(req)}],
             "max_tokens": req.max_tokens, "temperature": req.temperature,
             "stream": True, "stream_options": {"include_usage": True}}
     optional = {"top_p": req.top_p, "top_k": req.top_k, "seed": req.seed,
@@ -141,8 +133,11 @@ class ChatClient:
                     yield Response(received, text, 0, 0)
             if chunk.get("usage"):
                 usage = chunk["usage"]
+                details = usage.get("prompt_tokens_details") or {}
+                media = tuple(details.get(name) for name in c.MEDIA_TOKEN_OUTPUTS)
                 yield Response(received, "", usage["prompt_tokens"],
-                               usage["completion_tokens"], finish)
+                               usage["completion_tokens"], finish,
+                               None if None in media else media)
 
 
 def _error(status: int, body: bytes) -> str:

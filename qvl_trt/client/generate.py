@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from ..chat_messages import ImageBudget, image_part
 from ..deps import require
 from ..errors import ConfigError, InputError, QvlError, RequestError
 from ..mm.geometry import image_token_count
@@ -55,6 +56,9 @@ class GenerateRequest:
     # type of llm.guided.GuideType and its guide.
     guide_type: str | None = None
     guide: str | None = None
+    # Every image's budget (chat_messages.ImageBudget); None: the deployment's default, the
+    # request in the text form. With a budget the request is chat messages (`user_content`).
+    image_budget: ImageBudget | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,8 @@ class Response:
     prompt_tokens: int  # visual tokens included
     completion_tokens: int  # generated so far
     finish_reason: str = ""  # in the final response: "stop" or "length"
+    # (image, video) tokens of the prompt as the deployment reports them (None: it does not)
+    media_tokens: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,12 @@ class Generation:
     @property
     def completion_tokens(self) -> int:
         return max((r.completion_tokens for r in self.responses), default=0)
+
+    @property
+    def media_tokens(self) -> tuple[int, int] | None:
+        """The prompt's (image, video) tokens, from the responses that report them."""
+        return next((r.media_tokens for r in reversed(self.responses)
+                     if r.media_tokens is not None), None)
 
     @property
     def finish_reason(self) -> str:
@@ -193,13 +205,32 @@ def check_max_tokens(req: GenerateRequest) -> None:
         raise InputError(f"max tokens must be positive, got {req.max_tokens}")
 
 
+def user_content(req: GenerateRequest) -> list[dict]:
+    """The content of a question's one user turn: the prompt, then the images (at the
+    request's budget) and videos as data: URIs."""
+    budget = req.image_budget or ImageBudget()
+    content = [{"type": "text", "text": req.prompt}]
+    content += [image_part(image_data_uri(data), budget) for data in req.images]
+    fps = {} if req.video_fps is None else {"fps": req.video_fps}
+    content += [{"type": "video_url", "video_url": {
+        "url": "data:video/mp4;base64," + base64.b64encode(data).decode()}, **fps}
+        for data in req.videos]
+    return content
+
+
 def ensemble_request(req: GenerateRequest) -> c.EnsembleRequest:
-    """The ensemble's request for a question (the text form: text_input with the images and
-    video files)."""
+    """The ensemble's request for a question: the text form (text_input with the images and
+    video files), or chat messages where the images have a budget."""
     check_max_tokens(req)
+    if req.image_budget is not None:
+        chat = json.dumps([{"role": "user", "content": user_content(req)}])
+        media: dict = {"messages": chat}
+    else:
+        media = {"text_input": req.prompt, "image_bytes": req.images,
+                 "video_bytes": req.videos,
+                 "video_fps": () if req.video_fps is None else (req.video_fps,)}
     return c.EnsembleRequest(
-        text_input=req.prompt, image_bytes=req.images, video_bytes=req.videos,
-        video_fps=() if req.video_fps is None else (req.video_fps,),
+        **media,
         max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p,
         top_k=req.top_k, seed=req.seed, stop=req.stop, stream=req.stream,
         guided_decoding_guide_type=req.guide_type, guided_decoding_guide=req.guide,
@@ -395,7 +426,9 @@ class GenerateClient:
                 yield Response(received, _text(result.as_numpy(c.TEXT_OUTPUT)),
                                _int(result.as_numpy(c.PROMPT_TOKENS)),
                                _int(result.as_numpy(c.COMPLETION_TOKENS)),
-                               _text(result.as_numpy(c.FINISH_REASON)))
+                               _text(result.as_numpy(c.FINISH_REASON)),
+                               _media(result.as_numpy(c.IMAGE_TOKENS),
+                                      result.as_numpy(c.VIDEO_TOKENS)))
             final = response.parameters.get("triton_final_response")
             if final is not None and final.bool_param:
                 return
@@ -414,7 +447,8 @@ class GenerateClient:
                 yield Response(received, _text(event[c.TEXT_OUTPUT]),
                                _int(event.get(c.PROMPT_TOKENS, 0)),
                                _int(event.get(c.COMPLETION_TOKENS, 0)),
-                               _text(event.get(c.FINISH_REASON, "")))
+                               _text(event.get(c.FINISH_REASON, "")),
+                               _media(event.get(c.IMAGE_TOKENS), event.get(c.VIDEO_TOKENS)))
 
 
 def post_events(endpoint: Endpoint, path: str, body: str, headers: dict[str, str], *,
@@ -457,6 +491,11 @@ def _int(value) -> int:
     if value is None:
         return 0
     return int(np.asarray(value).reshape(-1)[0])
+
+
+def _media(images, videos) -> tuple[int, int] | None:
+    """The image_tokens and video_tokens outputs (None from a repository without them)."""
+    return None if images is None or videos is None else (_int(images), _int(videos))
 
 
 def _error_text(error: Exception) -> str:

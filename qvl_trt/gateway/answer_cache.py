@@ -140,6 +140,7 @@ class CachedAnswer:
     prompt_tokens: array
     completion_tokens: array
     finish_reason: str
+    media_tokens: tuple[int, int] | None = None  # the prompt's, as every piece reports them
 
     @classmethod
     def of(cls, build: str, pieces: Sequence[Piece]) -> CachedAnswer:
@@ -150,12 +151,13 @@ class CachedAnswer:
         return cls(build, "".join(p.text for p in pieces), ends,
                    array("q", (p.prompt_tokens for p in pieces)),
                    array("q", (p.completion_tokens for p in pieces)),
-                   pieces[-1].finish_reason)
+                   pieces[-1].finish_reason, pieces[-1].media_tokens)
 
     def pieces(self) -> list[Piece]:
         starts = (0, *self.ends[:-1])
         last = len(self.ends) - 1
-        return [Piece(self.text[a:b], p, n, self.finish_reason if i == last else "")
+        return [Piece(self.text[a:b], p, n, self.finish_reason if i == last else "",
+                      self.media_tokens)
                 for i, (a, b, p, n) in enumerate(zip(starts, self.ends, self.prompt_tokens,
                                                      self.completion_tokens, strict=True))]
 

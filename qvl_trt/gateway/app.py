@@ -51,6 +51,7 @@ import math
 import signal
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ..chat_messages import media_counts
 from ..deps import require
@@ -531,7 +532,7 @@ class Gateway:
         body = completion(completion_id(), int(time.time()), model.name,
                           tool_calls.message(deltas),
                           tool_calls.finish_reason(last.finish_reason, answer.calls),
-                          usage(last.prompt_tokens, last.completion_tokens))
+                          _usage(last))
         return self._json(body), 200
 
     async def _stream(self, request, model: ServedModel, req: ChatCompletionRequest,
@@ -552,13 +553,13 @@ class Gateway:
             writer = ChunkWriter(model.name, include_usage=req.include_usage,
                                  continuous_usage=req.continuous_usage)
             await response.write(writer.event({"role": "assistant", "content": ""},
-                                              counts=usage(piece.prompt_tokens, 0)))
+                                              counts=_usage(piece, 0)))
             answer = tool_calls.reader(req.structure)
             try:
                 while piece is not None:
                     last = piece
                     got.append(piece)
-                    counts = usage(piece.prompt_tokens, piece.completion_tokens)
+                    counts = _usage(piece)
                     for delta in answer.feed(piece.text):
                         await response.write(writer.event(delta.chunk(), counts=counts))
                     piece = await anext(pieces, None)
@@ -571,12 +572,12 @@ class Gateway:
             except ApiError as exc:  # instead of the finish reason
                 await response.write(sse(exc.body()) + DONE)
                 return response, exc.status
-        counts = usage(last.prompt_tokens, last.completion_tokens)
+        counts = _usage(last)
         tail = b"".join(writer.event(delta.chunk(), counts=counts) for delta in answer.close())
         tail += writer.event({}, tool_calls.finish_reason(last.finish_reason, answer.calls),
                              counts=counts)
         if req.include_usage:
-            tail += writer.usage_event(usage(last.prompt_tokens, last.completion_tokens))
+            tail += writer.usage_event(counts)
         await response.write(tail + DONE)
         await response.write_eof()
         self._answered(request, model, True, received, last, hit)
@@ -592,6 +593,12 @@ class Spent:
     def piece(self, piece: Piece) -> Piece:
         self.tokens = piece.prompt_tokens + piece.completion_tokens
         return piece
+
+
+def _usage(piece: Piece, completion_tokens: int | None = None) -> dict[str, Any]:
+    """The usage a piece reports (`completion_tokens`: in its place)."""
+    return usage(piece.prompt_tokens, piece.completion_tokens if completion_tokens is None
+                 else completion_tokens, piece.media_tokens)
 
 
 def _retry_after(exc: ApiError) -> dict[str, str] | None:

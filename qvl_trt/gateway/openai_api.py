@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from ..chat_messages import MESSAGES_SHAPE, check_tool_turns
+from ..chat_messages import MESSAGES_SHAPE, MM_PROCESSOR_KWARGS, check_budgets, check_tool_turns
 from ..errors import FieldError, InputError, QvlError
 from ..llm.schema_subset import SchemaError, check_schema
 from ..triton import contract as c
@@ -116,6 +116,9 @@ class ChatCompletionRequest:
     structure: Structure = Structure()  # response_format, tools, tool_choice
     # This server's: false keeps the request out of the answer cache (answer_cache.py).
     answer_cache: bool = True
+    # vLLM's: the visual budget of every image and video part that gives none of its own
+    # (chat_messages.check_mm_processor_kwargs); travels with the messages.
+    mm_processor_kwargs: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -196,6 +199,8 @@ FIELDS: Mapping[str, Field] = {
     "tool_choice": _ANY,
     "parallel_tool_calls": _BOOL,
     "answer_cache": _BOOL,  # this server's: false keeps the request out of the answer cache
+    # vLLM's: images' and videos' budgets for the whole request (chat_messages.py).
+    MM_PROCESSOR_KWARGS: Field(dict),
     # Accepted and without effect on the answer.
     "user": _ANY,
     "metadata": _ANY,
@@ -231,6 +236,7 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
         _check_texts(data.get(name), name)
     with _as_param():
         check_tool_turns(messages)
+        check_budgets(messages, fields.get(MM_PROCESSOR_KWARGS))
     stream = fields.get("stream", False)
     include_usage, continuous_usage = _stream_options(fields.get("stream_options"), stream)
     max_tokens, min_tokens = _max_tokens(fields), fields.get("min_tokens")
@@ -260,7 +266,8 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
         top_k=top_k, seed=fields.get("seed"), stop=_stop(data), stream=stream,
         include_usage=include_usage, continuous_usage=continuous_usage,
         min_tokens=min_tokens, ignore_eos=ignore_eos, structure=structure,
-        answer_cache=fields.get("answer_cache", True))
+        answer_cache=fields.get("answer_cache", True),
+        mm_processor_kwargs=fields.get(MM_PROCESSOR_KWARGS))
 
 
 def _checked(data: Mapping[str, Any], table: Mapping[str, Field],
@@ -609,9 +616,18 @@ def completion_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex}"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int,
+          media_tokens: tuple[int, int] | None = None) -> dict[str, Any]:
+    """OpenAI's usage object; `media_tokens`: the prompt's (image, video) tokens, reported as
+    prompt_tokens_details.image_tokens and .video_tokens (this server's extension; None, from
+    a repository that does not report them: no details)."""
+    counts: dict[str, Any] = {"prompt_tokens": prompt_tokens,
+                              "completion_tokens": completion_tokens,
+                              "total_tokens": prompt_tokens + completion_tokens}
+    if media_tokens is not None:
+        counts["prompt_tokens_details"] = dict(zip(c.MEDIA_TOKEN_OUTPUTS, media_tokens,
+                                                   strict=True))
+    return counts
 
 
 def completion(ident: str, created: int, model: str, message: dict[str, Any], finish: str,

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..chat_messages import MM_PROCESSOR_KWARGS
 from ..deps import require
 from ..errors import InputError
 from ..hashing import fingerprint
@@ -89,6 +90,8 @@ class Piece:
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str
+    # The prompt's (image, video) tokens; None from a repository that does not report them.
+    media_tokens: tuple[int, int] | None = None
 
 
 # The HTTP answer to each kind of error response: (status, OpenAI's error type, code).
@@ -128,9 +131,15 @@ def _piece(response: Any) -> Piece | None:
     text = raw.get(c.TEXT_OUTPUT)
     if text is None:
         return None
-    return Piece(_string(text), int.from_bytes(raw[c.PROMPT_TOKENS], "little", signed=True),
-                 int.from_bytes(raw[c.COMPLETION_TOKENS], "little", signed=True),
-                 _string(raw[c.FINISH_REASON]))
+    images, videos = raw.get(c.IMAGE_TOKENS), raw.get(c.VIDEO_TOKENS)
+    return Piece(_string(text), _int32(raw[c.PROMPT_TOKENS]), _int32(raw[c.COMPLETION_TOKENS]),
+                 _string(raw[c.FINISH_REASON]),
+                 None if images is None or videos is None else (_int32(images), _int32(videos)))
+
+
+def _int32(raw: bytes) -> int:
+    """An INT32 output of one element."""
+    return int.from_bytes(raw, "little", signed=True)
 
 
 def _string(raw: bytes) -> str:
@@ -147,8 +156,12 @@ def _ensemble_request(request: ChatCompletionRequest, guide: tuple[str, str] | N
     input, so a repository written before the input existed still answers)."""
     tools = request.structure.tools
     guide_type, guide_text = guide or (None, None)
+    # Request-wide budgets travel in a body around the messages (runtime/request_inputs.py);
+    # without them, the messages alone, as a repository written before them reads them.
+    chat: Any = request.messages if request.mm_processor_kwargs is None else {
+        "messages": request.messages, MM_PROCESSOR_KWARGS: request.mm_processor_kwargs}
     return c.EnsembleRequest(
-        messages=json.dumps(request.messages, ensure_ascii=False),
+        messages=json.dumps(chat, ensure_ascii=False),
         tools=None if tools is None else json.dumps(tools, ensure_ascii=False),
         max_tokens=request.max_tokens,
         min_tokens=request.min_tokens, ignore_eos=request.ignore_eos or None,

@@ -17,6 +17,9 @@ MIN_BLOCKS = 2
 # VIDEO_MAX_TOKEN_NUM; transformers' Qwen3VLVideoProcessor.max_video_tokens, applied with
 # cap_pixels_per_frame=True.
 FRAME_TOKEN_CAP = 768
+# OpenAI's `detail: low` as a pixel cap: a 1920x1080 image becomes 384x672, 252 merged tokens
+# (docs/openai.md); never above the deployment's maximum nor below its minimum.
+LOW_DETAIL_MAX_PIXELS = 512 * 512
 
 
 def smart_resize(

@@ -21,16 +21,19 @@ from PIL import Image
 from ..atomic import staged_file
 from ..chat_messages import (
     CheckedMessages,
+    ImageBudget,
+    VideoBudget,
     VideoInput,
     media_counts,
     read_messages,
     user_message,
 )
 from ..checkpoint import Checkpoint, VisionDims, open_checkpoint
-from ..errors import ConfigError, EngineLimitError, InputError, LimitError
+from ..errors import ConfigError, EngineLimitError, FieldError, InputError, LimitError
 from ..profiles import GpuProfile, load_profile
 from . import video as vid
 from .chat import PromptBuilder
+from .geometry import LOW_DETAIL_MAX_PIXELS
 from .image_input import DEFAULT_MAX_DECODED_PIXELS, load_rgb, open_image, read_image_files
 from .kernels import pixel_pool
 from .pixels import ImagePatches, PixelConfig, image_patch_count, image_patches
@@ -122,11 +125,13 @@ class RequestLimits:
         self.check_image_count(images)
         self.video.check_video_count(videos)
 
-    def checked_messages(self, messages: Sequence[Any]) -> CheckedMessages:
-        """Messages within the bounds (`check_messages`), then checked and read
-        (chat_messages.read_messages): what a request's later steps take."""
+    def checked_messages(self, messages: Sequence[Any],
+                         mm_processor_kwargs: Mapping[str, Any] | None = None) \
+            -> CheckedMessages:
+        """Messages within the bounds (`check_messages`), then checked and read with their
+        budgets (chat_messages.read_messages): what a request's later steps take."""
         self.check_messages(messages)
-        return read_messages(messages)
+        return read_messages(messages, mm_processor_kwargs)
 
     @classmethod
     def from_fields(cls, params: Any) -> RequestLimits:
@@ -186,6 +191,13 @@ class PreparedRequest:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.size)
+
+    @property
+    def media_tokens(self) -> tuple[int, int]:
+        """(image tokens, video tokens) of the prompt: what its usage reports."""
+        merge = self.vision.spatial_merge_size ** 2
+        video = sum(clip.num_patches for clip in self.videos) // merge
+        return sum(self.image_token_counts) - video, video
 
     @property
     def mrope_rotary_cos_sin(self) -> np.ndarray:
@@ -283,6 +295,55 @@ class RequestPreprocessor:
         maximum (which the vision engine's optimisation profile covers)."""
         return self.limits.video.max_video_frame_pixels or self.pixels.max_pixels
 
+    def image_bounds(self, budget: ImageBudget) -> PixelConfig:
+        """The image processor at one image's budget, within the deployment's bounds
+        (`self.pixels`): detail low caps it at LOW_DETAIL_MAX_PIXELS, high and auto keep the
+        deployment's bounds (its default is its whole budget), explicit min_pixels and
+        max_pixels replace them. A bound outside the deployment's is refused, naming the
+        limit, never clamped: above it an EngineLimitError (a larger build may take it)."""
+        low, high = self.pixels.min_pixels, self.pixels.max_pixels
+        if budget.detail == "low":
+            return self.pixels.with_bounds(low, max(low, min(LOW_DETAIL_MAX_PIXELS, high)))
+        for key in ("min_pixels", "max_pixels"):
+            value, field = getattr(budget, key), f"{budget.where}.{key}"
+            if value is not None and value > high:
+                raise EngineLimitError(f"{field} = {value} is above the deployment's maximum "
+                                       f"of {high} pixels per image (limits.vision_max_pixels); "
+                                       f"send at most {high}")
+            if value is not None and value < low:
+                raise FieldError(f"{field} = {value} is below the deployment's minimum of {low} "
+                                 "pixels per image (limits.vision_min_pixels); send at least "
+                                 f"{low}", field)
+        bounds = (budget.min_pixels or low, budget.max_pixels or high)
+        if bounds[0] > bounds[1]:
+            raise FieldError(f"{budget.where}: min_pixels {bounds[0]} is above max_pixels "
+                             f"{bounds[1]}; send min_pixels <= max_pixels",
+                             f"{budget.where}.min_pixels")
+        return self.pixels if bounds == (low, high) else self.pixels.with_bounds(*bounds)
+
+    def video_bounds(self, budget: VideoBudget) -> tuple[VideoConfig, int]:
+        """(the video processor, pixels of one resized frame at most) at one video's budget:
+        max_frames and max_pixels at most the deployment's, refused above them (fps travels
+        with the video itself)."""
+        frames = min(self.videos.max_frames, self.limits.video.max_video_frames)
+        cap, where = self.video_frame_cap, budget.where
+        if budget.max_frames is not None and budget.max_frames > frames:
+            raise EngineLimitError(f"{where}.max_frames = {budget.max_frames} is above the "
+                                   f"deployment's limit of {frames} frames per video "
+                                   f"(limits.video_max_frames); send at most {frames}")
+        if budget.max_frames is not None and budget.max_frames < self.videos.pixels.\
+                temporal_patch_size:
+            raise FieldError(f"{where}.max_frames = {budget.max_frames}: a video needs at least "
+                             f"{self.videos.pixels.temporal_patch_size} frames",
+                             f"{where}.max_frames")
+        if budget.max_pixels is not None and budget.max_pixels > cap:
+            raise EngineLimitError(f"{where}.max_pixels = {budget.max_pixels} is above the "
+                                   f"deployment's limit of {cap} pixels per video frame "
+                                   f"(limits.video_max_pixels_per_frame); send at most {cap}")
+        config = self.videos if budget.max_frames is None else \
+            replace(self.videos, max_frames=budget.max_frames)
+        return config, budget.max_pixels or cap
+
     def prepare(self, *, messages: CheckedMessages | Sequence[Mapping[str, Any]],
                 images: Sequence[ImageInput] = (),
                 videos: Sequence[VideoInput] = (),
@@ -305,18 +366,21 @@ class RequestPreprocessor:
             raise InputError(f"messages hold {video_parts} video parts but {len(videos)} videos "
                              "were sent; send one video per video part")
         self.prompts.check_fits(text, lim.max_input_len)
+        configs = [self.image_bounds(b) for b in messages.image_budgets]
+        video_bounds = [self.video_bounds(b) for b in messages.video_budgets]
         order = self.prompts.placeholders(text, len(images), len(videos))
         media = f"{len(images)} images" + (f" and {len(videos)} videos" if videos else "")
         fewer = "images or videos" if videos else "images"
-        image_tokens = self._header_token_counts(images)
+        image_tokens = self._header_token_counts(images, configs)
         self._check_visual_tokens(image_tokens, media, fewer)
         with self._decoding(images) as decoding:
-            decoded_videos = self._decode_videos(videos, image_tokens, media, fewer)
+            decoded_videos = self._decode_videos(videos, video_bounds, image_tokens, media,
+                                                 fewer)
             t = self.videos.pixels.temporal_patch_size
             ids = self.prompts.encode(text, len(images), [  # while the images decode
                 [vid.timestamp_text(s) for s in vid.group_timestamps(times, t)]
                 for _, times, *_ in decoded_videos])
-            pixel_values, pictures, clips, items = self._vision_items(order, decoding,
+            pixel_values, pictures, clips, items = self._vision_items(order, decoding, configs,
                                                                       decoded_videos)
         merge = ckpt.vision.spatial_merge_size ** 2
         counts = tuple(item.num_patches // merge for item in items)
@@ -354,19 +418,20 @@ class RequestPreprocessor:
         )
 
 
-    def _header_token_counts(self, images: Sequence[ImageInput]) -> list[int]:
-        """Each image's visual tokens from its header's size (before any pixel is decoded;
-        EXIF rotation swaps the sides, not the count); refuses what its header already
-        refuses (format, decode bound, aspect ratio, below one merge block)."""
+    def _header_token_counts(self, images: Sequence[ImageInput],
+                             configs: Sequence[PixelConfig]) -> list[int]:
+        """Each image's visual tokens at its budget (`configs`) from its header's size (before
+        any pixel is decoded; EXIF rotation swaps the sides, not the count); refuses what its
+        header already refuses (format, decode bound, aspect ratio, below one merge block)."""
         counts, merge = [], self.checkpoint.vision.spatial_merge_size ** 2
-        for number, image in enumerate(images, 1):
+        for number, (image, config) in enumerate(zip(images, configs, strict=True), 1):
             with _numbered("image", number):
                 if isinstance(image, Image.Image):
-                    counts.append(image_patch_count(image, self.pixels) // merge)
+                    counts.append(image_patch_count(image, config) // merge)
                     continue
                 with open_image(image, max_decoded_pixels=self.limits.max_decoded_pixels) \
                         as header:
-                    counts.append(image_patch_count(header, self.pixels) // merge)
+                    counts.append(image_patch_count(header, config) // merge)
         return counts
 
     def _check_visual_tokens(self, counts: Sequence[int], media: str, fewer: str) -> None:
@@ -393,27 +458,30 @@ class RequestPreprocessor:
             wait(decoding)
             raise
 
-    def _decode_videos(self, videos: Sequence[VideoInput], image_tokens: Sequence[int],
+    def _decode_videos(self, videos: Sequence[VideoInput],
+                       bounds: Sequence[tuple[VideoConfig, int]], image_tokens: Sequence[int],
                        media: str, fewer: str) \
             -> list[tuple[tuple[Image.Image, ...], tuple[float, ...], int, tuple[int, int]]]:
         """Each video's frames, frame times, patch count and resized (height, width), decoded
-        here (their resize uses the pixel pool itself). A file's frame size and visual
-        tokens, with the images' and the videos' before it, are checked from its header
-        before its frames decode, and its frames are resized as they decode."""
-        decoded, cap, config = [], self.video_frame_cap, self.videos.pixels
-        known, sizes = list(image_tokens), []
+        here (their resize uses the pixel pool itself) at its budget (`bounds`: its processor
+        and frame cap, `video_bounds`). A file's frame size and visual tokens, with the
+        images' and the videos' before it, are checked from its header before its frames
+        decode, and its frames are resized as they decode."""
+        decoded, config = [], self.videos.pixels
+        known, sizes, caps = list(image_tokens), [], []  # caps[-1]: the video's frame cap
         merge = self.checkpoint.vision.spatial_merge_size ** 2
 
         def before_decoding(count: int, width: int, height: int) -> tuple[int, int]:
-            sizes.append(vid.clip_frame_size(count, width, height, config, cap))
+            sizes.append(vid.clip_frame_size(count, width, height, config, caps[-1]))
             known.append(vid.clip_patch_count(count, *sizes[-1], config) // merge)
             self._check_visual_tokens(known, media, fewer)
             return sizes[-1]  # the frames come back resized: video_patches is told the size
 
-        for number, video in enumerate(videos, 1):
+        for number, (video, (sampling, cap)) in enumerate(zip(videos, bounds, strict=True), 1):
             with _numbered("video", number):
                 sizes.clear()
-                frames, times = load_clip(video, self.videos, self.limits.video,
+                caps.append(cap)
+                frames, times = load_clip(video, sampling, self.limits.video,
                                           max_decoded_pixels=self.limits.max_decoded_pixels,
                                           before_decoding=before_decoding)
                 size = sizes[0] if sizes else vid.resized_video_size(frames, config, cap)
@@ -422,20 +490,21 @@ class RequestPreprocessor:
         return decoded
 
     def _vision_items(self, order: Sequence[bool], decoding: Sequence[Future[Image.Image]],
+                      configs: Sequence[PixelConfig],
                       decoded_videos: Sequence[tuple[Sequence[Image.Image], Sequence[float],
                                                      int, tuple[int, int]]]) -> tuple[
             np.ndarray, tuple[ImagePatches, ...], tuple[VideoPatches, ...],
             tuple[ImagePatches, ...]]:
-        """Wait for the images to decode, then cut every image and video into its slice of one
-        uint8 buffer, in prompt order (`order`: is the next placeholder a video's?). Returns
-        the buffer, the images, the videos and the vision items (images and temporal groups)
-        in prompt order."""
+        """Wait for the images to decode, then cut every image (at its budget, `configs`) and
+        video into its slice of one uint8 buffer, in prompt order (`order`: is the next
+        placeholder a video's?). Returns the buffer, the images, the videos and the vision
+        items (images and temporal groups) in prompt order."""
         decoded_images = []
-        for number, pending in enumerate(decoding, 1):
+        for number, (pending, config) in enumerate(zip(decoding, configs, strict=True), 1):
             with _numbered("image", number):
                 rgb = pending.result()
-                decoded_images.append((rgb, image_patch_count(rgb, self.pixels)))
-        total = sum(count for _, count in decoded_images) + \
+                decoded_images.append((rgb, image_patch_count(rgb, config), config))
+        total = sum(count for _, count, _ in decoded_images) + \
             sum(count for _, _, count, _ in decoded_videos)
         buffer = np.empty((total, self.pixels.patch_dim), np.uint8)
         pending_images = enumerate(decoded_images, 1)
@@ -443,9 +512,9 @@ class RequestPreprocessor:
         pictures, clips, items, start = [], [], [], 0
         for is_video in order:
             if not is_video:
-                number, (rgb, count) = next(pending_images)
+                number, (rgb, count, config) = next(pending_images)
                 with _numbered("image", number):
-                    picture = image_patches(rgb, self.pixels, out=buffer[start:start + count])
+                    picture = image_patches(rgb, config, out=buffer[start:start + count])
                 pictures.append(picture)
                 items.append(picture)
             else:

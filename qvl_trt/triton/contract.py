@@ -348,6 +348,12 @@ TEXT_OUTPUT = "text_output"  # streamed deltas when stream=true, the whole answe
 # without a final stop string (its tokens still count in completion_tokens)
 PROMPT_TOKENS = "prompt_tokens"  # tokens in the prompt, visual tokens included
 COMPLETION_TOKENS = "completion_tokens"  # tokens generated so far
+# Of prompt_tokens, the images' and the videos' visual tokens at their budgets. A repository
+# written before they existed answers without them (clients then report no details).
+IMAGE_TOKENS = "image_tokens"
+VIDEO_TOKENS = "video_tokens"
+# Their names in the gateway's usage.prompt_tokens_details too (docs/openai.md).
+MEDIA_TOKEN_OUTPUTS = (IMAGE_TOKENS, VIDEO_TOKENS)
 # Why the answer ended, in its final response ("" before): "stop" (the end token or a stop
 # string, which the answer leaves out) or "length" (max_tokens, or the engine's room, reached).
 FINISH_REASON = "finish_reason"
@@ -408,6 +414,8 @@ ENSEMBLE_OUTPUTS: tuple[TensorSpec, ...] = (
     _scalar(PROMPT_TOKENS, "INT32"),
     _scalar(COMPLETION_TOKENS, "INT32"),
     TensorSpec(FINISH_REASON, "BYTES", (1,)),
+    _scalar(IMAGE_TOKENS, "INT32"),
+    _scalar(VIDEO_TOKENS, "INT32"),
 )
 
 
@@ -690,6 +698,10 @@ IMAGE_HASHES = "image_hashes"
 # before the call (runtime/llm_inputs.py). The table is max_seq_len x head_dim float32 (4 MiB
 # at 8192 x 128) and the stock backend needs it on every request; the ids are 24 bytes a token.
 MROPE_POSITION_IDS = "mrope_position_ids"
+# preprocessing -> the caller of tensorrt_llm: [image tokens, video tokens] of the prompt,
+# which that caller answers as IMAGE_TOKENS and VIDEO_TOKENS (an ensemble step may not make
+# a public output another step makes too, hence one internal tensor of its own).
+MEDIA_TOKENS = "media_tokens"
 
 LLM_INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec(INPUT_IDS, "INT32", (-1,), ragged=True),
@@ -738,6 +750,7 @@ PREPROCESSING_OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec(PIXEL_VALUES, "UINT8", (-1, -1)),  # (patches, C*T*P*P)
     TensorSpec(IMAGE_GRID_THW, "INT64", (-1, 3)),
     TensorSpec(IMAGE_HASHES, "UINT64", (-1,)),
+    TensorSpec(MEDIA_TOKENS, "INT32", (2,)),
 )
 
 VISION_INPUTS: tuple[TensorSpec, ...] = (
@@ -766,11 +779,11 @@ _LLM_INPUT_NAMES = frozenset(s.name for s in LLM_INPUTS)
 # admits a probe ahead of the queue.
 POSTPROCESSING_INPUTS: tuple[TensorSpec, ...] = tuple(
     s for s in PREPROCESSING_OUTPUTS + VISION_OUTPUTS
-    if s.name in _LLM_INPUT_NAMES or s.name in BUILT_FOR_LLM.values()) + GUIDE_INPUTS + (
-    HEALTH_PROBE_INPUT,)
+    if s.name in _LLM_INPUT_NAMES or s.name in BUILT_FOR_LLM.values()
+    or s.name == MEDIA_TOKENS) + GUIDE_INPUTS + (HEALTH_PROBE_INPUT,)
 FROM_PUBLIC = frozenset(s.name for s in (*GUIDE_INPUTS, HEALTH_PROBE_INPUT))
 # What the caller of tensorrt_llm reads itself and does not pass on.
-TAKEN_BY_CALLER = frozenset((HEALTH_PROBE,))
+TAKEN_BY_CALLER = frozenset((HEALTH_PROBE, MEDIA_TOKENS))
 POSTPROCESSING_OUTPUTS = ENSEMBLE_OUTPUTS
 
 

@@ -131,7 +131,9 @@ class TokenStream:
             self.admission.leave(ticket)
 
     def _run(self, request: Any, sender: Any, ticket: Ticket) -> None:
-        tensors = self.llm_inputs(self.inputs(request))
+        inputs = self.inputs(request)
+        media = inputs.get(c.MEDIA_TOKENS)  # the caller's own (c.TAKEN_BY_CALLER)
+        tensors = self.llm_inputs(inputs)
         try:
             admitted = self.admission.wait(ticket, request.is_cancelled)
         except BusyError:
@@ -142,10 +144,12 @@ class TokenStream:
             return
         if not ticket.probe:
             self.metrics.waited(ticket.waited_s)
-        self.generate(tensors, sender, request.is_cancelled)
+        self.generate(tensors, sender, request.is_cancelled,
+                      None if media is None else media.as_numpy().reshape(-1))
 
     def generate(self, tensors: Mapping[str, Any], sender: Any,
-                 is_cancelled: Callable[[], bool]) -> None:
+                 is_cancelled: Callable[[], bool],
+                 media_tokens: Sequence[int] | None = None) -> None:
         """Run tensorrt_llm on `tensors` (its inputs by name as `llm_inputs` makes them, absent
         optional ones None) and send the text to `sender`, the last response final; `streaming`
         among them is the client's choice, tensorrt_llm is always asked to stream. Streamed
@@ -153,12 +157,16 @@ class TokenStream:
         in the next one; a non-streamed answer is one final response. `is_cancelled` (the
         client's request) is asked as tokens arrive, at most every CANCEL_CHECK_S (streaming:
         before a response is sent); a cancelled request gets an empty final response and
-        tensorrt_llm is stopped."""
+        tensorrt_llm is stopped. `media_tokens`: the prompt's (image, video) tokens, which
+        every response carries (None: a repository without them, whose responses do not)."""
         final = pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
         row = row_of(tensors, c.POSTPROCESSING_INPUTS)
         streaming = bool(row[c.STREAMING])
         end_id = int(row[c.END_ID])
         counts = {c.PROMPT_TOKENS: np.array([row[c.INPUT_LENGTHS]], np.int32)}
+        if media_tokens is not None:
+            counts |= {c.IMAGE_TOKENS: np.array(media_tokens[:1], np.int32),
+                       c.VIDEO_TOKENS: np.array(media_tokens[1:2], np.int32)}
         tail = StopTail(c.word_list_sequences(row[c.STOP_WORDS_LIST]),
                         int(row[c.REQUEST_OUTPUT_LEN]))
         # The id lets a stop request name this request (see _stop).

@@ -95,6 +95,7 @@ class Preprocessor:
             c.PIXEL_VALUES: prepared.pixel_values,
             c.IMAGE_GRID_THW: prepared.image_grid_thw,
             c.IMAGE_HASHES: prepared.image_hashes,
+            c.MEDIA_TOKENS: np.array(prepared.media_tokens, np.int32),
         }
 
 

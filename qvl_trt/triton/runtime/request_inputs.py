@@ -22,6 +22,7 @@ from typing import Any
 
 from ...chat_messages import (
     MESSAGES_SHAPE,
+    MM_PROCESSOR_KWARGS,
     CheckedMessages,
     VideoFile,
     VideoFrames,
@@ -122,7 +123,7 @@ def chat_request(inputs: Mapping[str, Any], *, urls: UrlPolicy, defaults: Sampli
         if req.text_input is not None or req.image_bytes or req.video_bytes or req.video_frames:
             raise InputError(f"send either {c.MESSAGES}, or {c.TEXT_INPUT} with "
                              f"{c.IMAGE_BYTES} and videos, not both")
-        messages = limits.checked_messages(_parse_messages(req.messages))
+        messages = limits.checked_messages(*_parse_messages(req.messages))
         images, videos = messages.images(urls.fetch), messages.videos(urls.fetch)
     elif req.text_input is not None:
         frame_lists = _frame_lists(req.video_frames, req.video_frame_counts)
@@ -164,13 +165,15 @@ def _parse_json(text: str, name: str) -> Any:
     return value
 
 
-def _parse_messages(text: str) -> list[dict[str, Any]]:
-    messages = _parse_json(text, c.MESSAGES)
+def _parse_messages(text: str) -> tuple[list[dict[str, Any]], Any]:
+    """(the messages, the request's mm_processor_kwargs or None): a whole chat-completions
+    body is accepted too, and of its other fields only that one is read here."""
+    messages, kwargs = _parse_json(text, c.MESSAGES), None
     if isinstance(messages, Mapping) and "messages" in messages:
-        messages = messages["messages"]  # a whole chat-completions body is accepted too
+        messages, kwargs = messages["messages"], messages.get(MM_PROCESSOR_KWARGS)
     if not isinstance(messages, list) or not messages:
         raise InputError(MESSAGES_SHAPE)
-    return messages
+    return messages, kwargs
 
 
 def _frame_lists(frames: Sequence[bytes],
