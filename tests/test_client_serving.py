@@ -158,6 +158,34 @@ def test_bench_measures_every_path_alike(triton_server, gateway, tmp_path):
 
 
 @pytest.mark.parametrize("endpoint", ["ensemble", "openai"])
+def test_infer_asks_at_a_budget(triton_server, gateway, tmp_path, endpoint):
+    """`infer --budget`: the images at that budget, their tokens as the deployment reports
+    them; a budget the command line cannot spell is refused before anything is sent."""
+    from PIL import Image
+
+    image = tmp_path / "wide.png"
+    Image.new("RGB", (640, 360), (30, 120, 200)).save(image)
+    url = gateway.url if endpoint == "openai" else _grpc(triton_server)
+    args = ["infer", "--endpoint", endpoint, "--url", url, "--image", str(image),
+            "--prompt", "What is in the picture?", "--max-tokens", "2", "--json"]
+    counts = {}
+    for budget in ("max_pixels=16384", "high"):
+        result = run_cli(*args, "--budget", budget)
+        assert result.returncode == 0, result.stderr
+        counts[budget] = json.loads(result.stdout)["input_image_tokens"]
+    with GenerateClient(_grpc(triton_server)) as client:
+        bounds = client.request_limits()
+    data = image.read_bytes()
+    assert counts == {
+        "max_pixels=16384": image_tokens(data, min_pixels=bounds.min_pixels, max_pixels=16384),
+        "high": image_tokens(data, min_pixels=bounds.min_pixels, max_pixels=bounds.max_pixels)}
+    assert counts["max_pixels=16384"] < counts["high"]
+    refused = run_cli(*args, "--budget", "max_pixels=lots")
+    assert refused.returncode == 1 and refused.stderr.startswith(
+        "error: budget 'max_pixels=lots': expected low, high, auto or"), refused.stderr
+
+
+@pytest.mark.parametrize("endpoint", ["ensemble", "openai"])
 def test_bench_sweeps_image_budgets(triton_server, gateway, tmp_path, endpoint):
     """`--budgets`: a run per budget, each request's image tokens as the deployment reports
     them at that budget (640x360 images: 60 tokens at low, the test profile's maximum; 15 at

@@ -61,6 +61,10 @@ def infer(
     stop: Annotated[list[str] | None, typer.Option(help="Stop string (repeatable).")] = None,
     served_model: ServedModelOpt = "ensemble",
     endpoint: EndpointOpt = "ensemble",
+    budget: Annotated[str | None, typer.Option(
+        help="The images' visual budget: low, high, auto (OpenAI's detail) or pixel bounds, "
+             "max_pixels=N, min_pixels=N:max_pixels=N, within the deployment's "
+             "(docs/openai.md).")] = None,
     json_out: JsonOpt = False,
     json_schema: Annotated[Path | None, typer.Option(
         help="Guided decoding: the answer is JSON valid against the schema in this file.")]
@@ -80,6 +84,7 @@ def infer(
     """Ask a deployment one question about images and videos; prints the answer, then time to
     first token, tokens/s and token counts. A guide (--json-schema, --regex, --grammar,
     --json-object) makes the answer take that structure and end when it is complete."""
+    from ..chat_messages import parse_image_budget
     from ..client.bench import ask
     from ..client.generate import GenerateRequest, guide_of
     from .console import infer_json, infer_line, print_json, print_piece, print_text
@@ -89,7 +94,8 @@ def infer(
     req = GenerateRequest(prompt, images, max_tokens, temperature, top_p, top_k, seed,
                           tuple(stop or ()), stream, videos, video_fps,
                           **guide_of(json_schema=json_schema, regex=regex, grammar=grammar,
-                                     any_json=any_json, compact=compact))
+                                     any_json=any_json, compact=compact),
+                          image_budget=parse_image_budget(budget) if budget else None)
     answer = ask(url, req, model=served_model, endpoint=endpoint,
                  api_key=os.environ.get(API_KEY_ENV),
                  on_response=print_piece if stream and not json_out else None)
