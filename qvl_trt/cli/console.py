@@ -557,6 +557,16 @@ def infer_line(answer: Measurement) -> str:
             f"{r.input_image_tokens} image)[/dim]")
 
 
+def print_answer(answer: Measurement, *, json_out: bool, streamed: bool) -> None:
+    """infer's output: the answer (already printed piece by piece when streamed), then its
+    closing line; or both as one JSON object."""
+    if json_out:
+        print_json(infer_json(answer))
+        return
+    print_text(answer.text if not streamed else "")
+    out.print(infer_line(answer))
+
+
 def verify_line(r: CaseResult) -> str:
     """One case (markup): ok or FAIL, and where the token ids first differ."""
     mark = "[green]ok[/green]" if r.passed else "[red]FAIL[/red]"

@@ -87,8 +87,7 @@ def infer(
     from ..chat_messages import parse_image_budget
     from ..client.bench import ask
     from ..client.generate import GenerateRequest, guide_of
-    from .console import infer_json, infer_line, print_json, print_piece, print_text
-    from .console import out as console
+    from .console import print_answer, print_piece
 
     images, videos = read_media(image, video)
     req = GenerateRequest(prompt, images, max_tokens, temperature, top_p, top_k, seed,
@@ -100,11 +99,7 @@ def infer(
                  api_key=os.environ.get(API_KEY_ENV),
                  on_response=print_piece if stream and not json_out else None)
     answer.raise_if_failed()
-    if json_out:
-        print_json(infer_json(answer))
-        return
-    print_text(answer.text if not stream else "")
-    console.print(infer_line(answer))
+    print_answer(answer, json_out=json_out, streamed=stream)
 
 
 @command(panel="Serve and measure")
