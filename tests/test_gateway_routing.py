@@ -3,7 +3,9 @@
 fits it (gateway/routing.py). The choice itself on hand-made limits; then the session's chat
 build of the tiny checkpoint beside a video build of it (lower batch, larger limits), served
 by a real tritonserver and gateway, asked with the openai package: where each request ran is
-read from Triton's own per-model request counters."""
+read from Triton's own per-model request counters. The clip the video workload is sized for
+(30 frames of 1280x720), as an encoded file, runs on the video build unscaled, through chunked
+context; the chat build takes it scaled down."""
 
 from __future__ import annotations
 
@@ -326,6 +328,98 @@ def test_the_video_build_serves_the_full_size_clip_whole(pair, tiny_ckpt, tmp_pa
     # Unscaled: every visual token of the clip, beside at most 9 text tokens per group
     # ("<12.5 seconds>" and the vision start and end).
     assert clip.visual_tokens <= with_clip - text_only <= clip.visual_tokens + 15 * 9
+
+
+def preprocessed(server, build: str, messages: list[dict]) -> tuple[list[list[int]], int]:
+    """What a build's preprocessing, asked directly, makes of a request: its vision items'
+    patch grids (a video's temporal groups, (1, h, w) each) and the prompt's tokens."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    value = np.array([[json.dumps(messages).encode()]], object)
+    tensor = grpcclient.InferInput(c.MESSAGES, list(value.shape), "BYTES")
+    tensor.set_data_from_numpy(value)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        result = client.infer(c.ModelNames.for_build(build).preprocessing, [tensor], outputs=[
+            grpcclient.InferRequestedOutput(name) for name in (c.IMAGE_GRID_THW,
+                                                               c.INPUT_LENGTHS)])
+    finally:
+        client.close()
+    return (result.as_numpy(c.IMAGE_GRID_THW).reshape(-1, 3).tolist(),
+            int(result.as_numpy(c.INPUT_LENGTHS).reshape(-1)[0]))
+
+
+def test_an_encoded_full_size_clip_runs_unscaled_on_the_video_build_and_scaled_on_chat(
+        pair, tiny_ckpt, triton_profile, tmp_path) -> None:
+    # The clip the planner sizes the video workload for, as a client uploads it: an MP4 of 30
+    # frames of 1280x720, 15 s at 2 fps, so the default sampling (2 fps) keeps every frame.
+    pytest.importorskip("av", reason="video files need PyAV: pip install 'qvl-trt[serve]'")
+    from video_clips import data_uri as video_uri
+    from video_clips import video_file
+
+    from qvl_trt.checkpoint import open_checkpoint
+    from qvl_trt.manifest import BUILD_CONFIG_NAME
+    from qvl_trt.plan import make_plan
+    from qvl_trt.profiles import load_profile
+    from qvl_trt.triton import tensorrtllm_backend as tb
+    from qvl_trt.triton.layout import VERSION
+    from qvl_trt.triton.pbconfig import parameters, read_config
+    from qvl_trt.workload import Workload
+
+    server, gateway = pair
+    lim = _video_limits(tiny_ckpt, tmp_path)
+    promised = make_plan(open_checkpoint(tiny_ckpt), load_profile(str(tmp_path / "video.toml")),
+                         workload=Workload.VIDEO).typical_video
+    chat = make_plan(open_checkpoint(tiny_ckpt), load_profile(str(triton_profile))).limits
+    # The clip budget is the checkpoint's (the released video processor's 25165824 pixels).
+    assert lim.video_max_tokens == lim.max_visual_tokens_per_request == 12288
+    messages = [{"role": "user", "content": [
+        {"type": "video_url", "video_url": {"url": video_uri(
+            video_file(30, 1280, 720, rate=2, quick=True), "video/mp4")}},
+        {"type": "text", "text": "What happens?"}]}]
+
+    # Unscaled: each frame at the processor's cap of 786432 pixels, 640x1152 (the grid
+    # transformers' Qwen3-VL video processor gives this clip, tests/test_mm_video_hf.py): 15
+    # temporal groups of 40x72 patches, 20x36 merged tokens each. The counters are read before
+    # the direct call: Triton counts a request after its response, so a read between the two
+    # calls could miss it.
+    before = ran(server)
+    grid, prompt_tokens = preprocessed(server, "video", messages)
+    assert grid == [[1, 40, 72]] * 15
+    assert sum(t * h * w for t, h, w in grid) // 4 == promised.visual_tokens == 10800
+    assert not promised.refused
+
+    # The answer through the gateway: the video build's, with every one of those tokens.
+    client = api(gateway)
+    answer = client.chat.completions.create(model=CHECKPOINT, messages=messages, max_tokens=2,
+                                            temperature=0)
+    # Preprocessing twice: the direct call and the gateway's request.
+    assert grown(before, ran(server)) == {"video_preprocessing": 2, "video_tensorrt_llm": 1}
+    assert answer.choices[0].finish_reason == "length" and answer.usage.completion_tokens == 2
+    assert answer.usage.prompt_tokens == prompt_tokens > promised.visual_tokens
+    # Longer than the engine's max_num_tokens: the executor takes such a prompt only with
+    # chunked context (else it refuses above min(max_seq_len - 1, max_num_tokens)), which the
+    # repository turns on and the engine (paged context FMHA) keeps.
+    folder = server.opts.repo / c.ModelNames.for_build("video").tensorrt_llm
+    engine = tb.EngineLimits.of_build_config(
+        json.loads((folder / VERSION / BUILD_CONFIG_NAME).read_text()))
+    assert parameters(read_config(folder))["enable_chunked_context"] == "true"
+    assert engine.chunked(True) and engine.max_num_tokens == lim.max_num_tokens
+    assert engine.max_input_len(False) < prompt_tokens <= engine.max_input_len(True)
+
+    # The chat build, asked by its own name, takes the clip scaled down to its own budget (a
+    # file is sampled down to its video_max_frames, the frames shrunk into video_max_tokens;
+    # docs/build.md "GPU profiles") rather than refusing it: here 16 frames, 8 groups of 6x10
+    # patches (frames 96x160), 120 of its 128 tokens.
+    before = ran(server)
+    grid, prompt_tokens = preprocessed(server, "chat", messages)
+    assert grid == [[1, 6, 10]] * (chat.video_max_frames // 2)
+    assert sum(t * h * w for t, h, w in grid) // 4 <= chat.video_max_tokens
+    answer = client.chat.completions.create(model="chat", messages=messages, max_tokens=2,
+                                            temperature=0)
+    assert grown(before, ran(server)) == {"chat_preprocessing": 2, "chat_tensorrt_llm": 1}
+    assert answer.usage.prompt_tokens == prompt_tokens <= chat.max_input_len
 
 
 def test_a_request_neither_build_takes_is_a_400_naming_the_limit(pair, tiny_ckpt,

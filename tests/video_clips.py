@@ -34,28 +34,33 @@ def png_frames(count: int, width: int, height: int, seed: int = 0) -> tuple[byte
 
 
 def video_file(count: int, width: int, height: int, *, rate: int = 10, seed: int = 0,
-               container: str = "mp4", faststart: bool = False) -> bytes:
+               container: str = "mp4", faststart: bool = False, quick: bool = False) -> bytes:
     """A video file of `count` frames at `rate` frames per second: MP4 (H.264; `faststart`:
-    its index first, as web servers want it) or WebM (VP9)."""
+    its index first, as web servers want it) or WebM (VP9). `quick` (H.264 only): x264's
+    fastest preset at low quality, for large clips whose sizes matter and not their detail
+    (30 frames of 1280x720 encode in a quarter of a second rather than 4.5, into 0.3 MB rather
+    than 7.7)."""
     codec = {"mp4": "libx264", "webm": "libvpx-vp9"}[container]
+    coding = {"preset": "ultrafast", "crf": "35"} if quick else {}
     if faststart:  # FFmpeg moves the index by reading the finished file again, by name
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / f"clip.{container}"
             _encode(path, codec, count, width, height, rate, seed, container,
-                    {"movflags": "faststart"})
+                    {"movflags": "faststart"}, coding)
             return path.read_bytes()
     buffer = io.BytesIO()
-    _encode(buffer, codec, count, width, height, rate, seed, container, {})
+    _encode(buffer, codec, count, width, height, rate, seed, container, {}, coding)
     return buffer.getvalue()
 
 
 def _encode(target, codec: str, count: int, width: int, height: int, rate: int, seed: int,
-            container: str, options: dict[str, str]) -> None:
+            container: str, options: dict[str, str], coding: dict[str, str]) -> None:
     import av
 
     with av.open(target, mode="w", format=container, options=options) as out:
         stream = out.add_stream(codec, rate=rate)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.options = coding
         for i in range(count):
             frame = av.VideoFrame.from_ndarray(frame_pixels(i, width, height, seed),
                                                format="rgb24")
