@@ -18,7 +18,8 @@ text. The reference flavor decodes on this machine's cores beside the clients; i
 say what the serving path does under saturation, not what a GPU engine delivers.
 
 Usage: python scripts/bench_saturation.py [--gpu 4090d] [--multiples 1,2,5]
-       [--max-tokens 1000] [--rounds 1] [--work-dir DIR] [--repo REPO] [--json FILE]
+       [--max-tokens 1000] [--rounds 1] [--work-dir DIR] [--repo REPO] [--model NAME]
+       [--json FILE]
 """
 
 from __future__ import annotations
@@ -62,13 +63,18 @@ def build_repo(root: Path, gpu: str, dims: str = "") -> Path:
 
 
 def batch_slots(repo: Path) -> int:
-    """The batch slots of the repository's (first) tensorrt_llm_bls model."""
+    """The batch slots of the repository's tensorrt_llm_bls model; of several (one
+    checkpoint's chat and video builds), the most: the gateway sends text to the build of the
+    higher batch (gateway/routing.py)."""
+    slots = []
     for path in sorted(repo.glob(f"*/{CONFIG_FILE}")):
         caller = c.llm_caller_parameters(parameters(parse_config(path.read_text(), str(path))),
                                          str(path))
         if isinstance(caller, c.TensorrtLlmBlsParameters):
-            return caller.batch_slots
-    raise SystemExit(f"{repo} has no tensorrt_llm_bls model")
+            slots.append(caller.batch_slots)
+    if not slots:
+        raise SystemExit(f"{repo} has no tensorrt_llm_bls model")
+    return max(slots)
 
 
 class Served:
@@ -163,14 +169,14 @@ async def stream(api, model: str, max_tokens: int, n: int) -> RequestRecord:
                              f"{' '.join(str(exc).split())[:200]}")
 
 
-async def level(served: Served, clients: int, max_tokens: int) -> dict:
+async def level(served: Served, clients: int, max_tokens: int, model: str = c.ENSEMBLE) -> dict:
     import openai
 
     api = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{served.openai}/v1",
                              api_key="unused", max_retries=0, timeout=24 * 3600)
     restarts, before = served.state()["restarts"], wait_buckets(served.metrics())
     try:
-        records = await asyncio.gather(*(stream(api, c.ENSEMBLE, max_tokens, n)
+        records = await asyncio.gather(*(stream(api, model, max_tokens, n)
                                          for n in range(clients)))
     finally:
         await api.close()
@@ -197,6 +203,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--work-dir", type=Path)
+    parser.add_argument("--model", default=c.ENSEMBLE,
+                        help="OpenAI model asked: a one-build repository's ensemble, or the "
+                        "checkpoint's name that its builds (chat and video) are served as")
     parser.add_argument("--json", type=Path, help="also write the levels here")
     args = parser.parse_args()
     multiples = [int(m) for m in args.multiples.split(",")]
@@ -208,12 +217,12 @@ def main() -> None:
         served = Served(repo, root / "serve.log")
         try:
             served.wait_ready()
-            asyncio.run(level(served, slots, 8))  # warm-up: kernels, caches
+            asyncio.run(level(served, slots, 8, args.model))  # warm-up: kernels, caches
             results = []
             for _ in range(args.rounds):
                 for multiple in multiples:
                     results.append({"multiple": multiple, **asyncio.run(
-                        level(served, multiple * slots, args.max_tokens))})
+                        level(served, multiple * slots, args.max_tokens, args.model))})
                     print(json.dumps(results[-1]), flush=True)
         finally:
             served.stop()
