@@ -228,6 +228,11 @@ def main() -> None:
             served.stop()
     base = [r["output_tokens_per_s"] for r in results if r["multiple"] == multiples[0]]
     baseline = sum(base) / len(base)
+    if not baseline:  # every baseline request failed: no ratio means anything
+        errors = sum(r["errors"] for r in results if r["multiple"] == multiples[0])
+        raise SystemExit(f"bench_saturation: the {multiples[0]}x level produced no tokens "
+                         f"({errors} errors); give --model a name the gateway's /v1/models "
+                         "lists")
     print(f"\n{slots} batch slots, {args.max_tokens}-token answers (ignore_eos), "
           f"{args.rounds} round(s)")
     print(f"{'level':>6} {'clients':>7} {'tokens/s':>9} {'ratio':>6} {'TTFT p50':>9} "
