@@ -38,11 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from qvl_trt.gateway.options import GatewayOptions
-from qvl_trt.serve.gateway_process import GatewayProcess
 from qvl_trt.serve.progress import read_metrics, total
-from qvl_trt.serve.server import ServerOptions, TritonServer, free_ports
-from qvl_trt.testing.tiny_repository import build_generator_repo
+from qvl_trt.testing.tiny_repository import served_generator
 from qvl_trt.triton import contract as c
 
 STOP = "<|im_start|>assistant"  # ends the generator's answer (see the module doc)
@@ -124,15 +121,10 @@ def main() -> None:
     chats = questions(args.questions)
     with tempfile.TemporaryDirectory(prefix="qvl-bench-answer-cache-") as tmp:
         root = args.work_dir or Path(tmp)
-        repo = build_generator_repo(root, streams=1, tokens=args.max_tokens,
-                                    tokens_per_s=args.rate)
-        with TritonServer(ServerOptions(repo.path, free_ports()), log_file=root / "server.log",
-                          startup_timeout_s=300) as server:
-            opts = GatewayOptions(server.grpc_url, port=free_ports().http)
-            with GatewayProcess(opts, log_file=root / "gateway.log") as gateway:
-                gateway.wait_ready()
-                result = replay(gateway.url, order, chats, args.max_tokens)
-                samples = read_metrics(f"{gateway.url}/metrics", timeout_s=10)
+        with served_generator(root, streams=1, tokens=args.max_tokens,
+                              tokens_per_s=args.rate) as (_, gateway):
+            result = replay(gateway.url, order, chats, args.max_tokens)
+            samples = read_metrics(f"{gateway.url}/metrics", timeout_s=10)
     seconds = result["seconds"]
     hits, misses = seconds["hit"], seconds["miss"]
     counted = total(samples, "qvl_gateway_answer_cache_lookups_total", result="hit")

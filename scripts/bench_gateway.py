@@ -40,11 +40,9 @@ from itertools import pairwise
 from pathlib import Path
 
 from qvl_trt.gateway.openai_api import ChatCompletionRequest
-from qvl_trt.gateway.options import GatewayOptions
 from qvl_trt.gateway.upstream import Upstream
 from qvl_trt.serve.gateway_process import GatewayProcess
-from qvl_trt.serve.server import ServerOptions, TritonServer, free_ports
-from qvl_trt.testing.tiny_repository import build_generator_repo
+from qvl_trt.testing.tiny_repository import served_generator
 
 PROMPT = "Tell me a long story."
 WAYS = ("direct", "gateway")
@@ -177,17 +175,11 @@ def main() -> None:
     levels = [int(v) for v in args.concurrency.split(",")]
     with tempfile.TemporaryDirectory(prefix="qvl-bench-gateway-") as tmp:
         root = args.work_dir or Path(tmp)
-        repo = build_generator_repo(root, streams=max(levels), tokens=args.max_tokens,
-                                    tokens_per_s=args.rate)
-        with TritonServer(ServerOptions(repo.path, free_ports()), log_file=root / "server.log",
-                          startup_timeout_s=300) as server:
-            opts = GatewayOptions(server.grpc_url, port=free_ports().http)
-            with GatewayProcess(opts, log_file=root / "gateway.log") as gateway:
-                gateway.wait_ready()
-                print(f"generator: {args.rate:g} tokens/s per stream; {args.rounds} alternating "
-                      "rounds per level (medians)", flush=True)
-                asyncio.run(measure(server.grpc_url, gateway, levels, args.rounds,
-                                    args.max_tokens))
+        with served_generator(root, streams=max(levels), tokens=args.max_tokens,
+                              tokens_per_s=args.rate) as (server, gateway):
+            print(f"generator: {args.rate:g} tokens/s per stream; {args.rounds} alternating "
+                  "rounds per level (medians)", flush=True)
+            asyncio.run(measure(server.grpc_url, gateway, levels, args.rounds, args.max_tokens))
 
 
 if __name__ == "__main__":

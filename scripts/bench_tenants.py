@@ -29,12 +29,9 @@ import time
 from pathlib import Path
 
 from qvl_trt.gateway import metrics as gm
-from qvl_trt.gateway.options import GatewayOptions
 from qvl_trt.gateway.tenants import Quotas, add_key
-from qvl_trt.serve.gateway_process import GatewayProcess
 from qvl_trt.serve.progress import read_metrics, total
-from qvl_trt.serve.server import ServerOptions, TritonServer, free_ports
-from qvl_trt.testing.tiny_repository import build_generator_repo
+from qvl_trt.testing.tiny_repository import served_generator
 
 B_PROMPTS = [f"Question {i}: tell me about the sea." for i in range(8)]
 A_PROMPT = "Tell me a long story."
@@ -146,24 +143,19 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="qvl-bench-tenants-") as tmp:
         root = args.work_dir or Path(tmp)
-        repo = build_generator_repo(root, streams=args.slots, tokens=args.max_tokens,
-                                    tokens_per_s=args.rate)
+        root.mkdir(parents=True, exist_ok=True)
         keys_file = root / "keys.json"
         keys = {"A": add_key(keys_file, "tenant-a", Quotas(max_streams=args.a_streams))[0],
                 "B": add_key(keys_file, "tenant-b")[0]}
-        with TritonServer(ServerOptions(repo.path, free_ports()), log_file=root / "server.log",
-                          startup_timeout_s=300) as server:
-            opts = GatewayOptions(server.grpc_url, port=free_ports().http,
-                                  max_concurrency=args.slots, max_queue=args.slots,
-                                  keys_file=keys_file)
-            with GatewayProcess(opts, log_file=root / "gateway.log") as gateway:
-                gateway.wait_ready()
-                print(f"generator: {args.rate:g} tokens/s per stream, {args.max_tokens} tokens "
-                      f"an answer; gateway slots {args.slots}; tenant A: {args.flooders} "
-                      f"clients, max_streams {args.a_streams}; tenant B: {args.b_requests} "
-                      f"requests, {args.b_concurrency} at a time; {args.rounds} alternating "
-                      "rounds", flush=True)
-                raise SystemExit(asyncio.run(measure(args, gateway.url, keys)))
+        with served_generator(root, streams=args.slots, tokens=args.max_tokens,
+                              tokens_per_s=args.rate, max_concurrency=args.slots,
+                              max_queue=args.slots, keys_file=keys_file) as (_, gateway):
+            print(f"generator: {args.rate:g} tokens/s per stream, {args.max_tokens} tokens "
+                  f"an answer; gateway slots {args.slots}; tenant A: {args.flooders} "
+                  f"clients, max_streams {args.a_streams}; tenant B: {args.b_requests} "
+                  f"requests, {args.b_concurrency} at a time; {args.rounds} alternating "
+                  "rounds", flush=True)
+            raise SystemExit(asyncio.run(measure(args, gateway.url, keys)))
 
 
 if __name__ == "__main__":

@@ -4,9 +4,15 @@ small profile, some limits overridden."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from qvl_trt.build import BuildOptions, Stage, run_build
+from qvl_trt.gateway.options import GatewayOptions
+from qvl_trt.serve.gateway_process import GatewayProcess
+from qvl_trt.serve.server import ServerOptions, TritonServer, free_ports
 from qvl_trt.testing.small_profile import small_profile_toml
 from qvl_trt.testing.tiny_checkpoint import write_tiny_checkpoint
 from qvl_trt.testing.token_generator import install_token_generator
@@ -45,3 +51,18 @@ def build_generator_repo(root: Path, *, streams: int, tokens: int,
                                      max_num_tokens=1024 + tokens)
     install_token_generator(repo.path / c.TENSORRT_LLM / VERSION, tokens_per_s)
     return repo
+
+
+@contextmanager
+def served_generator(root: Path, *, streams: int, tokens: int, tokens_per_s: float,
+                     **gateway: Any) -> Iterator[tuple[TritonServer, GatewayProcess]]:
+    """The generator repository (build_generator_repo) served by tritonserver with the
+    gateway in front, both ready, their logs in `root`; `gateway` holds GatewayOptions'
+    fields beyond the upstream and port."""
+    repo = build_generator_repo(root, streams=streams, tokens=tokens, tokens_per_s=tokens_per_s)
+    with TritonServer(ServerOptions(repo.path, free_ports()), log_file=root / "server.log",
+                      startup_timeout_s=300) as server:
+        opts = GatewayOptions(server.grpc_url, port=free_ports().http, **gateway)
+        with GatewayProcess(opts, log_file=root / "gateway.log") as process:
+            process.wait_ready()
+            yield server, process
