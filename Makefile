@@ -25,15 +25,18 @@ TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, max(2, os.cpu_coun
 test: install browser prometheus
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope
 
-# Chromium + chromium-driver for the chat page's browser test, where apt-get runs as root (CI);
-# elsewhere the script says why that test will skip.
+# Chromium + chromium-driver for the chat page's browser test (tests/test_gateway_page.py),
+# where apt-get runs as root (CI); elsewhere the script says why that test will skip.
 browser:
-	bash scripts/install_browser.sh
+	bash scripts/install_debian_packages.sh "the chat page's browser test" \
+	  "chromium chromedriver" chromium chromium-driver fonts-dejavu-core
 
-# Prometheus and promtool (Debian's prometheus) for the monitoring tests, where apt-get runs
-# as root (CI); elsewhere the script says why those tests will skip.
+# Prometheus and promtool (Debian's prometheus, bookworm: 2.42) for the monitoring tests
+# (promtool check/test rules on what `deploy --monitoring` writes) and
+# scripts/render_dashboard.py, where apt-get runs as root (CI); elsewhere the script says why.
 prometheus:
-	bash scripts/install_prometheus.sh
+	bash scripts/install_debian_packages.sh "the monitoring tests" "promtool prometheus" \
+	  prometheus
 
 # The main job on a tiny random checkpoint: plan; build the vision engine (TensorRT-RTX, no GPU
 # needed) and the LLM checkpoint; the LLM engine needs TensorRT-LLM, so here the build stops

@@ -3,7 +3,7 @@ metrics of a load run: no Grafana installs here, so this renders the same querie
 Grafana would, from a real Prometheus.
 
 It serves the tiny checkpoint's reference repository with `qvl-trt serve --openai-port`
-(supervisor, gateway, health port), starts Debian's prometheus (scripts/install_prometheus.sh)
+(supervisor, gateway, health port), starts Debian's prometheus (make prometheus)
 on 127.0.0.1 scraping the pod's three metrics pages every --scrape-interval seconds with the
 labels the PodMonitor's targets get (namespace, pod, container, endpoint, job NAMESPACE/NAME),
 and loads the deployment as an operator's clients would: more concurrent streams than batch
@@ -455,7 +455,7 @@ def main() -> None:
                          "empty folder")
     binary = shutil.which("prometheus")
     if binary is None:  # said before the build, not after
-        raise SystemExit("needs prometheus: run `bash scripts/install_prometheus.sh` as root "
+        raise SystemExit("needs prometheus: run `make prometheus` as root "
                          "(apt-get install prometheus)")
     with tempfile.TemporaryDirectory(prefix="qvl-dashboard-") as tmp:
         root = args.work_dir or Path(tmp)

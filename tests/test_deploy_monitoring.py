@@ -1,5 +1,5 @@
 """`qvl-trt deploy --monitoring`'s dashboard and alerts (qvl_trt/deploy/monitoring.py), checked
-by promtool (Debian's prometheus, scripts/install_prometheus.sh): every query of the dashboard
+by promtool (Debian's prometheus, make prometheus): every query of the dashboard
 and every alert parses, the rule file passes `promtool check rules`, and `promtool test rules`
 fires the KV-cache-full and error-rate alerts on synthetic series (and not below their
 thresholds). The dashboard's JSON model holds together as Grafana reads it. That every series
@@ -29,7 +29,7 @@ SCRAPE_LABELS = {"job", "namespace", "pod", "instance", "container", "endpoint"}
 def promtool() -> str:
     tool = shutil.which("promtool")
     if tool is None:
-        pytest.skip("needs promtool: apt-get install prometheus (scripts/install_prometheus.sh, "
+        pytest.skip("needs promtool: apt-get install prometheus (make prometheus, "
                     "run by `make test` as root)")
     return tool
 

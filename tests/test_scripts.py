@@ -129,7 +129,7 @@ def test_render_dashboards_scrape_config_passes_promtool_and_meets_every_pod_sel
     come from outside the pod)."""
     promtool = shutil.which("promtool")
     if promtool is None:
-        pytest.skip("needs promtool: apt-get install prometheus (scripts/install_prometheus.sh, "
+        pytest.skip("needs promtool: apt-get install prometheus (make prometheus, "
                     "run by `make test` as root)")
     printed = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "render_dashboard.py"), "--print-config"],
