@@ -448,3 +448,33 @@ def test_a_request_neither_build_takes_is_a_400_naming_the_limit(pair, tiny_ckpt
     # The gateway's metrics: one request sent on from the chat build; both refused by the
     # video build (the build asked last labels a request).
     assert [a - b for a, b in zip(gateway_counts(gateway), counted, strict=True)] == [1, 2]
+
+
+def test_detail_low_and_high_cost_what_docs_say_on_a_build_whose_maximum_is_above_low(
+        pair, tiny_ckpt, tmp_path) -> None:
+    """The 1920x1080 photo of docs/openai.md's table on the video build, whose images may
+    reach 786432 pixels: detail low costs the few tokens of LOW_DETAIL_MAX_PIXELS, high (and
+    no detail) the build's maximum, each in usage.prompt_tokens_details."""
+    from test_gateway_app import photo_question
+
+    from qvl_trt.mm.geometry import LOW_DETAIL_MAX_PIXELS, image_token_count
+
+    lim = _video_limits(tiny_ckpt, tmp_path)
+    assert lim.vision_max_pixels > LOW_DETAIL_MAX_PIXELS
+    server, gateway = pair
+    client = api(gateway)
+    tokens = {}
+    for detail in ("low", "high", None):
+        before = ran(server)
+        answer = client.chat.completions.create(
+            model="video", messages=photo_question(**({"detail": detail} if detail else {})),
+            max_tokens=2, temperature=0)
+        assert grown(before, ran(server)) == {"video_preprocessing": 1, "video_tensorrt_llm": 1}
+        details = answer.usage.prompt_tokens_details
+        tokens[detail] = (details.image_tokens, details.video_tokens)
+    low = image_token_count(1080, 1920, min_pixels=lim.vision_min_pixels,
+                            max_pixels=LOW_DETAIL_MAX_PIXELS)
+    high = image_token_count(1080, 1920, min_pixels=lim.vision_min_pixels,
+                             max_pixels=lim.vision_max_pixels)
+    assert tokens == {"low": (low, 0), "high": (high, 0), None: (high, 0)}
+    assert (low, high) == (252, 720)  # 384x672 (docs/openai.md), 640x1152
