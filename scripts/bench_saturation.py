@@ -3,6 +3,9 @@ long answer (ignore_eos, as genai-perf and AIPerf load a server) through the Ope
 of `qvl-trt serve`. Per level it prints the output token throughput, p50/p99 time to first
 token and queue wait, the errors and the server restarts, and the throughput as a ratio of
 the 1x level's, measured in the same run (levels interleaved when --rounds > 1).
+With --hang-up-every K every K-th client closes its stream after the first piece of text, as
+a user who stops reading does: the gateway must count each as a client-closed request (499)
+and the server free its slot for those waiting; the level's figures are the other clients'.
 
 By default it builds the tiny random checkpoint for a shipped profile (--gpu, 4090d: 12
 batch slots), writes its reference repository and serves it with `qvl-trt serve
@@ -19,7 +22,7 @@ say what the serving path does under saturation, not what a GPU engine delivers.
 
 Usage: python scripts/bench_saturation.py [--gpu 4090d] [--multiples 1,2,5]
        [--max-tokens 1000] [--rounds 1] [--work-dir DIR] [--repo REPO] [--model NAME]
-       [--json FILE]
+       [--hang-up-every K] [--json FILE]
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from pathlib import Path
 
 from qvl_trt.child import kill_group, popen_owned, signals_held
 from qvl_trt.client.metrics import RequestRecord, level_metrics
+from qvl_trt.gateway import metrics as gm
 from qvl_trt.gateway.readiness import ready_state
 from qvl_trt.serve.progress import Samples, read_metrics, total
 from qvl_trt.serve.server import free_ports
@@ -109,12 +113,18 @@ class Served:
             except OSError:
                 time.sleep(0.5)
 
-    def metrics(self) -> Samples:
-        url = f"http://127.0.0.1:{self.ports.metrics}/metrics"
+    def metrics(self, port: int | None = None) -> Samples:
+        """Triton's metrics, or those of the server on `port` (the gateway's)."""
+        url = f"http://127.0.0.1:{port or self.ports.metrics}/metrics"
         samples = read_metrics(url, timeout_s=30)
         if samples is None:
-            raise SystemExit(f"Triton's metrics at {url} do not answer; see {self.log.name}")
+            raise SystemExit(f"the metrics at {url} do not answer; see {self.log.name}")
         return samples
+
+    def client_closed(self) -> float:
+        """Requests the gateway counted as closed by their client (499)."""
+        return total(self.metrics(self.openai), "qvl_gateway_requests_total",
+                     status=str(gm.CLIENT_CLOSED))
 
     def stop(self) -> None:
         self.process.terminate()
@@ -149,7 +159,9 @@ def quantile(q: float, before: dict[float, float], after: dict[float, float]) ->
     return lower
 
 
-async def stream(api, model: str, max_tokens: int, n: int) -> RequestRecord:
+async def stream(api, model: str, max_tokens: int, n: int, hang_up: bool = False
+                 ) -> RequestRecord | None:
+    """One client's answer, measured; None for a client that hung up after its first piece."""
     import openai
 
     sent, first, usage = time.perf_counter(), None, None
@@ -161,6 +173,9 @@ async def stream(api, model: str, max_tokens: int, n: int) -> RequestRecord:
         async for chunk in chunks:
             if first is None and chunk.choices and chunk.choices[0].delta.content:
                 first = time.perf_counter()
+                if hang_up:
+                    await chunks.close()
+                    return None
             usage = chunk.usage or usage
         return RequestRecord(sent, first, time.perf_counter(),
                              output_tokens=usage.completion_tokens if usage else 0)
@@ -169,19 +184,23 @@ async def stream(api, model: str, max_tokens: int, n: int) -> RequestRecord:
                              f"{' '.join(str(exc).split())[:200]}")
 
 
-async def level(served: Served, clients: int, max_tokens: int, model: str = c.ENSEMBLE) -> dict:
+async def level(served: Served, clients: int, max_tokens: int, model: str = c.ENSEMBLE,
+                hang_up_every: int = 0) -> dict:
     import openai
 
     api = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{served.openai}/v1",
                              api_key="unused", max_retries=0, timeout=24 * 3600)
     restarts, before = served.state()["restarts"], wait_buckets(served.metrics())
+    closed = served.client_closed()
     try:
-        records = await asyncio.gather(*(stream(api, model, max_tokens, n)
-                                         for n in range(clients)))
+        answers = await asyncio.gather(*(stream(
+            api, model, max_tokens, n, hang_up_every > 0 and n % hang_up_every == 0)
+            for n in range(clients)))
     finally:
         await api.close()
     after, state = wait_buckets(served.metrics()), served.state()
-    m = level_metrics(clients, list(records))
+    records = [r for r in answers if r is not None]
+    m = level_metrics(len(records), records)
     ttft = m.metrics["time_to_first_token"]
     return {
         "clients": clients, "errors": m.errors, "restarts": state["restarts"] - restarts,
@@ -192,6 +211,8 @@ async def level(served: Served, clients: int, max_tokens: int, model: str = c.EN
         "queue_wait_p99_s": quantile(0.99, before, after),
         "duration_s": m.duration_s,
         "first_errors": sorted({r.error for r in records if r.error})[:3],
+        "hung_up": len(answers) - len(records),
+        "client_closed": served.client_closed() - closed,
     }
 
 
@@ -206,6 +227,9 @@ def main() -> None:
     parser.add_argument("--model", default=c.ENSEMBLE,
                         help="OpenAI model asked: a one-build repository's ensemble, or the "
                         "checkpoint's name that its builds (chat and video) are served as")
+    parser.add_argument("--hang-up-every", type=int, default=0, metavar="K",
+                        help="every K-th client closes its stream after the first piece "
+                        "(0: none)")
     parser.add_argument("--json", type=Path, help="also write the levels here")
     args = parser.parse_args()
     multiples = [int(m) for m in args.multiples.split(",")]
@@ -222,7 +246,8 @@ def main() -> None:
             for _ in range(args.rounds):
                 for multiple in multiples:
                     results.append({"multiple": multiple, **asyncio.run(
-                        level(served, multiple * slots, args.max_tokens, args.model))})
+                        level(served, multiple * slots, args.max_tokens, args.model,
+                              args.hang_up_every))})
                     print(json.dumps(results[-1]), flush=True)
         finally:
             served.stop()
@@ -236,12 +261,14 @@ def main() -> None:
     print(f"\n{slots} batch slots, {args.max_tokens}-token answers (ignore_eos), "
           f"{args.rounds} round(s)")
     print(f"{'level':>6} {'clients':>7} {'tokens/s':>9} {'ratio':>6} {'TTFT p50':>9} "
-          f"{'p99':>7} {'wait p50':>9} {'p99':>7} {'errors':>6} {'restarts':>8}")
+          f"{'p99':>7} {'wait p50':>9} {'p99':>7} {'errors':>6} {'restarts':>8} "
+          f"{'hung up':>7} {'499s':>5}")
     for r in results:
         print(f"{r['multiple']:>5}x {r['clients']:>7} {r['output_tokens_per_s']:>9.1f} "
               f"{r['output_tokens_per_s'] / baseline:>6.2f} {r['ttft_p50_s']:>8.1f}s "
               f"{r['ttft_p99_s']:>6.1f}s {r['queue_wait_p50_s']:>8.1f}s "
-              f"{r['queue_wait_p99_s']:>6.1f}s {r['errors']:>6} {r['restarts']:>8}")
+              f"{r['queue_wait_p99_s']:>6.1f}s {r['errors']:>6} {r['restarts']:>8} "
+              f"{r['hung_up']:>7} {r['client_closed']:>5.0f}")
     if args.json:
         args.json.write_text(json.dumps({"slots": slots, "max_tokens": args.max_tokens,
                                          "levels": results}, indent=2))
