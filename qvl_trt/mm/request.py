@@ -314,11 +314,8 @@ class RequestPreprocessor:
                 raise FieldError(f"{field} = {value} is below the deployment's minimum of {low} "
                                  "pixels per image (limits.vision_min_pixels); send at least "
                                  f"{low}", field)
+        # min_pixels <= max_pixels where both are given: chat_messages.image_budget's rule.
         bounds = (budget.min_pixels or low, budget.max_pixels or high)
-        if bounds[0] > bounds[1]:
-            raise FieldError(f"{budget.where}: min_pixels {bounds[0]} is above max_pixels "
-                             f"{bounds[1]}; send min_pixels <= max_pixels",
-                             f"{budget.where}.min_pixels")
         return self.pixels if bounds == (low, high) else self.pixels.with_bounds(*bounds)
 
     def video_bounds(self, budget: VideoBudget) -> tuple[VideoConfig, int]:
@@ -468,11 +465,12 @@ class RequestPreprocessor:
         images' and the videos' before it, are checked from its header before its frames
         decode, and its frames are resized as they decode."""
         decoded, config = [], self.videos.pixels
-        known, sizes, caps = list(image_tokens), [], []  # caps[-1]: the video's frame cap
+        known, sizes = list(image_tokens), []
         merge = self.checkpoint.vision.spatial_merge_size ** 2
 
         def before_decoding(count: int, width: int, height: int) -> tuple[int, int]:
-            sizes.append(vid.clip_frame_size(count, width, height, config, caps[-1]))
+            # `cap`: the frame cap of the video the loop below is loading
+            sizes.append(vid.clip_frame_size(count, width, height, config, cap))
             known.append(vid.clip_patch_count(count, *sizes[-1], config) // merge)
             self._check_visual_tokens(known, media, fewer)
             return sizes[-1]  # the frames come back resized: video_patches is told the size
@@ -480,7 +478,6 @@ class RequestPreprocessor:
         for number, (video, (sampling, cap)) in enumerate(zip(videos, bounds, strict=True), 1):
             with _numbered("video", number):
                 sizes.clear()
-                caps.append(cap)
                 frames, times = load_clip(video, sampling, self.limits.video,
                                           max_decoded_pixels=self.limits.max_decoded_pixels,
                                           before_decoding=before_decoding)
